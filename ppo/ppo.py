@@ -133,9 +133,9 @@ def parse_args(argv: list[str] | None = None) -> Args:
     checkpoint_path = args.resume or args.evaluate
     if checkpoint_path is None:
         return args
-    saved = Args(**load_checkpoint(checkpoint_path)["args"])
-    fresh = Args()
-    saved = replace(saved, **{name: getattr(fresh, name) for name in RUNTIME_FIELDS})
+    saved = replace(Args(**load_checkpoint(checkpoint_path)["args"]), resume=None, evaluate=None)
+    if args.evaluate:  # an evaluation starts from the default run-time options, not the training run's
+        saved = replace(saved, **{name: getattr(Args(), name) for name in RUNTIME_FIELDS})
     args = tyro.cli(Args, args=argv, default=saved)
     for field in fields(Args):
         if field.name not in RUNTIME_FIELDS and getattr(args, field.name) != getattr(saved, field.name):
@@ -200,11 +200,7 @@ def make_envs(env_id: str, num_envs: int, capture_video: bool = False, video_fol
         env_fns = [lambda env=env: env for env in pickle.loads(saved_envs)]
     else:
         env_fns = [make_env(env_id, i, capture_video, video_folder) for i in range(num_envs)]
-    try:
-        envs = gym.vector.SyncVectorEnv(env_fns, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
-    except gym.error.DependencyNotInstalled as error:
-        fail(f"{env_id} needs a package that is not installed ({error}); "
-             "for videos install the extra: pip install -e '.[video]'")
+    envs = gym.vector.SyncVectorEnv(env_fns, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     if not isinstance(envs.single_action_space, gym.spaces.Discrete):
         kind = type(envs.single_action_space).__name__
         fail(f"{env_id} has a {kind} action space but ppo.py needs Discrete actions: "
@@ -619,5 +615,12 @@ def main(args: Args) -> dict:
 
 
 if __name__ == "__main__":
-    result = main(parse_args())
+    args = parse_args()
+    try:
+        result = main(args)
+    except gym.error.DependencyNotInstalled as error:
+        # Gymnasium imports rendering and video packages only when they are first used, so a
+        # missing one can surface at any point of the run.
+        extra = " (videos need: pip install -e '.[classic-control,video]')" if args.capture_video else ""
+        fail(f"missing optional dependency: {error}{extra}")
     sys.exit(130 if result.get("interrupted") else 0)

@@ -1,0 +1,400 @@
+"""Tests of ppo/ppo.py: the math (GAE, the clipped loss), gymnasium 1.x autoreset, learning,
+determinism, checkpoints (exact resumption after Ctrl-C, evaluation) and the command line."""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from conftest import REPO, only_run_dir, read_scalars, run_script
+from ppo.ppo import Args, compute_gae, main, parse_args, ppo_loss
+
+METRICS = ["charts/episodic_return", "charts/episodic_length", "charts/SPS", "charts/learning_rate",
+           "losses/value_loss", "losses/policy_loss", "losses/entropy", "losses/old_approx_kl",
+           "losses/approx_kl", "losses/clipfrac", "losses/explained_variance"]
+
+# A small, fast configuration: 2 envs x 32 steps, 2 minibatches.
+SMALL = dict(num_envs=2, num_steps=32, num_minibatches=2, cuda=False)
+SMALL_FLAGS = ["--num-envs", "2", "--num-steps", "32", "--num-minibatches", "2", "--no-cuda"]
+
+
+# ---------------------------------------------------------------------------------------------------
+# GAE and the loss
+# ---------------------------------------------------------------------------------------------------
+
+
+def reference_gae(rewards, values, dones, next_value, next_done, gamma, lam):
+    """GAE written the plain way: cut each environment's stream into episodes, and within an episode
+    sum the discounted TD errors forward from each step. Quadratic, but obviously right."""
+    num_steps, num_envs = rewards.shape
+    advantages = np.zeros_like(rewards)
+    starts_new_episode = np.vstack([dones[1:], next_done[None]])  # does step t+1 begin a new episode?
+    for env in range(num_envs):
+        for t in range(num_steps):
+            total, weight = 0.0, 1.0
+            for k in range(t, num_steps):
+                ended = starts_new_episode[k, env]
+                following_value = next_value[env] if k == num_steps - 1 else values[k + 1, env]
+                delta = rewards[k, env] + gamma * following_value * (1 - ended) - values[k, env]
+                total += weight * delta
+                if ended:
+                    break
+                weight *= gamma * lam
+            advantages[t, env] = total
+    return advantages, advantages + values
+
+
+def test_gae_matches_reference_across_episode_boundaries():
+    rng = np.random.default_rng(0)
+    num_steps, num_envs = 40, 3
+    rewards = rng.normal(size=(num_steps, num_envs)).astype(np.float32)
+    values = rng.normal(size=(num_steps, num_envs)).astype(np.float32)
+    dones = (rng.random((num_steps, num_envs)) < 0.15).astype(np.float32)
+    dones[:, 2] = 0.0  # one environment never ends an episode in this rollout
+    next_value = rng.normal(size=num_envs).astype(np.float32)
+    next_done = np.array([1.0, 0.0, 0.0], dtype=np.float32)
+    assert dones[:, :2].sum() > 3  # the draw really contains boundaries
+
+    advantages, returns = compute_gae(rewards, values, dones, next_value, next_done, 0.99, 0.95)
+    expected_advantages, expected_returns = reference_gae(rewards, values, dones, next_value, next_done, 0.99, 0.95)
+    np.testing.assert_allclose(advantages, expected_advantages, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(returns, expected_returns, rtol=1e-5, atol=1e-5)
+
+
+def test_gae_with_lambda_one_is_the_discounted_return_minus_value():
+    rewards = np.array([[1.0], [2.0], [3.0]], dtype=np.float32)
+    values = np.array([[0.5], [0.25], [0.125]], dtype=np.float32)
+    dones = np.zeros((3, 1), dtype=np.float32)
+    advantages, returns = compute_gae(rewards, values, dones, np.array([10.0], dtype=np.float32),
+                                      np.array([1.0], dtype=np.float32), gamma=0.5, gae_lambda=1.0)
+    # The episode ends after the last step, so the bootstrap value 10 must be ignored.
+    np.testing.assert_allclose(returns[:, 0], [1 + 0.5 * 2 + 0.25 * 3, 2 + 0.5 * 3, 3.0])
+    np.testing.assert_allclose(advantages, returns - values)
+
+
+def loss_inputs(ratio: float, advantage: float):
+    new_logprob = torch.tensor([np.log(ratio)], requires_grad=True)
+    old = torch.zeros(1)
+    value = torch.zeros(1)
+    return new_logprob, dict(entropy=torch.zeros(1), new_value=value, old_logprob=old, old_value=value,
+                             advantages=torch.tensor([advantage]), returns=value)
+
+
+@pytest.mark.parametrize("ratio, advantage, clipped", [(1.5, 1.0, True), (0.5, -1.0, True),
+                                                       (1.5, -1.0, False), (1.1, 1.0, False)])
+def test_clipped_objective_stops_gradient_only_where_the_ratio_left_the_trust_region(ratio, advantage, clipped):
+    args = Args(norm_adv=False, clip_coef=0.2, ent_coef=0.0)
+    new_logprob, rest = loss_inputs(ratio, advantage)
+    loss, stats = ppo_loss(new_logprob, rest["entropy"], rest["new_value"], rest["old_logprob"], rest["old_value"],
+                           rest["advantages"], rest["returns"], args)
+    loss.backward()
+    if clipped:
+        assert new_logprob.grad.item() == 0.0
+        assert stats["policy_loss"].item() == pytest.approx(-advantage * float(np.clip(ratio, 0.8, 1.2)))
+    else:
+        # d(-A * ratio)/d(log ratio) = -A * ratio
+        assert new_logprob.grad.item() == pytest.approx(-advantage * ratio)
+    assert stats["clipfrac"].item() == (1.0 if abs(ratio - 1) > 0.2 else 0.0)
+    assert stats["approx_kl"].item() == pytest.approx((ratio - 1) - np.log(ratio), rel=1e-5)
+    assert stats["old_approx_kl"].item() == pytest.approx(-np.log(ratio), rel=1e-5)
+
+
+def test_value_loss_clipping_keeps_the_larger_error():
+    args = Args(clip_coef=0.2, norm_adv=False)
+    zeros = torch.zeros(1)
+    # The new value 1.0 moved 1.0 away from the old 0.0; the clipped prediction is 0.2.
+    _, stats = ppo_loss(zeros, zeros, torch.tensor([1.0]), zeros, zeros, zeros, torch.tensor([2.0]), args)
+    assert stats["value_loss"].item() == pytest.approx(0.5 * (2.0 - 0.2) ** 2)
+    _, stats = ppo_loss(zeros, zeros, torch.tensor([1.0]), zeros, zeros, zeros, torch.tensor([2.0]),
+                        Args(clip_vloss=False, norm_adv=False))
+    assert stats["value_loss"].item() == pytest.approx(0.5 * (2.0 - 1.0) ** 2)
+
+
+# ---------------------------------------------------------------------------------------------------
+# gymnasium 1.x autoreset
+# ---------------------------------------------------------------------------------------------------
+
+EPISODE_LENGTH = 5
+
+
+class FixedLengthEnv(gym.Env):
+    """Every episode lasts exactly EPISODE_LENGTH steps with reward 1 per step; the class counts the
+    step() calls that really reach an environment."""
+
+    observation_space = gym.spaces.Box(0.0, EPISODE_LENGTH, (1,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+    step_calls = 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.array([0.0], dtype=np.float32), {}
+
+    def step(self, action):
+        FixedLengthEnv.step_calls += 1
+        self.t += 1
+        return np.array([self.t], dtype=np.float32), 1.0, self.t == EPISODE_LENGTH, False, {}
+
+
+gym.register(id="FixedLength-v0", entry_point=FixedLengthEnv)
+
+
+def test_every_stored_transition_is_a_real_step(workdir):
+    """With gymnasium's default NEXT_STEP autoreset, the step after an episode's end only resets the
+    environment and ignores the action; storing it would train on a transition that never happened.
+    Here every one of the run's transitions must have reached an environment's step(), and every
+    logged episode must have exactly EPISODE_LENGTH real steps with reward 1."""
+    FixedLengthEnv.step_calls = 0
+    args = Args(env_id="FixedLength-v0", total_timesteps=128, **SMALL)
+    result = main(args)
+    assert result["global_step"] == 128
+    assert FixedLengthEnv.step_calls == 128
+
+    scalars = read_scalars(only_run_dir(workdir))
+    returns = [value for _, value in scalars["charts/episodic_return"]]
+    lengths = [value for _, value in scalars["charts/episodic_length"]]
+    assert len(returns) == 2 * (64 // EPISODE_LENGTH)  # 64 steps per env, a finished episode every 5
+    assert set(returns) == {float(EPISODE_LENGTH)}
+    assert set(lengths) == {float(EPISODE_LENGTH)}
+
+
+def test_the_env_factory_returns_the_next_episode_on_the_step_that_ends_one():
+    from ppo.ppo import make_envs
+
+    envs = make_envs("FixedLength-v0", 1)
+    obs, _ = envs.reset(seed=0)
+    for t in range(1, EPISODE_LENGTH + 3):
+        obs, reward, terminated, truncated, info = envs.step(np.array([0]))
+        assert reward[0] == 1.0  # never the zero-reward reset step
+        if t == EPISODE_LENGTH:
+            assert terminated[0]
+            assert obs[0, 0] == 0.0  # already the first observation of the next episode
+            assert info["final_obs"][0][0] == EPISODE_LENGTH
+        else:
+            assert obs[0, 0] == t % EPISODE_LENGTH
+    envs.close()
+
+
+# ---------------------------------------------------------------------------------------------------
+# Learning and determinism
+# ---------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def trained_cartpole(tmp_path_factory) -> Path:
+    """A short CartPole-v1 training run with a saved checkpoint, shared by the tests that need one."""
+    directory = tmp_path_factory.mktemp("trained")
+    previous = Path.cwd()
+    os.chdir(directory)
+    try:
+        result = main(Args(env_id="CartPole-v1", total_timesteps=40_960, seed=1, cuda=False, save_model=True))
+    finally:
+        os.chdir(previous)
+    return result, only_run_dir(directory) / "checkpoint.pt"
+
+
+def test_cartpole_learns_well_above_random(trained_cartpole):
+    """A uniformly random policy scores about 22 on CartPole-v1."""
+    result, _ = trained_cartpole
+    assert np.mean(result["recent_returns"]) > 120
+
+
+def test_same_seed_gives_identical_metrics(workdir, monkeypatch):
+    logs = []
+    for name in ("first", "second"):
+        (workdir / name).mkdir()
+        monkeypatch.chdir(workdir / name)
+        main(Args(env_id="CartPole-v1", total_timesteps=2048, seed=7, **SMALL))
+        logs.append(read_scalars(only_run_dir(workdir / name)))
+    first, second = logs
+    assert set(first) >= set(METRICS)
+    for tag in METRICS:
+        if tag != "charts/SPS":  # wall-clock speed is the one thing allowed to differ
+            assert first[tag] == second[tag], tag
+
+
+# ---------------------------------------------------------------------------------------------------
+# Checkpoints: Ctrl-C, exact resumption, evaluation
+# ---------------------------------------------------------------------------------------------------
+
+
+def interrupt_after_first_progress_line(args: list[str], cwd: Path) -> tuple[int, str]:
+    """Start a training run, press Ctrl-C once it has printed its first progress line, and return
+    its exit code and output."""
+    process = subprocess.Popen([sys.executable, str(REPO / "ppo" / "ppo.py"), *args], cwd=cwd,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    output = []
+    for line in process.stdout:
+        output.append(line)
+        if line.startswith("step"):
+            process.send_signal(signal.SIGINT)
+            break
+    output.append(process.stdout.read())
+    return process.wait(timeout=120), "".join(output)
+
+
+def test_interrupted_and_resumed_run_ends_with_the_same_weights(tmp_path):
+    flags = ["--seed", "3", "--total-timesteps", "12800", "--save-model", *SMALL_FLAGS]
+    unbroken, interrupted = tmp_path / "unbroken", tmp_path / "interrupted"
+    unbroken.mkdir()
+    interrupted.mkdir()
+    run_script("ppo.py", *flags, cwd=unbroken)
+
+    code, output = interrupt_after_first_progress_line(flags, cwd=interrupted)
+    assert code == 130, output
+    assert "resume with: python ppo/ppo.py --resume" in output
+    run_dir = only_run_dir(interrupted)
+    checkpoint_path = run_dir / "checkpoint.pt"
+    stopped_at = torch.load(checkpoint_path, weights_only=False)["global_step"]
+    assert 0 < stopped_at < 12800
+    assert read_scalars(run_dir)["charts/SPS"][-1][0] == stopped_at  # logs flushed up to the stop
+
+    resumed = run_script("ppo.py", "--resume", str(checkpoint_path.relative_to(interrupted)), cwd=interrupted)
+    assert f"resuming {run_dir.name} at step {stopped_at:,}" in resumed.stdout
+
+    expected = torch.load(only_run_dir(unbroken) / "checkpoint.pt", weights_only=False)
+    actual = torch.load(checkpoint_path, weights_only=False)
+    assert actual["global_step"] == expected["global_step"] == 12800
+    for name, tensor in expected["model"].items():
+        assert torch.equal(tensor, actual["model"][name]), name
+    # The TensorBoard curve continues where the interrupted run stopped, without duplicate steps.
+    steps = [step for step, _ in read_scalars(run_dir)["charts/SPS"]]
+    assert steps == sorted(set(steps)) and steps[-1] == 12800
+
+    evaluation = run_script("ppo.py", "--evaluate", str(checkpoint_path), "--eval-episodes", "3", cwd=interrupted)
+    match = re.search(r"CartPole-v1: mean return ([\d.]+) \+- ([\d.]+) over 3 episodes", evaluation.stdout)
+    assert match, evaluation.stdout
+    episode_lines = re.findall(r"episode \d+: return ([\d.]+)", evaluation.stdout)
+    assert float(match.group(1)) == pytest.approx(np.mean([float(r) for r in episode_lines]), abs=0.01)
+
+
+def test_evaluation_scores_a_trained_agent_far_above_an_untrained_one(trained_cartpole, workdir):
+    _, checkpoint_path = trained_cartpole
+    trained = main(parse_args(["--evaluate", str(checkpoint_path), "--eval-episodes", "10", "--no-cuda"]))
+
+    from ppo.ppo import Agent
+    untrained_checkpoint = torch.load(checkpoint_path, weights_only=False)
+    untrained_checkpoint["model"] = Agent(4, 2).state_dict()
+    torch.save(untrained_checkpoint, workdir / "untrained.pt")
+    untrained = main(parse_args(["--evaluate", "untrained.pt", "--eval-episodes", "10", "--no-cuda"]))
+    assert len(trained["episode_returns"]) == len(untrained["episode_returns"]) == 10
+    assert np.mean(trained["episode_returns"]) > 80
+    assert np.mean(trained["episode_returns"]) > 2 * np.mean(untrained["episode_returns"])
+
+
+# ---------------------------------------------------------------------------------------------------
+# The command line: flags, metrics, errors
+# ---------------------------------------------------------------------------------------------------
+
+
+def test_help_lists_the_shared_flags(tmp_path):
+    result = run_script("ppo.py", "--help", cwd=tmp_path)
+    for flag in ("--env-id", "--seed", "--total-timesteps", "--num-envs", "--cuda", "--no-cuda", "--track",
+                 "--capture-video", "--save-model", "--resume", "--evaluate", "--learning-rate", "--clip-coef"):
+        assert flag in result.stdout, flag
+
+
+def test_tiny_run_logs_every_metric_and_the_hyperparameters(tmp_path):
+    result = run_script("ppo.py", "--total-timesteps", "1024", *SMALL_FLAGS, cwd=tmp_path)
+    assert re.search(r"step +1,024/1,024 \| +[\d,]+ SPS \| mean return", result.stdout), result.stdout
+    run_dir = only_run_dir(tmp_path)
+    assert run_dir.name.startswith("CartPole-v1__ppo__1__")
+    scalars = read_scalars(run_dir)
+    for tag in METRICS:
+        assert scalars.get(tag), f"{tag} missing"
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    accumulator = EventAccumulator(str(run_dir))
+    accumulator.Reload()
+    assert "hyperparameters/text_summary" in accumulator.Tags()["tensors"]
+
+
+def test_capture_video_writes_mp4_files(tmp_path):
+    run_script("ppo.py", "--total-timesteps", "512", "--capture-video", *SMALL_FLAGS, cwd=tmp_path)
+    videos = list((tmp_path / "videos").rglob("*.mp4"))
+    assert videos and all(video.stat().st_size > 1000 for video in videos)
+
+
+def test_track_works_offline(tmp_path):
+    run_script("ppo.py", "--total-timesteps", "512", "--track", *SMALL_FLAGS, cwd=tmp_path,
+               env={"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path), "WANDB_SILENT": "true"})
+    offline_runs = list((tmp_path / "wandb").glob("offline-run-*"))
+    assert len(offline_runs) == 1
+    assert list(offline_runs[0].glob("*.wandb"))
+
+
+def expect_usage_error(capsys, run, *fragments: str) -> None:
+    """`run()` must stop with exit code 2 and one line on stderr that contains every fragment."""
+    with pytest.raises(SystemExit) as stop:
+        run()
+    assert stop.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("ppo.py: error: ")
+    for fragment in fragments:
+        assert fragment in lines[0]
+
+
+def test_unknown_env_id(capsys, workdir):
+    expect_usage_error(capsys, lambda: main(Args(env_id="CartPoel-v1", cuda=False)), "unknown env id 'CartPoel-v1'")
+    expect_usage_error(capsys, lambda: main(Args(env_id="BreakoutNoFrameskip-v4", cuda=False)), "ppo/ppo_atari.py")
+
+
+def test_continuous_actions_point_to_the_continuous_script(capsys, workdir):
+    expect_usage_error(capsys, lambda: main(Args(env_id="Pendulum-v1", cuda=False)),
+                       "Box action space", "ppo/ppo_continuous_action.py")
+
+
+def test_sizes_that_do_not_divide(capsys, workdir):
+    expect_usage_error(capsys, lambda: main(Args(num_envs=3, num_steps=5, num_minibatches=4)),
+                       "15", "--num-minibatches 4")
+
+
+def test_total_timesteps_smaller_than_one_batch(capsys, workdir):
+    expect_usage_error(capsys, lambda: main(Args(total_timesteps=100)), "--total-timesteps 100", "512")
+
+
+def test_checkpoints_of_another_variant_or_env_are_refused(capsys, workdir):
+    main(Args(total_timesteps=128, save_model=True, **SMALL))
+    checkpoint_path = str(only_run_dir(workdir) / "checkpoint.pt")
+    expect_usage_error(capsys, lambda: parse_args(["--resume", checkpoint_path, "--env-id", "Acrobot-v1"]),
+                       "--env-id CartPole-v1", "Acrobot-v1")
+
+    checkpoint = torch.load(checkpoint_path, weights_only=False)
+    checkpoint["variant"] = "ppo_atari"
+    torch.save(checkpoint, "atari.pt")
+    expect_usage_error(capsys, lambda: parse_args(["--evaluate", "atari.pt"]), "ppo/ppo_atari.py")
+    expect_usage_error(capsys, lambda: parse_args(["--resume", "missing.pt"]), "no checkpoint at 'missing.pt'")
+    Path("junk.pt").write_text("not a checkpoint")
+    expect_usage_error(capsys, lambda: parse_args(["--evaluate", "junk.pt"]), "cannot read checkpoint")
+
+
+def test_errors_end_without_a_traceback(tmp_path):
+    result = run_script("ppo.py", "--env-id", "NoSuchEnv-v0", cwd=tmp_path, check=False)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [result.stderr.strip()]
+    assert "Traceback" not in result.stderr
+
+
+def test_missing_video_dependency_names_the_extra(tmp_path):
+    blocker = tmp_path / "blocked" / "moviepy"
+    blocker.mkdir(parents=True)
+    (blocker / "__init__.py").write_text("raise ImportError('moviepy is blocked by this test')\n")
+    result = run_script("ppo.py", "--total-timesteps", "512", "--capture-video", *SMALL_FLAGS, cwd=tmp_path,
+                        env={"PYTHONPATH": str(tmp_path / "blocked")}, check=False)
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    assert "moviepy" in result.stderr.lower() and ".[classic-control,video]" in result.stderr
+
+
+def test_every_core_detail_is_marked_in_the_script():
+    source = (REPO / "ppo" / "ppo.py").read_text()
+    for number in range(1, 14):
+        assert f"[Core {number}:" in source, number
