@@ -427,7 +427,10 @@ def main(args: Args) -> dict:
         return {"episode_returns": evaluate(args, device)}
 
     checkpoint = load_checkpoint(args.resume) if args.resume else None
-    run_name = checkpoint["run_name"] if checkpoint else f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    if checkpoint:
+        run_name = checkpoint["run_name"]
+    else:
+        run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
     checkpoint_path = f"runs/{run_name}/checkpoint.pt"
 
     # Seeding. A resumed run overwrites these RNG states with the checkpoint's below.
@@ -510,7 +513,6 @@ def main(args: Args) -> dict:
 
     interrupt = StopOnInterrupt()
     start_time, start_step, last_print = time.time(), global_step, 0.0
-    iteration = start_iteration
     for iteration in range(start_iteration + 1, num_iterations + 1):
         # [Core 4: Adam learning rate annealing] linearly from learning_rate to 0 over the run.
         if args.anneal_lr:

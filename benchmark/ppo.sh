@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# Benchmark the PPO variants on the environments of the published result tables (3 seeds each),
+# then write the report (tables and learning curves) to docs/results/, where the docs site shows them.
+#
+#   bash benchmark/ppo.sh                       # list the families and whether their script exists
+#   bash benchmark/ppo.sh classic               # one family; several: bash benchmark/ppo.sh classic mujoco
+#   bash benchmark/ppo.sh all                   # every family whose script exists
+#   bash benchmark/ppo.sh --workers 2 classic   # runs at a time (or WORKERS=2); default 1
+#   bash benchmark/ppo.sh --dry-run classic     # print the commands only
+#   bash benchmark/ppo.sh quick                 # the whole pipeline on a tiny budget, in a temp dir
+#
+# Runs start in benchmark/ (BENCH_WORKDIR), so their TensorBoard logs go to benchmark/runs/, apart from
+# ad-hoc runs in ./runs/. Logs and .done markers go to benchmark/logs/; running the same family again
+# skips the runs that already finished. NUM_SEEDS (default 3) and PYTHON (default python) can be set.
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python}
+WORKERS=${WORKERS:-1}
+NUM_SEEDS=${NUM_SEEDS:-3}
+BENCH_WORKDIR=${BENCH_WORKDIR:-benchmark}
+
+FAMILIES=(classic atari lstm envpool mujoco procgen multigpu)
+declare -A SCRIPT ENVS COMMAND
+SCRIPT[classic]=ppo/ppo.py
+ENVS[classic]="CartPole-v1 Acrobot-v1 MountainCar-v0"
+COMMAND[classic]="python ppo/ppo.py --total-timesteps 500000"
+
+SCRIPT[atari]=ppo/ppo_atari.py
+ENVS[atari]="BreakoutNoFrameskip-v4 PongNoFrameskip-v4 BeamRiderNoFrameskip-v4"
+COMMAND[atari]="python ppo/ppo_atari.py --total-timesteps 10000000"
+
+SCRIPT[lstm]=ppo/ppo_atari_lstm.py
+ENVS[lstm]="BreakoutNoFrameskip-v4 PongNoFrameskip-v4 BeamRiderNoFrameskip-v4"
+COMMAND[lstm]="python ppo/ppo_atari_lstm.py --total-timesteps 10000000"
+
+SCRIPT[envpool]=ppo/ppo_atari_envpool.py
+ENVS[envpool]="Breakout-v5 Pong-v5 BeamRider-v5"
+COMMAND[envpool]="python ppo/ppo_atari_envpool.py --total-timesteps 10000000"
+
+SCRIPT[mujoco]=ppo/ppo_continuous_action.py
+ENVS[mujoco]="Hopper-v4 Walker2d-v4 HalfCheetah-v4"
+COMMAND[mujoco]="python ppo/ppo_continuous_action.py --total-timesteps 1000000"
+
+SCRIPT[procgen]=ppo/ppo_procgen.py
+ENVS[procgen]="starpilot bossfight bigfish"
+COMMAND[procgen]="python ppo/ppo_procgen.py --total-timesteps 25000000"
+
+SCRIPT[multigpu]=ppo/ppo_atari_multigpu.py
+ENVS[multigpu]="BreakoutNoFrameskip-v4 PongNoFrameskip-v4 BeamRiderNoFrameskip-v4"
+COMMAND[multigpu]="torchrun --standalone --nnodes=1 --nproc_per_node=2 ppo/ppo_atari_multigpu.py --total-timesteps 10000000"
+
+list_families() {
+    echo "usage: bash benchmark/ppo.sh [--workers K] [--dry-run] FAMILY [FAMILY ...] | all | quick"
+    echo
+    printf '  %-9s %-7s %s\n' family status "command (+ --env-id ID --seed S, seeds 1..$NUM_SEEDS)"
+    for family in "${FAMILIES[@]}"; do
+        if [[ -f ${SCRIPT[$family]} ]]; then status=ready; else status=missing; fi
+        printf '  %-9s %-7s %s\n' "$family" "$status" "${COMMAND[$family]}"
+        printf '  %-9s %-7s   on %s\n' "" "" "${ENVS[$family]}"
+    done
+    printf '  %-9s %-7s %s\n' quick ready "ppo/ppo.py on CartPole-v1 and Acrobot-v1, 2 seeds, 2048 steps (CI-sized)"
+}
+
+dry_run=()
+selected=()
+while [[ $# -gt 0 ]]; do
+    case $1 in
+        --workers) WORKERS=$2; shift 2 ;;
+        --workers=*) WORKERS=${1#*=}; shift ;;
+        --dry-run) dry_run=(--dry-run); shift ;;
+        -h|--help) list_families; exit 0 ;;
+        all) selected+=("${FAMILIES[@]}"); shift ;;
+        *) selected+=("$1"); shift ;;
+    esac
+done
+
+if [[ ${#selected[@]} -eq 0 ]]; then
+    list_families
+    exit 0
+fi
+
+for family in "${selected[@]}"; do
+    if [[ $family != quick && -z ${SCRIPT[$family]+set} ]]; then
+        echo "ppo.sh: unknown family '$family'" >&2
+        list_families >&2
+        exit 2
+    fi
+done
+
+ran=0
+failed=()
+for family in "${selected[@]}"; do
+    if [[ $family == quick ]]; then
+        "$PYTHON" benchmark/run.py --quick --workers "$WORKERS" || failed+=(quick)
+        continue
+    fi
+    if [[ ! -f ${SCRIPT[$family]} ]]; then
+        echo "== $family: skipped, ${SCRIPT[$family]} does not exist yet"
+        continue
+    fi
+    echo "== $family: ${COMMAND[$family]} on ${ENVS[$family]}, $NUM_SEEDS seeds, $WORKERS at a time"
+    # shellcheck disable=SC2086  # ENVS holds several ids on purpose
+    if "$PYTHON" benchmark/run.py --env-ids ${ENVS[$family]} --command "${COMMAND[$family]}" \
+        --num-seeds "$NUM_SEEDS" --workers "$WORKERS" --workdir "$BENCH_WORKDIR" \
+        --log-dir benchmark/logs "${dry_run[@]}"; then
+        ran=1
+    else
+        failed+=("$family")
+        ran=1
+    fi
+done
+
+if [[ $ran -eq 1 && ${#dry_run[@]} -eq 0 ]]; then
+    echo "== report"
+    "$PYTHON" benchmark/report.py --runs-dir "$BENCH_WORKDIR/runs" --out-dir docs/results || failed+=(report)
+fi
+
+if [[ ${#failed[@]} -gt 0 ]]; then
+    echo "ppo.sh: failures in: ${failed[*]} (see the logs under benchmark/logs/)" >&2
+    exit 1
+fi

@@ -1,0 +1,510 @@
+"""Turn the TensorBoard logs of benchmark runs into result tables and learning curves, offline.
+
+    python benchmark/report.py                                    # runs/ -> docs/results/
+    python benchmark/report.py --runs-dir /data/runs --out-dir /tmp/results --variants ppo
+
+For every variant (a run's exp_name) it writes `<out-dir>/<variant>.md`: one row per environment with
+the final return over seeds, throughput, wall time, the published numbers of
+benchmark/baselines.toml and whether the result falls below, within or above the published band,
+followed by learning curves `<out-dir>/<variant>/<env>.png` (return against global step) and
+`<env>-time.png` (return against wall-clock time). `<out-dir>/index.md` links the variant pages.
+
+How the numbers are made:
+- A run is a directory of TensorBoard event files under --runs-dir. Its variant, env id, seed and
+  budget come from the `hyperparameters` text summary the scripts write (or, failing that, from the
+  run name `<env_id>__<exp_name>__<seed>__<unix time>`).
+- A run is complete when its last logged global step is within one batch (at least 1% of the budget)
+  of total_timesteps. Per (variant, env, seed) the newest complete run is used.
+- Final return of a run: the mean of its `charts/episodic_return` points logged in the last 10% of
+  the run's global steps (if no episode ended there, its last episode). Mean and standard deviation
+  (numpy's, ddof=0) are then taken over seeds.
+- SPS of a run: its last `charts/SPS` point (the scripts log steps so far / time so far, so that is
+  the whole run's rate). Wall time: last event time minus first event time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: the same parser, published as tomli
+    import tomli as tomllib
+
+HERE = Path(__file__).resolve().parent
+DEFAULT_BASELINES = HERE / "baselines.toml"
+
+FINAL_FRACTION = 0.1        # final return: episodes in the last 10% of a run's steps
+COMPLETE_MIN_TOLERANCE = 0.01  # a run within max(batch, 1% of budget) of its budget is complete
+CURVE_POINTS = 200          # points of each learning curve
+CURVE_WINDOW = 0.05         # each curve point averages the episodes of the preceding 5% of the x range
+
+
+# ---------------------------------------------------------------------------------------------------
+# Reading runs
+# ---------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class RunData:
+    """What the report needs from one run's TensorBoard logs."""
+
+    path: Path
+    variant: str
+    env_id: str
+    seed: int
+    started: float                    # unix time the run began (run name suffix, else first event)
+    total_timesteps: int | None
+    batch_size: int | None
+    last_step: int                    # largest global step of any scalar
+    return_steps: np.ndarray          # charts/episodic_return: global step of each finished episode,
+    return_values: np.ndarray         # ... its return,
+    return_seconds: np.ndarray        # ... and its wall time since the run began
+    sps: float | None                 # last charts/SPS point
+    wall_seconds: float               # last event time minus first event time
+
+    @property
+    def complete(self) -> bool:
+        """Did the run reach its budget (within one batch, or 1% of the budget)?"""
+        if self.total_timesteps is None:
+            return True  # nothing to compare with: trust the run
+        tolerance = max(self.batch_size or 0, COMPLETE_MIN_TOLERANCE * self.total_timesteps)
+        return self.last_step >= self.total_timesteps - tolerance
+
+    def final_return(self) -> tuple[float, int, bool]:
+        """(final return, number of episodes it averages, whether it fell back to the last episode)."""
+        if len(self.return_values) == 0:
+            return math.nan, 0, False
+        in_window = self.return_steps > (1.0 - FINAL_FRACTION) * self.last_step
+        if in_window.any():
+            return float(self.return_values[in_window].mean()), int(in_window.sum()), False
+        return float(self.return_values[-1]), 1, True
+
+
+def parse_hyperparameters(markdown: str) -> dict[str, str]:
+    """The |param|value| rows of the scripts' `hyperparameters` text summary, as strings."""
+    params = {}
+    for line in markdown.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) == 2 and cells[0] not in ("param", "") and not set(cells[0]) <= set("-:"):
+            params[cells[0]] = cells[1]
+    return params
+
+
+def parse_run_name(name: str) -> dict[str, str]:
+    """Fields of a run name `<env_id>__<exp_name>__<seed>__<unix time>` (empty if it is not one)."""
+    parts = name.split("__")
+    if len(parts) < 4 or not parts[-1].isdigit() or not parts[-2].lstrip("-").isdigit():
+        return {}
+    return {"env_id": "__".join(parts[:-3]), "exp_name": parts[-3], "seed": parts[-2], "time": parts[-1]}
+
+
+def as_int(value: str | None) -> int | None:
+    try:
+        return int(float(value)) if value is not None else None
+    except ValueError:
+        return None
+
+
+def load_run(run_dir: Path, runs_dir: Path) -> RunData | None:
+    """Read one run directory; None when it does not hold a recognizable run."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.util import tensor_util
+
+    accumulator = EventAccumulator(str(run_dir), size_guidance={"scalars": 0, "tensors": 0})
+    accumulator.Reload()
+    tags = accumulator.Tags()
+    params = {}
+    if "hyperparameters/text_summary" in tags["tensors"]:
+        event = accumulator.Tensors("hyperparameters/text_summary")[-1]
+        text = tensor_util.make_ndarray(event.tensor_proto).flatten()[0]
+        params = parse_hyperparameters(text.decode() if isinstance(text, bytes) else str(text))
+    # An env id with a slash (ALE/Pong-v5) puts the run one directory deeper: name it from runs_dir.
+    named = parse_run_name(run_dir.relative_to(runs_dir).as_posix())
+    variant = params.get("exp_name") or named.get("exp_name")
+    env_id = params.get("env_id") or named.get("env_id")
+    seed = as_int(params.get("seed") or named.get("seed"))
+    if not variant or not env_id or seed is None:
+        return None
+
+    scalars = {tag: accumulator.Scalars(tag) for tag in tags["scalars"]}
+    try:
+        first_time = accumulator.FirstEventTimestamp()
+    except ValueError:
+        return None
+    all_events = [event for events in scalars.values() for event in events]
+    last_step = max((event.step for event in all_events), default=0)
+    last_time = max((event.wall_time for event in all_events), default=first_time)
+    returns = scalars.get("charts/episodic_return", [])
+    sps = scalars.get("charts/SPS", [])
+    return RunData(
+        path=run_dir, variant=variant, env_id=env_id, seed=seed,
+        started=float(named["time"]) if "time" in named else first_time,
+        total_timesteps=as_int(params.get("total_timesteps")), batch_size=as_int(params.get("batch_size")),
+        last_step=last_step,
+        return_steps=np.array([event.step for event in returns], dtype=np.int64),
+        return_values=np.array([event.value for event in returns], dtype=np.float64),
+        return_seconds=np.array([event.wall_time - first_time for event in returns], dtype=np.float64),
+        sps=float(sps[-1].value) if sps else None, wall_seconds=last_time - first_time)
+
+
+def find_run_dirs(runs_dir: Path) -> list[Path]:
+    """Every directory under runs_dir that holds TensorBoard event files."""
+    return sorted({path.parent for path in runs_dir.rglob("events.out.tfevents.*")})
+
+
+def select_runs(runs: list[RunData], include_incomplete: bool = False
+                ) -> tuple[dict[str, dict[str, list[RunData]]], list[tuple[RunData, str]]]:
+    """Keep the newest complete run per (variant, env, seed).
+
+    Returns {variant: {env_id: [runs sorted by seed]}} and the runs left out, each with the reason."""
+    groups: dict[tuple[str, str, int], list[RunData]] = {}
+    for run in runs:
+        groups.setdefault((run.variant, run.env_id, run.seed), []).append(run)
+    chosen: dict[str, dict[str, list[RunData]]] = {}
+    left_out = []
+    for (variant, env_id, seed), group in sorted(groups.items()):
+        group.sort(key=lambda run: run.started, reverse=True)
+        usable = [run for run in group if include_incomplete or run.complete]
+        if usable:
+            chosen.setdefault(variant, {}).setdefault(env_id, []).append(usable[0])
+        for run in group:
+            if usable and run is usable[0]:
+                continue
+            reason = "incomplete" if not run.complete else "a newer complete run of the same seed exists"
+            if not run.complete and run.total_timesteps:
+                reason += f" (reached step {run.last_step:,} of {run.total_timesteps:,})"
+            left_out.append((run, reason))
+    return chosen, left_out
+
+
+# ---------------------------------------------------------------------------------------------------
+# Baselines and the comparison
+# ---------------------------------------------------------------------------------------------------
+
+
+def load_baselines(path: Path = DEFAULT_BASELINES) -> dict:
+    """benchmark/baselines.toml as a dict: {"source": ..., "variants": {variant: {..., "envs": [...]}}}."""
+    with open(path, "rb") as file:
+        return tomllib.load(file)
+
+
+def find_baseline(baselines: dict, variant: str, env_id: str) -> tuple[dict, dict] | tuple[None, None]:
+    """(variant entry, env entry) of the published numbers for this variant and env, if any.
+    A run matches a row by our env id or by the name printed in the source table."""
+    entry = baselines.get("variants", {}).get(variant)
+    if entry is None:
+        return None, None
+    for env in entry.get("envs", []):
+        if env_id in (env["env_id"], env.get("table_env")):
+            return entry, env
+    return entry, None
+
+
+def classify(value: float, mean: float, std: float) -> str:
+    """Where a measured mean falls against a published band mean ± std (bounds count as within)."""
+    if math.isnan(value):
+        return "no data"
+    if value < mean - std:
+        return "below"
+    if value > mean + std:
+        return "above"
+    return "within"
+
+
+@dataclass
+class EnvSummary:
+    """One row of a variant's table."""
+
+    env_id: str
+    runs: list[RunData]                 # one per seed, sorted by seed
+    baseline_variant: dict | None = None  # the variant's entry in baselines.toml
+    baseline: dict | None = None          # the env's row in it
+    finals: list[tuple[float, int, bool]] = field(init=False)  # RunData.final_return() of each run
+
+    def __post_init__(self):
+        self.finals = [run.final_return() for run in self.runs]
+
+    @property
+    def values(self) -> np.ndarray:
+        return np.array([value for value, _, _ in self.finals])
+
+    @property
+    def mean(self) -> float:
+        return float(np.mean(self.values))
+
+    @property
+    def std(self) -> float:
+        return float(np.std(self.values))
+
+    @property
+    def status(self) -> str:
+        if self.baseline is None:
+            return "no baseline"
+        return classify(self.mean, self.baseline["ours"]["mean"], self.baseline["ours"]["std"])
+
+
+# ---------------------------------------------------------------------------------------------------
+# Formatting
+# ---------------------------------------------------------------------------------------------------
+
+
+def format_band(mean: float, std: float) -> str:
+    return f"{mean:.2f} ± {std:.2f}"
+
+
+def format_duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.2f} h"
+
+
+def format_steps(steps: set[int | None]) -> str:
+    return ", ".join(f"{step:,}" if step is not None else "?" for step in sorted(steps, key=lambda s: s or 0))
+
+
+def file_stem(env_id: str) -> str:
+    """An env id usable as a file name (`ALE/Breakout-v5` -> `ALE_Breakout-v5`)."""
+    return env_id.replace("/", "_")
+
+
+def variant_markdown(variant: str, rows: list[EnvSummary], baselines: dict, runs_dir: Path,
+                     left_out: list[tuple[RunData, str]]) -> str:
+    """The markdown page of one variant."""
+    entry = baselines.get("variants", {}).get(variant, {})
+    ours_label = entry.get("ours_label", "published")
+    reference_label = entry.get("reference_label", "comparison")
+    lines = [
+        f"# Benchmark results: {variant}",
+        "",
+        f"Made by `benchmark/report.py` from the TensorBoard logs in `{runs_dir}` on "
+        f"{time.strftime('%Y-%m-%d %H:%M')}.",
+        "",
+        "| env | final return, mean ± std over seeds (last 10% of steps) | seeds | steps per run | mean SPS "
+        f"| wall time per run | baseline: {ours_label} | {reference_label} | status |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for row in rows:
+        fallback = "*" if any(used_last for _, _, used_last in row.finals) else ""
+        sps = [run.sps for run in row.runs if run.sps is not None]
+        ours = format_band(row.baseline["ours"]["mean"], row.baseline["ours"]["std"]) if row.baseline else "n/a"
+        reference = (format_band(row.baseline["reference"]["mean"], row.baseline["reference"]["std"])
+                     if row.baseline else "n/a")
+        lines.append(
+            f"| {row.env_id} | {format_band(row.mean, row.std)}{fallback} | {len(row.runs)} "
+            f"| {format_steps({run.total_timesteps for run in row.runs})} "
+            f"| {f'{np.mean(sps):,.0f}' if sps else 'n/a'} "
+            f"| {format_duration(float(np.mean([run.wall_seconds for run in row.runs])))} "
+            f"| {ours} | {reference} | {row.status} |")
+
+    lines += [
+        "",
+        "How to read this table:",
+        "",
+        f"- **Final return** of a run: the mean of its `charts/episodic_return` points logged in the last "
+        f"{FINAL_FRACTION:.0%} of its global steps. The table gives the mean and the standard deviation "
+        "(numpy, ddof=0) of that number over seeds."
+        + (" Values marked * include a run in which no episode ended in that window: its last episode counts instead."
+           if any(used_last for row in rows for _, _, used_last in row.finals) else ""),
+        "- **Mean SPS**: each run's last `charts/SPS` point (steps so far / time so far), averaged over "
+        "seeds. **Wall time**: each run's last event time minus its first (training, without the "
+        "interpreter's start-up), averaged over seeds.",
+        f"- **Status**: where the final return's mean falls against the band mean ± std of the "
+        f"\"{ours_label}\" column: below, within (bounds included) or above.",
+    ]
+    if entry:
+        source = baselines.get("source", {})
+        lines.append(f"- **Baselines** from `benchmark/baselines.toml`: {source.get('document', '')}, section "
+                     f"\"{entry.get('section', '')}\"; {source.get('citation', '')}.")
+        if entry.get("note"):
+            lines.append(f"- {entry['note']}")
+        budget = entry.get("total_timesteps")
+        budgets = {run.total_timesteps for row in rows for run in row.runs}
+        if budget and budgets != {budget}:
+            lines.append(f"- The published numbers were measured after {budget:,} steps; these runs used "
+                         f"{format_steps(budgets)}, so the comparison is indicative only.")
+        renamed = [f"{row.env_id} against the row \"{row.baseline['table_env']}\"" for row in rows
+                   if row.baseline and row.baseline.get("table_env") not in (None, row.env_id)]
+        if renamed:
+            lines.append(f"- Compared: {'; '.join(renamed)}.")
+    else:
+        lines.append("- No published numbers for this variant in `benchmark/baselines.toml`.")
+
+    lines += ["", "## Runs used", "", "| env | seed | run | final return | episodes averaged | SPS | wall time |",
+              "| --- | --- | --- | --- | --- | --- | --- |"]
+    for row in rows:
+        for run, (value, count, _) in zip(row.runs, row.finals):
+            lines.append(f"| {row.env_id} | {run.seed} | `{run.path.relative_to(runs_dir).as_posix()}` "
+                         f"| {value:.2f} | {count} | {f'{run.sps:,.0f}' if run.sps is not None else 'n/a'} "
+                         f"| {format_duration(run.wall_seconds)} |")
+    if left_out:
+        lines += ["", "Runs left out:", ""]
+        lines += [f"- `{run.path.relative_to(runs_dir).as_posix()}`: {reason}" for run, reason in left_out]
+
+    lines += ["", "## Learning curves", "",
+              "Mean over seeds of the episodic return (each point averages the episodes of the preceding "
+              f"{CURVE_WINDOW:.0%} of the axis), with the min–max range over seeds shaded; dashed: the "
+              "published mean.", ""]
+    for row in rows:
+        stem = file_stem(row.env_id)
+        lines += [f"### {row.env_id}", "",
+                  f"![{row.env_id}: return against global step]({variant}/{stem}.png) "
+                  f"![{row.env_id}: return against wall time]({variant}/{stem}-time.png)", ""]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+# ---------------------------------------------------------------------------------------------------
+# Learning curves
+# ---------------------------------------------------------------------------------------------------
+
+
+def curve_on_grid(x: np.ndarray, y: np.ndarray, grid: np.ndarray, window: float, x_end: float) -> np.ndarray:
+    """A run's returns smoothed onto `grid`: the mean of the points with x in (g - window, g], carried
+    forward across gaps; NaN before the first point and after the run's end `x_end`."""
+    order = np.argsort(x, kind="stable")
+    x, y = x[order], y[order]
+    cumulative = np.concatenate([[0.0], np.cumsum(y)])
+    high = np.searchsorted(x, grid, side="right")
+    low = np.searchsorted(x, grid - window, side="right")
+    counts = high - low
+    values = np.full(len(grid), np.nan)
+    has_points = counts > 0
+    values[has_points] = (cumulative[high] - cumulative[low])[has_points] / counts[has_points]
+    last = np.nan
+    for i in range(len(values)):  # carry the last value across windows without episodes
+        if np.isnan(values[i]) and high[i] > 0:
+            values[i] = last
+        last = values[i]
+    values[grid > x_end] = np.nan
+    return values
+
+
+def plot_env(variant: str, row: EnvSummary, out_dir: Path) -> list[Path]:
+    """Write `<env>.png` (return against global step) and `<env>-time.png` (against wall time)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    for suffix, xlabel in (("", "global step"), ("-time", "wall time")):
+        if suffix:
+            ends = [run.wall_seconds for run in row.runs]
+            scale, unit = (60.0, "minutes") if max(ends) > 180 else (1.0, "seconds")
+            xs = [run.return_seconds / scale for run in row.runs]
+            ends = [end / scale for end in ends]
+            xlabel = f"wall time ({unit})"
+        else:
+            xs = [run.return_steps.astype(np.float64) for run in row.runs]
+            ends = [float(run.last_step) for run in row.runs]
+        grid = np.linspace(0.0, max(ends), CURVE_POINTS)
+        window = CURVE_WINDOW * max(ends)
+        curves = np.array([curve_on_grid(x, run.return_values, grid, window, end)
+                           for x, run, end in zip(xs, row.runs, ends)])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN columns before the first episode
+            mean, low, high = np.nanmean(curves, axis=0), np.nanmin(curves, axis=0), np.nanmax(curves, axis=0)
+
+        figure, axes = plt.subplots(figsize=(6, 4), dpi=100)
+        axes.plot(grid, mean, color="tab:blue", label=f"{variant}, mean of {len(row.runs)} seed(s)")
+        axes.fill_between(grid, low, high, color="tab:blue", alpha=0.2, linewidth=0, label="min–max over seeds")
+        if row.baseline:
+            label = row.baseline_variant.get("ours_label", "published")
+            axes.axhline(row.baseline["ours"]["mean"], color="black", linestyle="--", linewidth=1,
+                         label=f"{label}: {row.baseline['ours']['mean']:.2f}")
+            label = row.baseline_variant.get("reference_label", "comparison")
+            axes.axhline(row.baseline["reference"]["mean"], color="gray", linestyle=":", linewidth=1,
+                         label=f"{label}: {row.baseline['reference']['mean']:.2f}")
+        axes.set_xlim(left=0)
+        axes.set_xlabel(xlabel)
+        axes.set_ylabel("episodic return")
+        axes.set_title(f"{variant} on {row.env_id}")
+        axes.grid(alpha=0.3)
+        axes.legend(fontsize="small", loc="best")
+        figure.tight_layout()
+        path = out_dir / variant / f"{file_stem(row.env_id)}{suffix}.png"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        figure.savefig(path)
+        plt.close(figure)
+        written.append(path)
+    return written
+
+
+# ---------------------------------------------------------------------------------------------------
+# Main
+# ---------------------------------------------------------------------------------------------------
+
+
+def build_report(runs_dir: Path, out_dir: Path, baselines_path: Path = DEFAULT_BASELINES,
+                 variants: list[str] | None = None, include_incomplete: bool = False) -> dict[str, list[EnvSummary]]:
+    """Read every run under runs_dir and write the markdown pages and plots to out_dir.
+    Returns the table rows per variant."""
+    baselines = load_baselines(baselines_path)
+    runs = [run for run in (load_run(path, runs_dir) for path in find_run_dirs(runs_dir)) if run is not None]
+    if variants:
+        runs = [run for run in runs if run.variant in variants]
+    chosen, left_out = select_runs(runs, include_incomplete)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    report = {}
+    for variant, envs in sorted(chosen.items()):
+        rows = []
+        for env_id, env_runs in envs.items():
+            baseline_variant, baseline = find_baseline(baselines, variant, env_id)
+            rows.append(EnvSummary(env_id, sorted(env_runs, key=lambda run: run.seed),
+                                   baseline_variant=baseline_variant, baseline=baseline))
+        # Keep the order of the baselines file (the source's table order), other envs after it.
+        order = [env["env_id"] for env in baselines.get("variants", {}).get(variant, {}).get("envs", [])]
+        rows.sort(key=lambda row: (order.index(row.baseline["env_id"]) if row.baseline else len(order), row.env_id))
+        for row in rows:
+            plot_env(variant, row, out_dir)
+        variant_left_out = [(run, reason) for run, reason in left_out if run.variant == variant]
+        (out_dir / f"{variant}.md").write_text(variant_markdown(variant, rows, baselines, runs_dir, variant_left_out))
+        report[variant] = rows
+    index = ["# Benchmark results", ""] + [f"- [{variant}]({variant}.md): " + ", ".join(
+        f"{row.env_id} {row.status}" for row in rows) for variant, rows in report.items()]
+    (out_dir / "index.md").write_text("\n".join(index) + "\n")
+    return report
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs-dir", type=Path, default=Path("runs"), help="TensorBoard runs (default runs/)")
+    parser.add_argument("--out-dir", type=Path, default=HERE.parent / "docs" / "results",
+                        help="where the markdown and plots go (default docs/results/)")
+    parser.add_argument("--baselines", type=Path, default=DEFAULT_BASELINES, help="published numbers (TOML)")
+    parser.add_argument("--variants", nargs="+", metavar="NAME", help="only these variants (exp_name)")
+    parser.add_argument("--include-incomplete", action="store_true",
+                        help="also use runs that stopped before their budget (the newest run per seed)")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if not args.runs_dir.is_dir():
+        print(f"report.py: error: no runs directory {args.runs_dir}", file=sys.stderr)
+        return 1
+    report = build_report(args.runs_dir, args.out_dir, args.baselines, args.variants, args.include_incomplete)
+    if not report:
+        print(f"report.py: error: no complete runs under {args.runs_dir}"
+              + ("" if args.include_incomplete else " (--include-incomplete uses unfinished ones too)"),
+              file=sys.stderr)
+        return 1
+    for variant, rows in report.items():
+        print(f"{args.out_dir / (variant + '.md')}")
+        for row in rows:
+            print(f"  {row.env_id:<28} {format_band(row.mean, row.std):>20}  {len(row.runs)} seed(s)  {row.status}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,214 @@
+"""The documentation: the site builds in strict mode, every relative link resolves, and every link to
+a line of a script still points at the implementation detail it names.
+
+mkdocs.yml lets links that leave docs/ (such as ../ppo/ppo.py#L123) pass the strict build, since the
+scripts are not part of the site; the checks here take over for those links.
+"""
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+from urllib.parse import unquote
+
+import pytest
+
+from conftest import REPO
+
+# A line link passes when a marker of the detail it names lies at most this many lines from it.
+MARKER_WINDOW = 3
+# The kinds of detail markers the scripts use: `[Core 5: ...]`, `[Atari 2: ...]`, ...
+DETAIL_KINDS = ("Core", "Atari", "Continuous", "LSTM")
+
+FENCE = re.compile(r"^\s*(```|~~~)")
+HEADING = re.compile(r"^#{1,6}\s")
+# [text](target "title") and ![alt](target); the text may hold one level of brackets: [`[Core 5: GAE]`](...)
+INLINE_LINK = re.compile(r"!?\[((?:[^\[\]]|\[[^\[\]]*\])*)\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+REFERENCE_DEFINITION = re.compile(r"^\s{0,3}\[[^\]]+\]:\s*<?(\S+?)>?(?:\s+\"[^\"]*\")?\s*$")
+HTML_LINK = re.compile(r"\b(?:href|src)\s*=\s*[\"']([^\"']+)[\"']")
+SCHEME = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*:")
+LINE_FRAGMENT = re.compile(r"^L(\d+)(?:-L(\d+))?$")
+
+
+def markdown_files() -> list[Path]:
+    """The pages of the site and the README."""
+    files = sorted((REPO / "docs").glob("**/*.md"))
+    if (REPO / "README.md").exists():
+        files.append(REPO / "README.md")
+    return files
+
+
+def detail_kinds() -> list[str]:
+    """Marker kinds: the known ones plus any a script uses (`[Procgen 1: ...]` would add Procgen)."""
+    kinds = set(DETAIL_KINDS)
+    for script in (REPO / "ppo").glob("*.py"):
+        kinds.update(re.findall(r"\[([A-Z][A-Za-z]*) \d+:", script.read_text()))
+    return sorted(kinds)
+
+
+def named_markers(text: str, kinds: list[str]) -> list[tuple[str, int]]:
+    """The details a piece of text names, as (kind, number): "Core 5" -> ("Core", 5)."""
+    pattern = re.compile(rf"\b({'|'.join(map(re.escape, kinds))})\s+(\d+)\b")
+    return [(kind, int(number)) for kind, number in pattern.findall(text)]
+
+
+def links(path: Path, kinds: list[str]) -> list[dict]:
+    """Every link of a markdown file outside code blocks, with what it needs for the checks:
+    its line, text, target and the detail markers it refers to (from its text, else its table row,
+    else the row's number in a table of a section that announces `[Kind N: ...]` markers)."""
+    found = []
+    in_fence = False
+    section_kind = None
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        if FENCE.match(line):
+            in_fence = not in_fence
+            continue
+        if in_fence:
+            continue
+        if HEADING.match(line):
+            section_kind = next((kind for kind in kinds if re.search(rf"\b{kind}\b", line, re.IGNORECASE)), None)
+        announced = re.search(rf"\[({'|'.join(kinds)}) N\b", line)
+        if announced:
+            section_kind = announced.group(1)
+        is_row = line.lstrip().startswith("|")
+        row_markers = named_markers(line, kinds) if is_row else []
+        if is_row and not row_markers and section_kind:
+            first_cell = line.strip().strip("|").split("|")[0].strip()
+            if first_cell.isdigit():
+                row_markers = [(section_kind, int(first_cell))]
+        entries = [(text, target) for text, target in INLINE_LINK.findall(line)]
+        entries += [("", target) for target in HTML_LINK.findall(line)]
+        definition = REFERENCE_DEFINITION.match(line)
+        if definition:
+            entries.append(("", definition.group(1)))
+        for text, target in entries:
+            found.append({"file": path, "line": number, "text": text, "target": target,
+                          "markers": named_markers(text, kinds) or row_markers})
+    return found
+
+
+def local_target(link: dict) -> tuple[Path, str] | None:
+    """(resolved file, fragment) of a relative link; None for web links, anchors and absolute paths."""
+    target = link["target"]
+    if SCHEME.match(target) or target.startswith(("#", "/")):
+        return None
+    path, _, fragment = target.partition("#")
+    path = path.partition("?")[0]
+    return (link["file"].parent / unquote(path)).resolve(), fragment
+
+
+def display(path: Path) -> str:
+    """A file's path for messages: relative to the repository when it lies in it."""
+    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else path.name
+
+
+def marker_lines(script: Path, kind: str, number: int) -> list[int]:
+    """The lines of a script that carry the marker `[kind number: ...]` (or `[kind number]`)."""
+    pattern = re.compile(rf"\[{re.escape(kind)} {number}[:\]]")
+    return [i for i, line in enumerate(script.read_text().splitlines(), start=1) if pattern.search(line)]
+
+
+def stale_line_links(files: list[Path], kinds: list[str]) -> list[str]:
+    """Problems with links to script lines: past the end of the file, or away from the detail they name."""
+    problems = []
+    for path in files:
+        for link in links(path, kinds):
+            resolved = local_target(link)
+            if resolved is None or resolved[0].suffix != ".py" or not resolved[0].is_file():
+                continue
+            script, fragment = resolved
+            match = LINE_FRAGMENT.match(fragment)
+            if not match:
+                continue
+            where = f"{display(path)}:{link['line']}"
+            first = int(match.group(1))
+            last = int(match.group(2) or first)
+            length = len(script.read_text().splitlines())
+            if last > length:
+                problems.append(f"{where}: {link['target']} is past the end of {script.name} ({length} lines)")
+                continue
+            for kind, number in link["markers"]:
+                lines = marker_lines(script, kind, number)
+                if not lines:
+                    problems.append(f"{where}: {link['target']} names [{kind} {number}], which {script.name} "
+                                    "does not mark")
+                elif not any(first - MARKER_WINDOW <= line <= last + MARKER_WINDOW for line in lines):
+                    problems.append(f"{where}: {link['target']} names [{kind} {number}], but {script.name} marks "
+                                    f"it on line(s) {', '.join(map(str, lines))}")
+    return problems
+
+
+def test_site_builds_in_strict_mode(tmp_path):
+    pytest.importorskip("mkdocs")
+    result = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file",
+                             str(REPO / "mkdocs.yml"), "--site-dir", str(tmp_path / "site")],
+                            cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert (tmp_path / "site" / "index.html").is_file()
+    assert (tmp_path / "site" / "benchmark" / "index.html").is_file()
+
+
+def test_every_relative_link_resolves():
+    kinds = detail_kinds()
+    broken = []
+    checked = 0
+    for path in markdown_files():
+        for link in links(path, kinds):
+            resolved = local_target(link)
+            if resolved is None:
+                continue
+            checked += 1
+            if not resolved[0].exists():
+                broken.append(f"{display(path)}:{link['line']}: {link['target']}")
+    assert checked > 0
+    assert not broken, "broken links:\n" + "\n".join(broken)
+
+
+def test_script_line_links_point_at_the_details_they_name():
+    problems = stale_line_links(markdown_files(), detail_kinds())
+    assert not problems, "stale links to script lines (update the line numbers):\n" + "\n".join(problems)
+
+
+def test_line_link_check_catches_stale_links(tmp_path):
+    """The checker itself: a link that names a detail passes near its marker and fails elsewhere,
+    whether the detail is named in the link text, in the table row, or by the row's number."""
+    (tmp_path / "ppo").mkdir()
+    (tmp_path / "docs").mkdir()
+    script_lines = ["x = 1"] * 30
+    script_lines[9] = "# [Core 5: Generalized Advantage Estimation]"  # line 10
+    script_lines[19] = "# [Atari 2: MaxAndSkipEnv]"  # line 20
+    (tmp_path / "ppo" / "demo.py").write_text("\n".join(script_lines) + "\n")
+    page = tmp_path / "docs" / "demo.md"
+    page.write_text("\n".join([
+        "[`[Core 5: GAE]`](../ppo/demo.py#L11)",                       # ok: one line off
+        "[Core 5](../ppo/demo.py#L20)",                                # stale
+        "| Atari 2 | frame skip | [here](../ppo/demo.py#L19-L21) |",   # ok: the row names it
+        "| Atari 2 | frame skip | [here](../ppo/demo.py#L2) |",        # stale
+        "## The core details",
+        "Each carries a `[Core N: ...]` comment.",
+        "| 5 | GAE | [gae](../ppo/demo.py#L9) |",                      # ok: row number in a Core table
+        "| 5 | GAE | [gae](../ppo/demo.py#L25) |",                     # stale
+        "[Core 7](../ppo/demo.py#L10)",                                # not marked in the script
+        "[plain](../ppo/demo.py#L99)",                                 # past the end
+        "```",
+        "[Core 5](../ppo/demo.py#L1)",                                 # in a code block: ignored
+        "```",
+    ]) + "\n")
+    problems = stale_line_links([page], list(DETAIL_KINDS))
+    flagged = sorted(int(problem.split(":")[1]) for problem in problems)
+    assert flagged == [2, 4, 8, 9, 10], problems
+
+
+def test_index_links_every_variant_page():
+    index = (REPO / "docs" / "index.md").read_text()
+    pages = sorted(path.name for path in (REPO / "docs").glob("ppo*.md"))
+    assert "ppo.md" in pages
+    missing = [page for page in pages if f"]({page})" not in index]
+    assert not missing, f"docs/index.md does not link {missing}"
+
+
+def test_every_page_is_in_the_nav():
+    config = (REPO / "mkdocs.yml").read_text()
+    in_nav = set(re.findall(r"^\s*-\s*(?:[^:\n]+:\s*)?(\S+\.md)\s*$", config, re.MULTILINE))
+    pages = {path.relative_to(REPO / "docs").as_posix() for path in (REPO / "docs").glob("**/*.md")}
+    assert pages <= in_nav, f"pages missing from the nav of mkdocs.yml: {sorted(pages - in_nav)}"
