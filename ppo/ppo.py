@@ -18,6 +18,7 @@ import sys
 import time
 from collections import deque
 from dataclasses import asdict, dataclass, fields, replace
+from typing import NoReturn
 
 import gymnasium as gym
 import numpy as np
@@ -103,7 +104,7 @@ RUNTIME_FIELDS = {"cuda", "track", "wandb_project_name", "wandb_entity", "captur
                   "save_interval", "resume", "evaluate", "eval_episodes"}
 
 
-def fail(message: str) -> None:
+def fail(message: str) -> NoReturn:
     """Stop with one line saying what to do and exit code 2: for wrong input, never for bugs."""
     print(f"{VARIANT}.py: error: {message}", file=sys.stderr)
     raise SystemExit(2)
@@ -128,7 +129,8 @@ def load_checkpoint(path: str) -> dict:
 
 def parse_args(argv: list[str] | None = None) -> Args:
     """Read the command line. With --resume or --evaluate the checkpoint's settings are the defaults,
-    so `--resume PATH` alone continues the run, and a flag that contradicts the checkpoint is an error."""
+    so `--resume PATH` alone continues the run. A resumed run refuses a training flag that contradicts
+    the checkpoint; an evaluation only needs the same environment (another --seed is fine)."""
     args = tyro.cli(Args, args=argv)
     checkpoint_path = args.resume or args.evaluate
     if checkpoint_path is None:
@@ -137,11 +139,12 @@ def parse_args(argv: list[str] | None = None) -> Args:
     if args.evaluate:  # an evaluation starts from the default run-time options, not the training run's
         saved = replace(saved, **{name: getattr(Args(), name) for name in RUNTIME_FIELDS})
     args = tyro.cli(Args, args=argv, default=saved)
-    for field in fields(Args):
-        if field.name not in RUNTIME_FIELDS and getattr(args, field.name) != getattr(saved, field.name):
-            flag = "--" + field.name.replace("_", "-")
-            fail(f"the checkpoint was made with {flag} {getattr(saved, field.name)}, not "
-                 f"{getattr(args, field.name)}: drop {flag} to keep the checkpoint's value")
+    must_match = ["env_id"] if args.evaluate else [f.name for f in fields(Args) if f.name not in RUNTIME_FIELDS]
+    for name in must_match:
+        if getattr(args, name) != getattr(saved, name):
+            flag = "--" + name.replace("_", "-")
+            fail(f"the checkpoint was made with {flag} {getattr(saved, name)}, not "
+                 f"{getattr(args, name)}: drop {flag} to keep the checkpoint's value")
     return args
 
 

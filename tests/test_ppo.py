@@ -366,6 +366,14 @@ def test_checkpoints_of_another_variant_or_env_are_refused(capsys, workdir):
     checkpoint_path = str(only_run_dir(workdir) / "checkpoint.pt")
     expect_usage_error(capsys, lambda: parse_args(["--resume", checkpoint_path, "--env-id", "Acrobot-v1"]),
                        "--env-id CartPole-v1", "Acrobot-v1")
+    expect_usage_error(capsys, lambda: parse_args(["--resume", checkpoint_path, "--num-envs", "8"]),
+                       "--num-envs 2", "not 8")
+    expect_usage_error(capsys, lambda: parse_args(["--evaluate", checkpoint_path, "--env-id", "Acrobot-v1"]),
+                       "--env-id CartPole-v1")
+    # Evaluating on other seeds, or resuming with other run-time options, is fine.
+    assert parse_args(["--evaluate", checkpoint_path, "--seed", "5"]).seed == 5
+    resumed = parse_args(["--resume", checkpoint_path, "--no-save-model"])
+    assert (resumed.num_envs, resumed.save_model, resumed.resume) == (2, False, checkpoint_path)
 
     checkpoint = torch.load(checkpoint_path, weights_only=False)
     checkpoint["variant"] = "ppo_atari"
