@@ -44,3 +44,44 @@ def workdir(tmp_path, monkeypatch) -> Path:
     """A fresh working directory, also for in-process runs, so runs/ never lands in the repository."""
     monkeypatch.chdir(tmp_path)
     return tmp_path
+
+
+def interrupt_after_first_progress_line(script: str, args: list[str], cwd: Path) -> tuple[int, str]:
+    """Start `python ppo/<script> args...`, press Ctrl-C once it has printed its first progress line,
+    and return its exit code and output."""
+    import signal
+
+    process = subprocess.Popen([sys.executable, str(REPO / "ppo" / script), *args], cwd=cwd,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    output = []
+    for line in process.stdout:
+        output.append(line)
+        if line.startswith("step"):
+            process.send_signal(signal.SIGINT)
+            break
+    output.append(process.stdout.read())
+    return process.wait(timeout=120), "".join(output)
+
+
+def expect_usage_error(capsys, run, script: str, *fragments: str) -> str:
+    """`run()` must stop with exit code 2 and one line on stderr, `<script>: error: ...`, that
+    contains every fragment; returns that line."""
+    with pytest.raises(SystemExit) as stop:
+        run()
+    assert stop.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith(f"{script}: error: "), lines[0]
+    for fragment in fragments:
+        assert fragment in lines[0], (fragment, lines[0])
+    return lines[0]
+
+
+def without_module(tmp_path: Path, module: str) -> dict:
+    """Environment variables under which `import <module>` fails in a child process, as if the
+    package were not installed."""
+    blocker = tmp_path / "blocked" / module
+    blocker.mkdir(parents=True)
+    (blocker / "__init__.py").write_text(f"raise ImportError('{module} is blocked by this test')\n")
+    return {"PYTHONPATH": str(tmp_path / "blocked")}

@@ -3,9 +3,6 @@ determinism, checkpoints (exact resumption after Ctrl-C, evaluation) and the com
 
 import os
 import re
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import gymnasium as gym
@@ -13,7 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import REPO, only_run_dir, read_scalars, run_script
+from conftest import (REPO, expect_usage_error, interrupt_after_first_progress_line, only_run_dir,
+                      read_scalars, run_script, without_module)
 from ppo.ppo import Args, compute_gae, main, parse_args, ppo_loss
 
 METRICS = ["charts/episodic_return", "charts/episodic_length", "charts/SPS", "charts/learning_rate",
@@ -225,22 +223,6 @@ def test_same_seed_gives_identical_metrics(workdir, monkeypatch):
 # ---------------------------------------------------------------------------------------------------
 
 
-def interrupt_after_first_progress_line(args: list[str], cwd: Path) -> tuple[int, str]:
-    """Start a training run, press Ctrl-C once it has printed its first progress line, and return
-    its exit code and output."""
-    process = subprocess.Popen([sys.executable, str(REPO / "ppo" / "ppo.py"), *args], cwd=cwd,
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    output = []
-    for line in process.stdout:
-        output.append(line)
-        if line.startswith("step"):
-            process.send_signal(signal.SIGINT)
-            break
-    output.append(process.stdout.read())
-    return process.wait(timeout=120), "".join(output)
-
-
 def test_interrupted_and_resumed_run_ends_with_the_same_weights(tmp_path):
     flags = ["--seed", "3", "--total-timesteps", "12800", "--save-model", *SMALL_FLAGS]
     unbroken, interrupted = tmp_path / "unbroken", tmp_path / "interrupted"
@@ -248,7 +230,7 @@ def test_interrupted_and_resumed_run_ends_with_the_same_weights(tmp_path):
     interrupted.mkdir()
     run_script("ppo.py", *flags, cwd=unbroken)
 
-    code, output = interrupt_after_first_progress_line(flags, cwd=interrupted)
+    code, output = interrupt_after_first_progress_line("ppo.py", flags, cwd=interrupted)
     assert code == 130, output
     assert "resume with: python ppo/ppo.py --resume" in output
     run_dir = only_run_dir(interrupted)
@@ -330,45 +312,33 @@ def test_track_works_offline(tmp_path):
     assert list(offline_runs[0].glob("*.wandb"))
 
 
-def expect_usage_error(capsys, run, *fragments: str) -> None:
-    """`run()` must stop with exit code 2 and one line on stderr that contains every fragment."""
-    with pytest.raises(SystemExit) as stop:
-        run()
-    assert stop.value.code == 2
-    lines = capsys.readouterr().err.strip().splitlines()
-    assert len(lines) == 1, lines
-    assert lines[0].startswith("ppo.py: error: ")
-    for fragment in fragments:
-        assert fragment in lines[0]
-
-
 def test_unknown_env_id(capsys, workdir):
-    expect_usage_error(capsys, lambda: main(Args(env_id="CartPoel-v1", cuda=False)), "unknown env id 'CartPoel-v1'")
-    expect_usage_error(capsys, lambda: main(Args(env_id="BreakoutNoFrameskip-v4", cuda=False)), "ppo/ppo_atari.py")
+    expect_usage_error(capsys, lambda: main(Args(env_id="CartPoel-v1", cuda=False)), "ppo.py", "unknown env id 'CartPoel-v1'")
+    expect_usage_error(capsys, lambda: main(Args(env_id="BreakoutNoFrameskip-v4", cuda=False)), "ppo.py", "ppo/ppo_atari.py")
 
 
 def test_continuous_actions_point_to_the_continuous_script(capsys, workdir):
-    expect_usage_error(capsys, lambda: main(Args(env_id="Pendulum-v1", cuda=False)),
+    expect_usage_error(capsys, lambda: main(Args(env_id="Pendulum-v1", cuda=False)), "ppo.py",
                        "Box action space", "ppo/ppo_continuous_action.py")
 
 
 def test_sizes_that_do_not_divide(capsys, workdir):
-    expect_usage_error(capsys, lambda: main(Args(num_envs=3, num_steps=5, num_minibatches=4)),
+    expect_usage_error(capsys, lambda: main(Args(num_envs=3, num_steps=5, num_minibatches=4)), "ppo.py",
                        "15", "--num-minibatches 4")
 
 
 def test_total_timesteps_smaller_than_one_batch(capsys, workdir):
-    expect_usage_error(capsys, lambda: main(Args(total_timesteps=100)), "--total-timesteps 100", "512")
+    expect_usage_error(capsys, lambda: main(Args(total_timesteps=100)), "ppo.py", "--total-timesteps 100", "512")
 
 
 def test_checkpoints_of_another_variant_or_env_are_refused(capsys, workdir):
     main(Args(total_timesteps=128, save_model=True, **SMALL))
     checkpoint_path = str(only_run_dir(workdir) / "checkpoint.pt")
-    expect_usage_error(capsys, lambda: parse_args(["--resume", checkpoint_path, "--env-id", "Acrobot-v1"]),
+    expect_usage_error(capsys, lambda: parse_args(["--resume", checkpoint_path, "--env-id", "Acrobot-v1"]), "ppo.py",
                        "--env-id CartPole-v1", "Acrobot-v1")
-    expect_usage_error(capsys, lambda: parse_args(["--resume", checkpoint_path, "--num-envs", "8"]),
+    expect_usage_error(capsys, lambda: parse_args(["--resume", checkpoint_path, "--num-envs", "8"]), "ppo.py",
                        "--num-envs 2", "not 8")
-    expect_usage_error(capsys, lambda: parse_args(["--evaluate", checkpoint_path, "--env-id", "Acrobot-v1"]),
+    expect_usage_error(capsys, lambda: parse_args(["--evaluate", checkpoint_path, "--env-id", "Acrobot-v1"]), "ppo.py",
                        "--env-id CartPole-v1")
     # Evaluating on other seeds, or resuming with other run-time options, is fine.
     assert parse_args(["--evaluate", checkpoint_path, "--seed", "5"]).seed == 5
@@ -378,10 +348,10 @@ def test_checkpoints_of_another_variant_or_env_are_refused(capsys, workdir):
     checkpoint = torch.load(checkpoint_path, weights_only=False)
     checkpoint["variant"] = "ppo_atari"
     torch.save(checkpoint, "atari.pt")
-    expect_usage_error(capsys, lambda: parse_args(["--evaluate", "atari.pt"]), "ppo/ppo_atari.py")
-    expect_usage_error(capsys, lambda: parse_args(["--resume", "missing.pt"]), "no checkpoint at 'missing.pt'")
+    expect_usage_error(capsys, lambda: parse_args(["--evaluate", "atari.pt"]), "ppo.py", "ppo/ppo_atari.py")
+    expect_usage_error(capsys, lambda: parse_args(["--resume", "missing.pt"]), "ppo.py", "no checkpoint at 'missing.pt'")
     Path("junk.pt").write_text("not a checkpoint")
-    expect_usage_error(capsys, lambda: parse_args(["--evaluate", "junk.pt"]), "cannot read checkpoint")
+    expect_usage_error(capsys, lambda: parse_args(["--evaluate", "junk.pt"]), "ppo.py", "cannot read checkpoint")
 
 
 def test_errors_end_without_a_traceback(tmp_path):
@@ -392,11 +362,8 @@ def test_errors_end_without_a_traceback(tmp_path):
 
 
 def test_missing_video_dependency_names_the_extra(tmp_path):
-    blocker = tmp_path / "blocked" / "moviepy"
-    blocker.mkdir(parents=True)
-    (blocker / "__init__.py").write_text("raise ImportError('moviepy is blocked by this test')\n")
     result = run_script("ppo.py", "--total-timesteps", "512", "--capture-video", *SMALL_FLAGS, cwd=tmp_path,
-                        env={"PYTHONPATH": str(tmp_path / "blocked")}, check=False)
+                        env=without_module(tmp_path, "moviepy"), check=False)
     assert result.returncode == 2, result.stderr
     assert "Traceback" not in result.stderr
     assert "moviepy" in result.stderr.lower() and ".[classic-control,video]" in result.stderr
