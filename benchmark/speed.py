@@ -2,6 +2,7 @@
 
     python benchmark/speed.py                                  # ppo.py on CartPole-v1
     python benchmark/speed.py --env-id Acrobot-v1 --total-timesteps 200000
+    python benchmark/speed.py --script ppo_atari_envpool.py --env-id Breakout-v5 --num-envs 8 --total-timesteps 50000
 
 First the script's own vector environment (built by the script's `make_envs`, so with the same
 wrappers and autoreset mode) is stepped with random actions for `--raw-seconds`; then the script's
@@ -36,12 +37,24 @@ def timed(function) -> tuple[float, float]:
     return time.perf_counter() - wall, time.process_time() - cpu
 
 
+def is_envpool(envs) -> bool:
+    """Whether `envs` is an envpool, whose API differs from a gymnasium vector env's: it is seeded when
+    made, its reset() takes no seed (envpool 1.0 refuses one), and its action_space is one environment's."""
+    return any(cls.__module__.startswith("envpool.") for cls in type(envs).__mro__)
+
+
 def raw_env_speed(script, env_id: str, num_envs: int, seconds: float) -> tuple[float, float]:
     """(wall, CPU) environment steps per second of the script's vector env under random actions."""
     envs = script.make_envs(env_id, num_envs)
-    envs.reset(seed=0)
-    envs.action_space.seed(0)
-    actions = [envs.action_space.sample() for _ in range(256)]  # drawn beforehand: not part of the env's cost
+    # Actions are drawn beforehand: they are not part of the env's cost.
+    if is_envpool(envs):
+        envs.reset()
+        rng = np.random.default_rng(0)
+        actions = [rng.integers(envs.action_space.n, size=num_envs) for _ in range(256)]
+    else:
+        envs.reset(seed=0)
+        envs.action_space.seed(0)
+        actions = [envs.action_space.sample() for _ in range(256)]
     steps = 0
 
     def step_for_a_while():

@@ -1,0 +1,668 @@
+"""PPO for Atari 2600 games through envpool, the fast variant: Breakout-v5, Pong-v5, BeamRider-v5, ...
+
+    python ppo/ppo_atari_envpool.py --env-id Breakout-v5             # train (10M steps)
+    python ppo/ppo_atari_envpool.py --save-model                      # ... and keep a checkpoint
+    python ppo/ppo_atari_envpool.py --resume runs/<run>/checkpoint.pt # carry on after Ctrl-C or a crash
+    python ppo/ppo_atari_envpool.py --evaluate runs/<run>/checkpoint.pt
+
+ppo/ppo_atari.py with the games run by envpool: its C++ thread pool steps all environments and does
+the whole Atari preprocessing, so the Python side is one call per step. The agent, the loss and the
+settings are ppo_atari.py's. What changes is how episodes end: envpool resets a finished environment
+on the *next* step, which it spends on the reset and whose action it ignores; those steps are kept
+out of training. The 13 core details are marked `[Core N: ...]`, the 9 Atari details `[Atari N: ...]`;
+docs/ppo_atari_envpool.md lists them all. Works with envpool 1.0.x and 1.2.x.
+"""
+
+import os
+import random
+import signal
+import sys
+import time
+from collections import deque
+from dataclasses import asdict, dataclass, fields, replace
+from typing import NoReturn
+
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.optim as optim
+import tyro
+from torch.distributions.categorical import Categorical
+from torch.utils.tensorboard import SummaryWriter
+
+try:
+    import envpool
+except ImportError:  # reported with the command that installs it when an environment is made
+    envpool = None
+
+VARIANT = "ppo_atari_envpool"  # written into checkpoints, so another variant's checkpoint is refused
+
+
+@dataclass
+class Args:
+    # Experiment
+    exp_name: str = VARIANT
+    """the name of this experiment, part of the run name"""
+    seed: int = 1
+    """seed of the experiment (Python, NumPy, PyTorch and the environments)"""
+    torch_deterministic: bool = True
+    """if toggled, sets `torch.backends.cudnn.deterministic`"""
+    cuda: bool = True
+    """if toggled, use CUDA when it is available"""
+    track: bool = False
+    """if toggled, log the run to Weights & Biases (set WANDB_MODE=offline to work without a network)"""
+    wandb_project_name: str = "ppo-scripts"
+    """the Weights & Biases project"""
+    wandb_entity: str | None = None
+    """the Weights & Biases entity (team); None uses your default"""
+    capture_video: bool = False
+    """if toggled, record videos of the first environment's games 0, 1, 8, 27, ... to `videos/<run_name>/`"""
+    save_model: bool = False
+    """if toggled, write `runs/<run_name>/checkpoint.pt` at the end, every `save_interval` iterations and on Ctrl-C"""
+    save_interval: int = 100
+    """with --save-model, also write the checkpoint every this many iterations (0: only at the end)"""
+    resume: str | None = None
+    """path of a checkpoint to continue training from; the run keeps the checkpoint's settings"""
+    evaluate: str | None = None
+    """path of a checkpoint to evaluate instead of training"""
+    eval_episodes: int = 10
+    """number of games to play with --evaluate"""
+
+    # Algorithm
+    env_id: str = "Breakout-v5"
+    """the id of the environment: an envpool Atari game, `<Game>-v5`"""
+    total_timesteps: int = 10000000
+    """total environment steps of the experiment (each step is 4 frames of the game)"""
+    learning_rate: float = 2.5e-4
+    """the learning rate of the optimizer"""
+    num_envs: int = 8
+    """the number of parallel environments"""
+    num_steps: int = 128
+    """the number of steps to run in each environment per rollout"""
+    anneal_lr: bool = True
+    """if toggled, anneal the learning rate linearly to zero"""
+    gamma: float = 0.99
+    """the discount factor gamma"""
+    gae_lambda: float = 0.95
+    """the lambda of generalized advantage estimation"""
+    num_minibatches: int = 4
+    """the number of minibatches each batch is split into"""
+    update_epochs: int = 4
+    """the number of passes over the batch per update"""
+    norm_adv: bool = True
+    """if toggled, normalize advantages within each minibatch"""
+    clip_coef: float = 0.1
+    """the surrogate clipping coefficient"""
+    clip_vloss: bool = True
+    """if toggled, clip the value loss as the original PPO code does"""
+    ent_coef: float = 0.01
+    """coefficient of the entropy bonus"""
+    vf_coef: float = 0.5
+    """coefficient of the value loss"""
+    max_grad_norm: float = 0.5
+    """the maximum norm for global gradient clipping"""
+    target_kl: float | None = None
+    """if set, stop the update epochs early once the approximate KL exceeds it"""
+
+
+# Settings that may differ between a run and its resumption; every other field must stay the same.
+RUNTIME_FIELDS = {"cuda", "track", "wandb_project_name", "wandb_entity", "capture_video", "save_model",
+                  "save_interval", "resume", "evaluate", "eval_episodes"}
+
+
+def fail(message: str) -> NoReturn:
+    """Stop with one line saying what to do and exit code 2: for wrong input, never for bugs."""
+    print(f"{VARIANT}.py: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def load_checkpoint(path: str) -> dict:
+    """Read a checkpoint written by this script; refuse anything else with a clear message."""
+    if not os.path.isfile(path):
+        fail(f"no checkpoint at {path!r}")
+    try:
+        # weights_only=False: the checkpoint holds NumPy and Python RNG states, not only tensors.
+        # Only load checkpoints you wrote yourself.
+        checkpoint = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as error:  # torch raises many kinds of errors for a file it cannot read
+        fail(f"cannot read checkpoint {path!r}: {error}")
+    if not isinstance(checkpoint, dict) or "variant" not in checkpoint:
+        fail(f"{path!r} is not a checkpoint of this collection")
+    if checkpoint["variant"] != VARIANT:
+        fail(f"{path!r} was written by {checkpoint['variant']}.py: use ppo/{checkpoint['variant']}.py for it")
+    return checkpoint
+
+
+def parse_args(argv: list[str] | None = None) -> Args:
+    """Read the command line. With --resume or --evaluate the checkpoint's settings are the defaults,
+    so `--resume PATH` alone continues the run. A resumed run refuses a training flag that contradicts
+    the checkpoint; an evaluation only needs the same environment (another --seed is fine)."""
+    args = tyro.cli(Args, args=argv)
+    checkpoint_path = args.resume or args.evaluate
+    if checkpoint_path is None:
+        return args
+    saved = replace(Args(**load_checkpoint(checkpoint_path)["args"]), resume=None, evaluate=None)
+    if args.evaluate:  # an evaluation starts from the default run-time options, not the training run's
+        saved = replace(saved, **{name: getattr(Args(), name) for name in RUNTIME_FIELDS})
+    args = tyro.cli(Args, args=argv, default=saved)
+    must_match = ["env_id"] if args.evaluate else [f.name for f in fields(Args) if f.name not in RUNTIME_FIELDS]
+    for name in must_match:
+        if getattr(args, name) != getattr(saved, name):
+            flag = "--" + name.replace("_", "-")
+            fail(f"the checkpoint was made with {flag} {getattr(saved, name)}, not "
+                 f"{getattr(args, name)}: drop {flag} to keep the checkpoint's value")
+    return args
+
+
+def check_sizes(args: Args) -> None:
+    """Refuse settings that cannot make a valid run, before any environment is built."""
+    for name in ("num_envs", "num_steps", "num_minibatches", "update_epochs", "total_timesteps", "eval_episodes"):
+        if getattr(args, name) < 1:
+            fail(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    batch_size = args.num_envs * args.num_steps
+    if batch_size % args.num_minibatches != 0:
+        fail(f"--num-envs x --num-steps = {batch_size} does not divide into --num-minibatches "
+             f"{args.num_minibatches} equal minibatches: pick sizes whose product is a multiple of it")
+    if args.total_timesteps < batch_size:
+        fail(f"--total-timesteps {args.total_timesteps} is smaller than one batch "
+             f"(--num-envs x --num-steps = {batch_size}): raise it or shrink the batch")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Environments: envpool does the Atari preprocessing
+# ---------------------------------------------------------------------------------------------------
+
+
+def check_env_id(env_id: str) -> None:
+    """Refuse, with the script to use instead, an id that is not one of envpool's Atari games."""
+    if envpool is None:
+        fail("ppo_atari_envpool.py needs envpool: pip install -e '.[envpool]'")
+    if env_id not in envpool.list_all_envs():
+        hint = ""
+        if env_id.endswith("NoFrameskip-v4") or env_id.startswith("ALE/"):
+            game = env_id.removeprefix("ALE/").removesuffix("NoFrameskip-v4").removesuffix("-v5")
+            hint = f" (envpool names the game {game}-v5; ale-py ids such as {env_id} need ppo/ppo_atari.py)"
+        fail(f"unknown env id {env_id!r}{hint}: envpool's Atari games are named like Breakout-v5")
+    kind = type(envpool.make_spec(env_id)).__name__
+    if kind != "AtariEnvSpec":
+        fail(f"{env_id} is not an Atari game ({kind}): ppo_atari_envpool.py trains on Atari frames only; use "
+             "ppo/ppo.py for vector observations and ppo/ppo_continuous_action.py for Box actions")
+
+
+def make_envs(env_id: str, num_envs: int, seed: int = 0, capture_video: bool = False):
+    """Build `num_envs` preprocessed games in one envpool, seeded seed, seed + 1, ...
+
+    [Core 1: Vectorized architecture] One learner steps `num_envs` games in lock step (envpool steps
+    them on its own threads), so each rollout holds num_envs x num_steps transitions.
+
+    Every setting is spelled out, although most are envpool's defaults, to show which detail each one
+    carries out: the details of ppo_atari.py's wrappers, done in C++ (docs/ppo_atari_envpool.md lists
+    the small ways in which they differ). envpool's autoreset is described in main().
+    """
+    check_env_id(env_id)
+    envs = envpool.make(
+        env_id,
+        env_type="gymnasium",
+        num_envs=num_envs,
+        seed=seed,
+        noop_max=30,  # [Atari 1: NoopResetEnv] up to 30 no-op frames (random) after every reset
+        frame_skip=4,  # [Atari 2: MaxAndSkipEnv] each action for 4 frames; the last two are max-pooled
+        episodic_life=True,  # [Atari 3: EpisodicLifeEnv] a lost life ends the episode, not the game
+        use_fire_reset=True,  # [Atari 4: FireResetEnv] FIRE after a reset, for games that wait for it
+        img_height=84,  # [Atari 5: WarpFrame] 84x84 grayscale, resized with area interpolation
+        img_width=84,
+        gray_scale=True,
+        reward_clip=True,  # [Atari 6: ClipRewardEnv] the reward's sign; info["reward"] keeps the real one
+        stack_num=4,  # [Atari 7: FrameStack] the last 4 frames as one (4, 84, 84) observation
+        repeat_action_probability=0.0,  # no sticky actions, as in the NoFrameskip-v4 games
+        max_episode_steps=27000,  # 108,000 frames, as ALE's v4 and v5 games
+        **({"render_mode": "rgb_array"} if capture_video else {}),
+    )
+    # envpool's action_space is one game's (a gymnasium vector env's would be the batch's).
+    if not isinstance(envs.action_space, gym.spaces.Discrete):
+        kind = type(envs.action_space).__name__
+        fail(f"{env_id} has a {kind} action space but ppo_atari_envpool.py needs Discrete actions: "
+             f"use ppo/ppo_continuous_action.py for Box actions")
+    return envs
+
+
+class VideoRecorder:
+    """--capture-video: envpool has no gymnasium wrapper to record with, so the first game's frames
+    are rendered here (at the agent's 15 steps per second) and written with gymnasium's save_video,
+    for the games numbered 0, 1, 8, 27, ..., 1000, 2000, ... as gymnasium's RecordVideo does."""
+
+    def __init__(self, folder: str):
+        # Imported here: it needs moviepy, which only --capture-video needs.
+        from gymnasium.utils.save_video import capped_cubic_video_schedule, save_video
+
+        self.schedule, self.save_video = capped_cubic_video_schedule, save_video
+        self.folder, self.game, self.frames = folder, 0, []
+
+    def step(self, envs, game_over: bool) -> None:
+        if self.schedule(self.game):
+            self.frames.append(envs.render(env_ids=[0])[0])
+        if game_over:
+            if self.frames:
+                self.save_video(self.frames, self.folder, fps=15, episode_index=self.game)
+            self.game, self.frames = self.game + 1, []
+
+
+# ---------------------------------------------------------------------------------------------------
+# Agent
+# ---------------------------------------------------------------------------------------------------
+
+
+def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Module:
+    """[Core 2: Orthogonal initialization of weights, constant initialization of biases]
+    Orthogonal weights scaled by sqrt(2) for the ReLU layers, 0.01 for the policy head so the first
+    policy is close to uniform, 1 for the value head; biases 0."""
+    torch.nn.init.orthogonal_(layer.weight, std)
+    torch.nn.init.constant_(layer.bias, bias_const)
+    return layer
+
+
+class Agent(nn.Module):
+    """[Atari 8: Shared Nature-CNN] One convolutional trunk (Mnih et al., 2015) feeds both heads: the
+    image features are what both the policy and the value function need, and learning them once is
+    cheaper. This replaces [Core 13: Separate MLP networks for policy and value functions] of ppo.py."""
+
+    def __init__(self, num_actions: int):
+        super().__init__()
+        self.network = nn.Sequential(
+            layer_init(nn.Conv2d(4, 32, kernel_size=8, stride=4)),  # 4 stacked 84x84 frames -> 20x20
+            nn.ReLU(),
+            layer_init(nn.Conv2d(32, 64, kernel_size=4, stride=2)),  # -> 9x9
+            nn.ReLU(),
+            layer_init(nn.Conv2d(64, 64, kernel_size=3, stride=1)),  # -> 7x7
+            nn.ReLU(),
+            nn.Flatten(),
+            layer_init(nn.Linear(64 * 7 * 7, 512)),
+            nn.ReLU(),
+        )
+        # The convolutions' weights in channels-last layout: the same network, but the layout that
+        # PyTorch's CPU convolutions (oneDNN) prefer, and there the update runs about 1.4x faster.
+        self.network.to(memory_format=torch.channels_last)
+        self.actor = layer_init(nn.Linear(512, num_actions), std=0.01)
+        self.critic = layer_init(nn.Linear(512, 1), std=1.0)
+
+    def features(self, obs: torch.Tensor) -> torch.Tensor:
+        # [Atari 9: Scaling the images to [0, 1]] frames are stored as uint8 (a quarter of the memory
+        # of float32) and scaled here, inside the network.
+        return self.network(obs.float() / 255.0)
+
+    def get_value(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.critic(self.features(obs))
+
+    def get_action_and_value(self, obs: torch.Tensor, action: torch.Tensor | None = None):
+        """Sample an action (or score a given one): returns action, log-prob, entropy and value."""
+        hidden = self.features(obs)
+        # The logits come straight from the network, so argument validation would only cost time.
+        distribution = Categorical(logits=self.actor(hidden), validate_args=False)
+        if action is None:
+            action = distribution.sample()
+        return action, distribution.log_prob(action), distribution.entropy(), self.critic(hidden)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Generalized advantage estimation and the PPO loss
+# ---------------------------------------------------------------------------------------------------
+
+
+def compute_gae(rewards: np.ndarray, values: np.ndarray, dones: np.ndarray, next_value: np.ndarray,
+                next_done: np.ndarray, gamma: float, gae_lambda: float) -> tuple[np.ndarray, np.ndarray]:
+    """[Core 5: Generalized Advantage Estimation] Advantages and value targets of one rollout.
+
+    All arrays are (num_steps, num_envs) except next_value and next_done, (num_envs,), which describe
+    the observation after the last step. dones[t] is 1 when obs[t] is the first observation of a new
+    episode (here: of a new life), that is, when the step before it ended one: then nothing flows
+    back across t.
+    """
+    num_steps = rewards.shape[0]
+    advantages = np.zeros_like(rewards)
+    last_advantage = np.zeros_like(next_value)
+    for t in reversed(range(num_steps)):
+        if t == num_steps - 1:
+            next_nonterminal, next_values = 1.0 - next_done, next_value
+        else:
+            next_nonterminal, next_values = 1.0 - dones[t + 1], values[t + 1]
+        delta = rewards[t] + gamma * next_values * next_nonterminal - values[t]
+        last_advantage = delta + gamma * gae_lambda * next_nonterminal * last_advantage
+        advantages[t] = last_advantage
+    returns = advantages + values
+    return advantages, returns
+
+
+def ppo_loss(new_logprob: torch.Tensor, entropy: torch.Tensor, new_value: torch.Tensor,
+             old_logprob: torch.Tensor, old_value: torch.Tensor, advantages: torch.Tensor,
+             returns: torch.Tensor, args: Args) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The PPO objective on one minibatch; returns the loss to minimize and detached statistics."""
+    logratio = new_logprob - old_logprob
+    ratio = logratio.exp()
+
+    if args.norm_adv:
+        # [Core 7: Normalization of advantages] per minibatch, not per batch.
+        advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+
+    # [Core 8: Clipped surrogate objective] pessimistic bound: the larger of the two losses.
+    pg_loss_unclipped = -advantages * ratio
+    pg_loss_clipped = -advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
+    pg_loss = torch.max(pg_loss_unclipped, pg_loss_clipped).mean()
+
+    if args.clip_vloss:
+        # [Core 9: Value function loss clipping] the new value may move at most clip_coef away from
+        # the value recorded during the rollout before the clipped term takes over.
+        v_loss_unclipped = (new_value - returns) ** 2
+        v_clipped = old_value + torch.clamp(new_value - old_value, -args.clip_coef, args.clip_coef)
+        v_loss_clipped = (v_clipped - returns) ** 2
+        v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
+    else:
+        v_loss = 0.5 * ((new_value - returns) ** 2).mean()
+
+    # [Core 10: Overall loss and entropy bonus] one loss for the shared network and both heads; the
+    # entropy term keeps the policy exploring.
+    entropy_mean = entropy.mean()
+    loss = pg_loss - args.ent_coef * entropy_mean + args.vf_coef * v_loss
+
+    with torch.no_grad():
+        # [Core 12: Debug variables] two estimators of KL(old || new) and how often clipping bites.
+        old_approx_kl = (-logratio).mean()
+        approx_kl = ((ratio - 1) - logratio).mean()
+        clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
+    stats = {"policy_loss": pg_loss.detach(), "value_loss": v_loss.detach(), "entropy": entropy_mean.detach(),
+             "old_approx_kl": old_approx_kl, "approx_kl": approx_kl, "clipfrac": clipfrac}
+    return loss, stats
+
+
+def explained_variance(predicted: np.ndarray, target: np.ndarray) -> float:
+    """1 - Var[target - predicted] / Var[target]: 1 is a perfect value function, 0 no better than
+    a constant, negative worse than one; nan when the targets do not vary."""
+    target_variance = np.var(target)
+    return np.nan if target_variance == 0 else float(1 - np.var(target - predicted) / target_variance)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Checkpoints, interruption and evaluation
+# ---------------------------------------------------------------------------------------------------
+
+
+def save_checkpoint(path: str, state: dict) -> None:
+    """Write atomically: a crash or a second Ctrl-C while writing leaves the previous file intact."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    torch.save(state, path + ".tmp")
+    os.replace(path + ".tmp", path)
+
+
+class StopOnInterrupt:
+    """The first Ctrl-C lets the current iteration finish, so the run can flush its logs and save a
+    checkpoint at a clean point; a second Ctrl-C stops at once."""
+
+    def __init__(self):
+        self.requested = False
+        self.previous_handler = signal.signal(signal.SIGINT, self.handle)
+
+    def handle(self, signum, frame):
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        print("\nCtrl-C: stopping after this iteration (press Ctrl-C again to quit at once)", flush=True)
+
+    def restore(self):
+        signal.signal(signal.SIGINT, self.previous_handler)
+
+
+def evaluate(args: Args, device: torch.device) -> list[float]:
+    """Play `eval_episodes` games with the saved policy (actions sampled, as in training) and print
+    the mean and standard deviation of their scores: the sums of envpool's unclipped rewards over all
+    the lives of a game, in the same environment as training."""
+    checkpoint = load_checkpoint(args.evaluate)
+    video_folder = f"videos/{checkpoint['run_name']}-eval"
+    # Seeds unlike any training seed, so the scores come from games the agent never trained on.
+    envs = make_envs(args.env_id, 1, seed=args.seed + 100_000, capture_video=args.capture_video)
+    agent = Agent(envs.action_space.n).to(device)
+    agent.load_state_dict(checkpoint["model"])
+    agent.eval()
+    torch.manual_seed(args.seed)
+    recorder = VideoRecorder(video_folder) if args.capture_video else None
+
+    obs, _ = envs.reset()
+    game_scores, score = [], 0.0
+    while len(game_scores) < args.eval_episodes:
+        with torch.inference_mode():
+            action, _, _, _ = agent.get_action_and_value(torch.as_tensor(obs, device=device))
+        obs, _, _, truncated, info = envs.step(action.cpu().numpy())
+        score += float(info["reward"][0])
+        game_over = bool(info["terminated"][0] or truncated[0])
+        if recorder:
+            recorder.step(envs, game_over)
+        if game_over:
+            game_scores.append(score)
+            print(f"episode {len(game_scores)}: return {score:.1f} ({int(info['elapsed_step'][0])} steps)")
+            score = 0.0
+    envs.close()
+    print(f"{args.env_id}: mean return {np.mean(game_scores):.2f} +- {np.std(game_scores):.2f} "
+          f"over {len(game_scores)} episodes")
+    if args.capture_video:
+        print(f"videos in {video_folder}/")
+    return game_scores
+
+
+# ---------------------------------------------------------------------------------------------------
+# Training
+# ---------------------------------------------------------------------------------------------------
+
+
+def main(args: Args) -> dict:
+    """Train (or evaluate) as `args` says; returns a summary of the run for callers such as tests."""
+    check_sizes(args)
+    batch_size = args.num_envs * args.num_steps
+    num_iterations = args.total_timesteps // batch_size
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    # One PyTorch thread unless OMP_NUM_THREADS asks for more: the environments share the cores with
+    # the network, and on the 2-core machine of docs/ppo_atari.md a second thread made training
+    # several times slower, spent waiting for the first.
+    if "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(1)
+    if args.evaluate:
+        return {"episode_returns": evaluate(args, device)}
+
+    checkpoint = load_checkpoint(args.resume) if args.resume else None
+    if checkpoint:
+        run_name = checkpoint["run_name"]
+    else:
+        run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    checkpoint_path = f"runs/{run_name}/checkpoint.pt"
+
+    # Seeding. A resumed run overwrites these RNG states with the checkpoint's below.
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+
+    # envpool is seeded when it is made, and its games cannot be saved: a resumed run starts new games,
+    # on seeds that depend on where it resumes so that it does not replay the games it began with.
+    start_step = checkpoint["global_step"] if checkpoint else 0
+    envs = make_envs(args.env_id, args.num_envs, seed=args.seed + start_step, capture_video=args.capture_video)
+    obs_shape = envs.observation_space.shape  # one game's: (4, 84, 84)
+    agent = Agent(envs.action_space.n).to(device)
+    # [Core 3: The Adam optimizer's epsilon parameter] 1e-5 as in the original code, not PyTorch's 1e-8.
+    # fused=True: the same Adam, in one kernel for all parameters instead of a dozen small ops each.
+    optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
+
+    if args.track:
+        try:
+            import wandb
+        except ImportError:
+            fail("--track needs wandb: pip install wandb")
+        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
+                   config=asdict(args), name=run_name, id=run_name, resume="allow", save_code=True)
+    # purge_step: after a resume, TensorBoard drops anything the interrupted run logged past the checkpoint.
+    writer = SummaryWriter(f"runs/{run_name}", purge_step=checkpoint["global_step"] if checkpoint else None)
+    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(
+        f"|{key}|{value}|" for key, value in {**asdict(args), "batch_size": batch_size,
+                                              "minibatch_size": batch_size // args.num_minibatches,
+                                              "num_iterations": num_iterations}.items()))
+    recorder = VideoRecorder(f"videos/{run_name}") if args.capture_video else None
+
+    # Rollout storage, (num_steps, num_envs, ...), allocated once and refilled every iteration.
+    obs = np.zeros((args.num_steps, args.num_envs) + obs_shape, dtype=np.uint8)
+    actions = np.zeros((args.num_steps, args.num_envs), dtype=np.int64)
+    logprobs = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
+    values = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
+    rewards = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
+    dones = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
+
+    # Game statistics, kept here from envpool's info for all games at once: the running score (the
+    # sum of the unclipped rewards, over all lives) of each environment's current game.
+    game_score = np.zeros(args.num_envs)
+    recent_returns = deque(maxlen=20)  # scores of the latest finished games
+
+    if checkpoint:
+        agent.load_state_dict(checkpoint["model"])
+        optimizer.load_state_dict(checkpoint["optimizer"])
+        random.setstate(checkpoint["rng"]["python"])
+        np.random.set_state(checkpoint["rng"]["numpy"])
+        torch.set_rng_state(checkpoint["rng"]["torch"])
+        if device.type == "cuda" and checkpoint["rng"]["cuda"] is not None:
+            torch.cuda.set_rng_state_all(checkpoint["rng"]["cuda"])
+        start_iteration, global_step = checkpoint["iteration"], checkpoint["global_step"]
+        recent_returns.extend(checkpoint["recent_returns"])
+        print(f"resuming {run_name} at step {global_step:,} of {args.total_timesteps:,} (with new games)")
+    else:
+        start_iteration, global_step = 0, 0
+    next_obs, _ = envs.reset()
+    next_done = np.zeros(args.num_envs, dtype=bool)
+
+    def write_checkpoint(iteration: int) -> None:
+        cuda_rng = torch.cuda.get_rng_state_all() if device.type == "cuda" else None
+        save_checkpoint(checkpoint_path, {
+            "variant": VARIANT, "args": asdict(args), "run_name": run_name,
+            "iteration": iteration, "global_step": global_step,
+            "model": agent.state_dict(), "optimizer": optimizer.state_dict(),
+            "rng": {"python": random.getstate(), "numpy": np.random.get_state(),
+                    "torch": torch.get_rng_state(), "cuda": cuda_rng},
+            "recent_returns": list(recent_returns),
+        })
+
+    interrupt = StopOnInterrupt()
+    start_time, start_step, last_print = time.time(), global_step, 0.0
+    for iteration in range(start_iteration + 1, num_iterations + 1):
+        # [Core 4: Adam learning rate annealing] linearly from learning_rate to 0 over the run.
+        if args.anneal_lr:
+            frac = 1.0 - (iteration - 1.0) / num_iterations
+            optimizer.param_groups[0]["lr"] = frac * args.learning_rate
+
+        # Rollout: num_steps steps in every environment with the current policy. Nothing here loops
+        # over the environments: envpool steps them all in one call, and the game statistics are
+        # updated with whole-array operations.
+        for step in range(args.num_steps):
+            global_step += args.num_envs
+            obs[step] = next_obs
+            dones[step] = next_done
+
+            with torch.inference_mode():
+                action, logprob, _, value = agent.get_action_and_value(torch.as_tensor(next_obs, device=device))
+            actions[step] = action = action.cpu().numpy()
+            logprobs[step] = logprob.cpu().numpy()
+            values[step] = value.flatten().cpu().numpy()
+
+            next_obs, reward, terminations, truncations, info = envs.step(action)
+            # A lost life (episodic_life) or a time-limit truncation ends the episode like a termination.
+            next_done = terminations | truncations
+            rewards[step] = reward  # clipped
+
+            # The game is over when envpool says the game itself ended (info["terminated"], not a lost
+            # life) or the time limit cut it. envpool's reset steps add reward 0, so they do not count.
+            game_score += info["reward"]
+            game_over = info["terminated"].astype(bool) | truncations
+            if recorder:
+                recorder.step(envs, game_over[0])
+            if game_over.any():
+                for i in np.flatnonzero(game_over):
+                    writer.add_scalar("charts/episodic_return", game_score[i], global_step)
+                    writer.add_scalar("charts/episodic_length", info["elapsed_step"][i], global_step)
+                    recent_returns.append(game_score[i])
+                game_score[game_over] = 0.0
+
+        with torch.no_grad():
+            next_value = agent.get_value(torch.as_tensor(next_obs, device=device))
+        advantages, returns = compute_gae(rewards, values, dones, next_value.cpu().numpy().flatten(), next_done,
+                                          args.gamma, args.gae_lambda)
+
+        # envpool's autoreset: the step after an episode ended (a lost life or the game's end) only
+        # resets that environment; envpool ignores the action it is given and returns the first
+        # observation of the next episode with reward 0. Those are exactly the steps whose dones[t] is
+        # 1, and they are left out of the batch: no action was taken there. GAE needs nothing more:
+        # dones[t] = 1 already stops the step before it from bootstrapping, as at any episode's end.
+        real = np.flatnonzero(dones.reshape(-1) == 0)
+        b_obs = torch.as_tensor(obs.reshape((-1,) + obs_shape)[real], device=device)
+        b_actions = torch.as_tensor(actions.reshape(-1)[real], device=device)
+        b_logprobs = torch.as_tensor(logprobs.reshape(-1)[real], device=device)
+        b_values = torch.as_tensor(values.reshape(-1)[real], device=device)
+        b_advantages = torch.as_tensor(advantages.reshape(-1)[real], device=device)
+        b_returns = torch.as_tensor(returns.reshape(-1)[real], device=device)
+
+        # [Core 6: Mini-batch updates] several epochs over shuffled minibatches of the batch; with the
+        # reset steps left out, the minibatches differ in size by one at most.
+        b_inds = np.arange(len(real))
+        minibatch_stats = []
+        for epoch in range(args.update_epochs):
+            np.random.shuffle(b_inds)
+            for mb_inds in torch.tensor_split(torch.from_numpy(b_inds).to(device), args.num_minibatches):
+                _, new_logprob, entropy, new_value = agent.get_action_and_value(b_obs[mb_inds], b_actions[mb_inds])
+                loss, stats = ppo_loss(new_logprob, entropy, new_value.flatten(), b_logprobs[mb_inds],
+                                       b_values[mb_inds], b_advantages[mb_inds], b_returns[mb_inds], args)
+                optimizer.zero_grad()
+                loss.backward()
+                # [Core 11: Global gradient clipping] the norm of all gradients together is capped.
+                nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm, foreach=True)
+                optimizer.step()
+                minibatch_stats.append(stats)
+            if args.target_kl is not None and stats["approx_kl"] > args.target_kl:
+                break
+
+        # [Core 12: Debug variables] averaged over every minibatch of this update.
+        means = {key: torch.stack([s[key] for s in minibatch_stats]).mean().item() for key in minibatch_stats[0]}
+        sps = int((global_step - start_step) / (time.time() - start_time))
+        writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
+        for key in ("value_loss", "policy_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac"):
+            writer.add_scalar(f"losses/{key}", means[key], global_step)
+        writer.add_scalar("losses/explained_variance",
+                          explained_variance(values.reshape(-1)[real], returns.reshape(-1)[real]), global_step)
+        writer.add_scalar("charts/SPS", sps, global_step)
+
+        if time.time() - last_print > 2.0 or iteration == num_iterations or interrupt.requested:
+            last_print = time.time()
+            mean_return = f"{np.mean(recent_returns):8.2f}" if recent_returns else "     n/a"
+            print(f"step {global_step:>9,}/{args.total_timesteps:,} | {sps:>6,} SPS | "
+                  f"mean return {mean_return} (last {len(recent_returns)} episodes)", flush=True)
+
+        if args.save_model and (interrupt.requested or iteration == num_iterations
+                                or (args.save_interval > 0 and iteration % args.save_interval == 0)):
+            write_checkpoint(iteration)
+        if interrupt.requested:
+            break
+
+    interrupt.restore()
+    envs.close()
+    writer.close()
+    if args.track:
+        wandb.finish()
+    if interrupt.requested:
+        how = f"resume with: python ppo/{VARIANT}.py --resume {checkpoint_path}" if args.save_model else \
+            "no checkpoint written (run with --save-model to be able to resume)"
+        print(f"stopped at step {global_step:,}; {how}")
+    elif args.save_model:
+        print(f"checkpoint: {checkpoint_path}\nevaluate it with: python ppo/{VARIANT}.py --evaluate {checkpoint_path}")
+    return {"run_name": run_name, "global_step": global_step, "interrupted": interrupt.requested,
+            "recent_returns": list(recent_returns), "agent": agent}
+
+
+if __name__ == "__main__":
+    args = parse_args()
+    try:
+        result = main(args)
+    except gym.error.DependencyNotInstalled as error:
+        # gymnasium imports the video packages only when the first video is written.
+        fail(f"missing optional dependency: {error} (videos need: pip install -e '.[envpool,video]')")
+    sys.exit(130 if result.get("interrupted") else 0)

@@ -1,0 +1,298 @@
+"""Tests of ppo/ppo_atari.py on real Atari frames: the wrapper stack (shapes, clipped rewards, lives,
+game scores, frame skipping for v4 and v5 ids), a short training run, exact resumption from a
+checkpoint, evaluation, and the errors for wrong input."""
+
+import re
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("ale_py")
+pytest.importorskip("cv2")
+
+from conftest import (expect_usage_error, interrupt_after_first_progress_line, only_run_dir,  # noqa: E402
+                      read_scalars, run_script, without_module)
+from ppo.ppo_atari import (Agent, Args, EpisodicLife, FireReset, main, make_env, make_envs,  # noqa: E402
+                           parse_args, pickle_envs, finished_games)
+
+TINY = ["--num-envs", "2", "--num-steps", "16", "--num-minibatches", "2", "--no-cuda"]
+TINY_ARGS = dict(num_envs=2, num_steps=16, num_minibatches=2, cuda=False)
+METRICS = ["charts/episodic_return", "charts/episodic_length", "charts/SPS", "charts/learning_rate",
+           "losses/value_loss", "losses/policy_loss", "losses/entropy", "losses/old_approx_kl",
+           "losses/approx_kl", "losses/clipfrac", "losses/explained_variance"]
+
+
+def wrapper_types(env: gym.Env) -> list[type]:
+    """The classes of a wrapper stack, outermost first."""
+    types = []
+    while isinstance(env, gym.Wrapper):
+        types.append(type(env))
+        env = env.env
+    return types
+
+
+# ---------------------------------------------------------------------------------------------------
+# The wrapper stack, on real frames
+# ---------------------------------------------------------------------------------------------------
+
+
+def test_observations_are_four_stacked_84x84_grayscale_frames_and_rewards_are_clipped():
+    env = make_env("BreakoutNoFrameskip-v4", 0, False, "videos")()
+    obs, _ = env.reset(seed=0)
+    assert env.observation_space.shape == obs.shape == (4, 84, 84)
+    assert obs.dtype == np.uint8
+    assert np.array_equal(obs[0], obs[3])  # on reset the stack holds the first frame four times
+    rng = np.random.default_rng(0)
+    rewards = []
+    for _ in range(300):
+        obs, reward, terminated, truncated, _ = env.step(rng.integers(4))
+        rewards.append(reward)
+        if terminated or truncated:
+            env.reset()
+    assert set(rewards) <= {-1.0, 0.0, 1.0}
+    assert obs.std() > 0  # real frames, not a blank screen
+    types = wrapper_types(env)
+    assert types.index(FireReset) < types.index(EpisodicLife) < types.index(gym.wrappers.RecordEpisodeStatistics)
+
+
+@pytest.mark.parametrize("game, max_differing_pixels", [("Breakout", 0.0), ("Pong", 0.01)])
+def test_atari_preprocessing_matches_the_original_pipeline_but_for_the_pooling_order(game, max_differing_pixels):
+    """The original wrappers max-pool the last two color frames, convert to grayscale, then resize
+    (OpenCV, area interpolation); gymnasium's AtariPreprocessing, which the script uses, max-pools
+    grayscale frames. Same emulator, same actions: the rewards agree, and the observations are
+    identical in Breakout and differ in under 1% of the pixels in Pong."""
+    import cv2
+
+    env_id = f"{game}NoFrameskip-v4"
+    make_env(env_id, 0, False, "videos")  # registers ale-py's games
+    ours = gym.wrappers.AtariPreprocessing(gym.make(env_id), noop_max=0, frame_skip=4, screen_size=84)
+    raw = gym.make(env_id)
+    ours.reset(seed=0)
+    raw.reset(seed=0)
+    rng = np.random.default_rng(0)
+    differing = []
+    for _ in range(300):
+        action = rng.integers(ours.action_space.n)
+        obs, reward, terminated, _, _ = ours.step(action)
+        frames, raw_reward = [], 0.0
+        for _ in range(4):
+            frame, r, raw_terminated, _, _ = raw.step(action)
+            frames, raw_reward = frames[-1:] + [frame], raw_reward + r
+            if raw_terminated:
+                break
+        assert reward == raw_reward and terminated == raw_terminated
+        if terminated:
+            break
+        original = cv2.resize(cv2.cvtColor(np.maximum(*frames), cv2.COLOR_RGB2GRAY), (84, 84),
+                              interpolation=cv2.INTER_AREA)
+        differing.append(np.mean(obs != original))
+    assert len(differing) > 100
+    assert max(differing) <= max_differing_pixels
+
+
+@pytest.mark.parametrize("env_id", ["BreakoutNoFrameskip-v4", "ALE/Breakout-v5"])
+def test_every_step_is_four_frames_for_v4_and_v5_ids(env_id):
+    """ALE/...-v5 skips 4 frames itself by default; the script makes it with frameskip=1 so that
+    the preprocessing skips 4, as for NoFrameskip-v4, and never 16."""
+    env = make_env(env_id, 0, False, "videos")()
+    env.reset(seed=0)
+    ale = env.unwrapped.ale
+    for _ in range(5):
+        before = ale.getEpisodeFrameNumber()
+        _, _, terminated, _, _ = env.step(0)
+        assert ale.getEpisodeFrameNumber() - before == 4
+        assert not terminated
+
+
+def test_a_lost_life_ends_the_training_episode_but_not_the_game(monkeypatch):
+    """Random Breakout until the game is over: every lost life sets terminated for training, the
+    game goes on after the reset (same game, one life fewer), and the logged score is that of the
+    whole game: the sum of the unclipped rewards over all its lives."""
+    raw_rewards = []
+    original_step = gym.wrappers.AtariPreprocessing.step
+
+    def recording_step(self, action):
+        result = original_step(self, action)
+        raw_rewards.append(result[1])
+        return result
+
+    monkeypatch.setattr(gym.wrappers.AtariPreprocessing, "step", recording_step)
+    env = make_env("BreakoutNoFrameskip-v4", 0, False, "videos")()
+    env.reset(seed=1)  # FireReset's steps in here are part of the game, and recorded
+    ale = env.unwrapped.ale
+    rng = np.random.default_rng(1)
+    lives_at_episode_end, clipped_sum = [], 0.0
+    for _ in range(10_000):
+        _, reward, terminated, truncated, info = env.step(rng.integers(4))
+        clipped_sum += reward
+        if terminated or truncated:
+            lives_at_episode_end.append(ale.lives())
+            if "episode" in info:  # the game is over
+                break
+            assert not ale.game_over()
+            frame = ale.getEpisodeFrameNumber()
+            env.reset()  # after a lost life: the same game goes on
+            assert ale.getEpisodeFrameNumber() > frame and ale.lives() == lives_at_episode_end[-1]
+    else:
+        pytest.fail("the game did not end")
+    assert lives_at_episode_end[:4] == [4, 3, 2, 1]  # four lost lives, each a training episode...
+    assert ale.game_over()  # ...and the fifth ended the game
+    assert info["episode"]["r"] == pytest.approx(sum(raw_rewards))
+    assert info["episode"]["r"] >= clipped_sum
+
+
+def test_the_game_score_is_unclipped():
+    """BeamRider scores 44 points per enemy: the training reward is 1, the logged score 44 each."""
+    env = make_env("BeamRiderNoFrameskip-v4", 0, False, "videos")()
+    env.reset(seed=0)
+    rng = np.random.default_rng(0)
+    rewards = []
+    for _ in range(20_000):
+        _, reward, terminated, truncated, info = env.step(rng.integers(env.action_space.n))
+        rewards.append(reward)
+        if "episode" in info:
+            break
+        if terminated or truncated:
+            env.reset()
+    assert set(rewards) <= {-1.0, 0.0, 1.0} and sum(rewards) > 0
+    assert info["episode"]["r"] > sum(rewards)
+    assert info["episode"]["r"] % 44 == 0
+
+
+def test_a_restored_vector_env_continues_the_very_same_games():
+    """pickle alone would rebuild each emulator at a new game's first frame; with the emulator state
+    saved beside it, the games continue exactly, frame stacks, lives and game scores included."""
+    envs = make_envs("BreakoutNoFrameskip-v4", 2)
+    envs.reset(seed=3)
+    rng = np.random.default_rng(0)
+    for _ in range(100):
+        envs.step(rng.integers(4, size=2))
+    restored = make_envs("BreakoutNoFrameskip-v4", 2, saved_envs=pickle_envs(envs))
+    games = 0
+    for _ in range(600):
+        action = rng.integers(4, size=2)
+        expected, actual = envs.step(action), restored.step(action)
+        for a, b in zip(expected[:4], actual[:4]):
+            assert np.array_equal(a, b)
+        assert finished_games(expected[4]) == finished_games(actual[4])
+        games += len(finished_games(expected[4]))
+    assert games > 0
+
+
+# ---------------------------------------------------------------------------------------------------
+# Training, checkpoints, evaluation
+# ---------------------------------------------------------------------------------------------------
+
+
+def test_a_tiny_run_logs_every_metric_and_real_game_scores(workdir):
+    result = main(Args(total_timesteps=1024, seed=2, **TINY_ARGS))
+    assert result["global_step"] == 1024
+    scalars = read_scalars(only_run_dir(workdir))
+    for tag in METRICS:
+        assert scalars.get(tag), f"{tag} missing"
+    # Random Breakout loses its 5 lives in roughly 150-250 steps: games, not lives, are logged.
+    assert all(length > 50 for _, length in scalars["charts/episodic_length"])
+    assert len(scalars["charts/episodic_return"]) < 1024 / 50
+
+
+def test_v5_ids_train_and_name_the_run_without_a_slash(workdir):
+    result = main(Args(env_id="ALE/Pong-v5", total_timesteps=64, **TINY_ARGS))
+    assert result["run_name"].startswith("ALE-Pong-v5__ppo_atari__1__")
+    assert only_run_dir(workdir).name == result["run_name"]
+
+
+def test_network_shapes_and_initialization():
+    agent = Agent(num_actions=6)
+    obs = torch.randint(0, 256, (3, 4, 84, 84), dtype=torch.uint8)
+    action, logprob, entropy, value = agent.get_action_and_value(obs)
+    assert action.shape == logprob.shape == entropy.shape == (3,) and value.shape == (3, 1)
+    # The policy head starts near uniform (std 0.01), so the entropy is close to log(6).
+    assert entropy.mean().item() == pytest.approx(np.log(6), abs=0.01)
+    assert agent.network[0].bias.abs().sum() == 0
+
+
+def test_interrupted_and_resumed_run_ends_with_the_same_weights_and_evaluates(tmp_path):
+    flags = ["--seed", "3", "--total-timesteps", "160", "--save-model", *TINY]
+    unbroken, interrupted = tmp_path / "unbroken", tmp_path / "interrupted"
+    unbroken.mkdir()
+    interrupted.mkdir()
+    run_script("ppo_atari.py", *flags, cwd=unbroken)
+
+    code, output = interrupt_after_first_progress_line("ppo_atari.py", flags, cwd=interrupted)
+    assert code == 130, output
+    run_dir = only_run_dir(interrupted)
+    checkpoint_path = run_dir / "checkpoint.pt"
+    stopped = torch.load(checkpoint_path, weights_only=False)
+    assert 0 < stopped["global_step"] < 160
+    assert stopped["envs"] is not None  # the games themselves were saved
+
+    resumed = run_script("ppo_atari.py", "--resume", str(checkpoint_path), cwd=interrupted)
+    assert f"resuming {run_dir.name} at step {stopped['global_step']:,}" in resumed.stdout
+    expected = torch.load(only_run_dir(unbroken) / "checkpoint.pt", weights_only=False)
+    actual = torch.load(checkpoint_path, weights_only=False)
+    assert actual["global_step"] == expected["global_step"] == 160
+    for name, tensor in expected["model"].items():
+        assert torch.equal(tensor, actual["model"][name]), name
+    assert np.array_equal(expected["next_obs"], actual["next_obs"])
+
+    evaluation = run_script("ppo_atari.py", "--evaluate", str(checkpoint_path), "--eval-episodes", "2",
+                            cwd=interrupted)
+    match = re.search(r"BreakoutNoFrameskip-v4: mean return ([\d.]+) \+- ([\d.]+) over 2 episodes", evaluation.stdout)
+    assert match, evaluation.stdout
+    scores = [float(score) for score in re.findall(r"episode \d+: return ([\d.]+)", evaluation.stdout)]
+    assert len(scores) == 2 and float(match.group(1)) == pytest.approx(np.mean(scores), abs=0.01)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Errors
+# ---------------------------------------------------------------------------------------------------
+
+
+def test_ids_that_are_not_ale_games_point_to_the_right_script(capsys, workdir):
+    expect_usage_error(capsys, lambda: main(Args(env_id="CartPole-v1")), "ppo_atari.py", "ppo/ppo.py")
+    expect_usage_error(capsys, lambda: main(Args(env_id="Pendulum-v1")), "ppo_atari.py",
+                       "ppo/ppo_continuous_action.py")
+    expect_usage_error(capsys, lambda: main(Args(env_id="Breakout-v5")), "ppo_atari.py",
+                       "ALE/Breakout-v5", "ppo/ppo_atari_envpool.py")
+    expect_usage_error(capsys, lambda: main(Args(env_id="Breakuot-v4")), "ppo_atari.py", "unknown env id")
+
+
+def test_a_box_action_space_is_refused(capsys, workdir):
+    gym.register(id="ContinuousBreakoutTest-v0", entry_point="ale_py.env:AtariEnv",
+                 kwargs={"game": "breakout", "continuous": True, "repeat_action_probability": 0.0})
+    expect_usage_error(capsys, lambda: main(Args(env_id="ContinuousBreakoutTest-v0", **TINY_ARGS)),
+                       "ppo_atari.py", "Box action space", "ppo/ppo_continuous_action.py")
+
+
+def test_sizes_and_checkpoints_of_another_variant(capsys, workdir):
+    expect_usage_error(capsys, lambda: main(Args(num_envs=3, num_steps=5, num_minibatches=4)), "ppo_atari.py",
+                       "--num-minibatches 4")
+    main(Args(total_timesteps=32, save_model=True, **TINY_ARGS))
+    checkpoint_path = str(only_run_dir(workdir) / "checkpoint.pt")
+    expect_usage_error(capsys, lambda: parse_args(["--resume", checkpoint_path, "--env-id", "PongNoFrameskip-v4"]),
+                       "ppo_atari.py", "--env-id BreakoutNoFrameskip-v4")
+    checkpoint = torch.load(checkpoint_path, weights_only=False)
+    checkpoint["variant"] = "ppo_atari_lstm"
+    torch.save(checkpoint, "lstm.pt")
+    expect_usage_error(capsys, lambda: parse_args(["--evaluate", "lstm.pt"]), "ppo_atari.py", "ppo/ppo_atari_lstm.py")
+
+
+def test_missing_ale_py_names_the_extra(tmp_path):
+    result = run_script("ppo_atari.py", *TINY, "--total-timesteps", "32", cwd=tmp_path,
+                        env=without_module(tmp_path, "ale_py"), check=False)
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines() == [result.stderr.strip()]
+    assert "pip install -e '.[atari]'" in result.stderr
+
+
+def test_every_core_and_atari_detail_is_marked_in_the_script():
+    from conftest import REPO
+
+    source = (REPO / "ppo" / "ppo_atari.py").read_text()
+    for number in range(1, 14):
+        assert f"[Core {number}:" in source, number
+    for number in range(1, 10):
+        assert f"[Atari {number}:" in source, number

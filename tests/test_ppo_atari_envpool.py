@@ -1,0 +1,180 @@
+"""Tests of ppo/ppo_atari_envpool.py: what envpool does at an episode's end (the facts the training loop
+relies on), game scores logged from envpool's info, a short run, checkpoints, and the errors."""
+
+import re
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("envpool")
+
+import ppo.ppo_atari_envpool as script  # noqa: E402
+from conftest import (REPO, expect_usage_error, interrupt_after_first_progress_line, only_run_dir,  # noqa: E402
+                      read_scalars, run_script, without_module)
+from ppo.ppo_atari_envpool import Args, main, make_envs  # noqa: E402
+
+TINY = ["--num-envs", "2", "--num-steps", "16", "--num-minibatches", "2", "--no-cuda"]
+TINY_ARGS = dict(num_envs=2, num_steps=16, num_minibatches=2, cuda=False)
+
+
+def play(actions: np.ndarray, seed: int = 3) -> list[tuple]:
+    """Step one Breakout-v5 game with the given actions; (obs, reward, terminated, truncated, info) per step."""
+    envs = make_envs("Breakout-v5", 1, seed=seed)
+    envs.reset()
+    steps = [envs.step(np.array([action])) for action in actions]
+    envs.close()
+    return steps
+
+
+def test_the_step_after_an_episode_ends_is_a_reset_that_ignores_its_action():
+    """envpool's autoreset, which the training loop relies on: after a lost life (episodic_life) or
+    a game's end, the next step() resets that environment, returns reward 0 and ignores the action.
+    Two runs that differ only in that step's action stay identical; differing in any other step's
+    action makes them drift apart. The training loop leaves exactly those steps (dones[t] = 1) out."""
+    actions = np.random.default_rng(0).integers(4, size=400)
+    steps = play(actions)
+    ends = [t for t, step in enumerate(steps) if step[2][0] or step[3][0]]
+    lost_life = next(t for t in ends if not steps[t][4]["terminated"][0])
+    game_over = next(t for t in ends if steps[t][4]["terminated"][0])
+    for end in (lost_life, game_over):
+        reset_step = end + 1
+        assert steps[reset_step][1][0] == 0.0 and steps[reset_step][4]["reward"][0] == 0.0
+        variants = []
+        for action in (2, 3):  # RIGHT, LEFT
+            changed = actions.copy()
+            changed[reset_step] = action
+            variants.append(play(changed))
+        for a, b in zip(variants[0][reset_step:reset_step + 30], variants[1][reset_step:reset_step + 30]):
+            assert np.array_equal(a[0], b[0])
+    # After a lost life the game goes on (the reset step does not count as a step of the game);
+    # after the game's end a new game starts.
+    assert steps[lost_life + 1][4]["elapsed_step"][0] == steps[lost_life][4]["elapsed_step"][0]
+    assert steps[game_over + 1][4]["elapsed_step"][0] == 0 and steps[game_over + 1][4]["lives"][0] == 5
+
+    # The control: changing the action of an ordinary step changes what follows.
+    ordinary = lost_life + 8
+    variants = []
+    for action in (2, 3):
+        changed = actions.copy()
+        changed[ordinary:ordinary + 3] = action
+        variants.append(play(changed))
+    assert any(not np.array_equal(a[0], b[0]) for a, b in zip(variants[0][ordinary:], variants[1][ordinary:]))
+
+
+def test_observations_rewards_and_unclipped_info_rewards():
+    envs = make_envs("BeamRider-v5", 2, seed=1)
+    obs, _ = envs.reset()
+    assert obs.shape == (2, 4, 84, 84) and obs.dtype == np.uint8
+    assert envs.observation_space.shape == (4, 84, 84)
+    rng = np.random.default_rng(0)
+    clipped, unclipped = set(), set()
+    for _ in range(1500):
+        obs, reward, terminated, truncated, info = envs.step(rng.integers(envs.action_space.n, size=2))
+        clipped.update(reward.tolist())
+        unclipped.update(info["reward"].tolist())
+        assert np.array_equal(info["env_id"], [0, 1])  # results come back in environment order
+    envs.close()
+    assert clipped <= {-1.0, 0.0, 1.0}
+    assert 44.0 in unclipped  # BeamRider's points per enemy: the training reward is 1, the score 44
+
+
+def test_logged_game_scores_are_the_sums_of_info_reward_over_whole_games(workdir, monkeypatch):
+    """Train briefly while recording every step envpool returns; recompute each game's score by hand
+    (the sum of info["reward"] until the game itself ends, across lost lives) and compare with
+    charts/episodic_return."""
+    recorded = []
+
+    class Recording:
+        def __init__(self, envs):
+            self.envs = envs
+
+        def __getattr__(self, name):
+            return getattr(self.envs, name)
+
+        def step(self, action):
+            result = self.envs.step(action)
+            recorded.append((result[2].copy(), result[3].copy(), {k: result[4][k].copy() for k in
+                                                                   ("reward", "terminated", "elapsed_step")}))
+            return result
+
+    make = script.make_envs
+    monkeypatch.setattr(script, "make_envs", lambda *args, **kwargs: Recording(make(*args, **kwargs)))
+    main(Args(env_id="Breakout-v5", total_timesteps=1024, seed=5, **TINY_ARGS))
+
+    expected, lives_lost_in_logged_games = [], 0
+    score, lost = np.zeros(2), np.zeros(2)
+    for step, (terminated, truncated, info) in enumerate(recorded):
+        score += info["reward"]
+        over = info["terminated"].astype(bool) | truncated
+        lost += terminated & ~over
+        for i in np.flatnonzero(over):
+            expected.append(((step + 1) * 2, score[i], info["elapsed_step"][i]))
+            lives_lost_in_logged_games += lost[i]
+        score[over], lost[over] = 0.0, 0
+    scalars = read_scalars(only_run_dir(workdir))
+    logged = [(step, value) for step, value in scalars["charts/episodic_return"]]
+    assert len(expected) >= 2 and lives_lost_in_logged_games >= 4  # whole games, across lives
+    assert logged == [(step, pytest.approx(value)) for step, value, _ in expected]
+    assert [value for _, value in scalars["charts/episodic_length"]] == [length for _, _, length in expected]
+
+
+def test_an_interrupted_run_resumes_with_new_games_and_evaluates(tmp_path):
+    """envpool's games cannot be saved: the weights, optimizer, random generators and counters
+    resume exactly, and the games start anew."""
+    flags = ["--total-timesteps", "160", "--save-model", *TINY]
+    code, output = interrupt_after_first_progress_line("ppo_atari_envpool.py", flags, cwd=tmp_path)
+    assert code == 130, output
+    checkpoint_path = only_run_dir(tmp_path) / "checkpoint.pt"
+    stopped = torch.load(checkpoint_path, weights_only=False)
+    assert stopped["variant"] == "ppo_atari_envpool" and 0 < stopped["global_step"] < 160
+
+    resumed = run_script("ppo_atari_envpool.py", "--resume", str(checkpoint_path), cwd=tmp_path)
+    assert f"at step {stopped['global_step']:,} of 160 (with new games)" in resumed.stdout
+    assert torch.load(checkpoint_path, weights_only=False)["global_step"] == 160
+    steps = [step for step, _ in read_scalars(only_run_dir(tmp_path))["charts/SPS"]]
+    assert steps == sorted(set(steps)) and steps[-1] == 160
+
+    evaluation = run_script("ppo_atari_envpool.py", "--evaluate", str(checkpoint_path), "--eval-episodes", "2",
+                            cwd=tmp_path)
+    match = re.search(r"Breakout-v5: mean return ([\d.]+) \+- ([\d.]+) over 2 episodes", evaluation.stdout)
+    assert match, evaluation.stdout
+
+
+def test_ids_that_are_not_envpool_atari_games_point_to_the_right_script(capsys, workdir):
+    expect_usage_error(capsys, lambda: main(Args(env_id="BreakoutNoFrameskip-v4")), "ppo_atari_envpool.py",
+                       "Breakout-v5", "ppo/ppo_atari.py")
+    expect_usage_error(capsys, lambda: main(Args(env_id="CartPole-v1")), "ppo_atari_envpool.py", "ppo/ppo.py")
+    expect_usage_error(capsys, lambda: main(Args(env_id="Pendulum-v1")), "ppo_atari_envpool.py",
+                       "ppo/ppo_continuous_action.py")
+    expect_usage_error(capsys, lambda: main(Args(env_id="Breakuot-v5")), "ppo_atari_envpool.py", "unknown env id")
+
+
+def test_missing_envpool_names_the_extra(tmp_path):
+    result = run_script("ppo_atari_envpool.py", *TINY, "--total-timesteps", "32", cwd=tmp_path,
+                        env=without_module(tmp_path, "envpool"), check=False)
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines() == [result.stderr.strip()]
+    assert "pip install -e '.[envpool]'" in result.stderr
+
+
+def test_every_core_and_atari_detail_is_marked_in_the_script():
+    source = (REPO / "ppo" / "ppo_atari_envpool.py").read_text()
+    for number in range(1, 14):
+        assert f"[Core {number}:" in source, number
+    for number in range(1, 10):
+        assert f"[Atari {number}:" in source, number
+
+
+def test_the_speed_benchmark_measures_envpool():
+    """benchmark/speed.py's raw measurement copes with envpool's API: seeded when made, reset()
+    without a seed, and an action_space that is one game's."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("speed", REPO / "benchmark" / "speed.py")
+    speed = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(speed)
+    assert speed.is_envpool(make_envs("Breakout-v5", 2))
+    wall, cpu = speed.raw_env_speed(script, "Breakout-v5", 2, seconds=0.2)
+    assert wall > 0 and cpu > 0

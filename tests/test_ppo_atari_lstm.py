@@ -1,0 +1,132 @@
+"""Tests of ppo/ppo_atari_lstm.py: the LSTM state is reconstructed exactly during training, reset at
+episode ends, zero at the start; one-frame observations; a short run; exact resumption with the
+LSTM state in the checkpoint; the errors."""
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("ale_py")
+pytest.importorskip("cv2")
+
+from conftest import (REPO, expect_usage_error, interrupt_after_first_progress_line, only_run_dir,  # noqa: E402
+                      read_scalars, run_script)
+from ppo.ppo_atari_lstm import (Agent, Args, EnvCursor, collect_rollout, main, make_envs,  # noqa: E402
+                                replay_sequences)
+
+TINY = ["--num-envs", "2", "--num-steps", "16", "--num-minibatches", "2", "--no-cuda"]
+TINY_ARGS = dict(num_envs=2, num_steps=16, num_minibatches=2, cuda=False)
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def rollout_and_agent():
+    """A fresh agent's second rollout of 64 steps in 4 Breakout games: it starts from a non-zero LSTM
+    state, and lost lives reset the state within it."""
+    torch.manual_seed(0)
+    envs = make_envs("BreakoutNoFrameskip-v4", 4)
+    obs, _ = envs.reset(seed=1)
+    agent = Agent(envs.single_action_space.n)
+    cursor = EnvCursor(obs, np.zeros(4, dtype=bool), agent.initial_state(4, CPU))
+    collect_rollout(agent, envs, cursor, 40, CPU)
+    rollout, _ = collect_rollout(agent, envs, cursor, 64, CPU)
+    envs.close()
+    return rollout, agent
+
+
+def replay(agent, rollout, columns, dones=None, initial_state=None):
+    columns = torch.tensor(columns)
+    dones = torch.as_tensor(rollout.dones if dones is None else dones)
+    state = rollout.initial_lstm_state if initial_state is None else initial_state
+    with torch.no_grad():
+        return replay_sequences(agent, torch.as_tensor(rollout.obs)[:, columns], dones[:, columns],
+                                torch.as_tensor(rollout.actions)[:, columns],
+                                (state[0][:, columns], state[1][:, columns]))
+
+
+@pytest.mark.parametrize("columns", [[0, 1, 2, 3], [2], [3, 0]])
+def test_replaying_the_rollout_reproduces_its_log_probs_and_values(rollout_and_agent, columns):
+    """[LSTM 4] and [LSTM 5]: a minibatch of whole env sequences, replayed from the state the rollout
+    started with through the training code path, gives back what the rollout recorded step by step."""
+    rollout, agent = rollout_and_agent
+    assert rollout.dones[1:].sum() >= 1  # an episode boundary inside the sequences
+    assert rollout.initial_lstm_state[0].abs().sum() > 0
+    logprob, entropy, value = replay(agent, rollout, columns)
+    assert logprob.shape == value.shape == (64, len(columns))
+    np.testing.assert_allclose(logprob.numpy(), rollout.logprobs[:, columns], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(value.numpy(), rollout.values[:, columns], rtol=1e-5, atol=1e-6)
+
+
+def test_the_replay_depends_on_the_saved_state_and_the_resets(rollout_and_agent):
+    """The check above is not vacuous: replaying from zeros, or without the resets at episode ends,
+    gives other values."""
+    rollout, agent = rollout_and_agent
+    _, _, from_zeros = replay(agent, rollout, [0, 1, 2, 3], initial_state=agent.initial_state(4, CPU))
+    _, _, without_resets = replay(agent, rollout, [0, 1, 2, 3], dones=np.zeros_like(rollout.dones))
+    assert np.abs(from_zeros.numpy() - rollout.values).max() > 1e-3
+    assert np.abs(without_resets.numpy() - rollout.values).max() > 1e-3
+
+
+def test_lstm_initialization_and_zero_initial_state():
+    agent = Agent(num_actions=4)
+    for name, param in agent.lstm.named_parameters():
+        if "bias" in name:
+            assert param.abs().sum() == 0, name
+        else:  # orthogonal with gain 1: orthonormal columns (or rows, for a wide matrix)
+            weight = param.detach()
+            gram = weight.T @ weight if weight.shape[0] >= weight.shape[1] else weight @ weight.T
+            np.testing.assert_allclose(gram.numpy(), np.eye(gram.shape[0]), atol=1e-4)
+    h, c = agent.initial_state(3, CPU)
+    assert h.shape == c.shape == (1, 3, 128) and h.abs().sum() == 0 and c.abs().sum() == 0
+
+
+def test_observations_are_single_frames():
+    envs = make_envs("BreakoutNoFrameskip-v4", 2)
+    obs, _ = envs.reset(seed=0)
+    assert envs.single_observation_space.shape == (1, 84, 84)
+    assert obs.shape == (2, 1, 84, 84) and obs.dtype == np.uint8
+    envs.close()
+
+
+def test_interrupted_and_resumed_run_ends_with_the_same_weights(tmp_path):
+    flags = ["--seed", "4", "--total-timesteps", "160", "--save-model", *TINY]
+    unbroken, interrupted = tmp_path / "unbroken", tmp_path / "interrupted"
+    unbroken.mkdir()
+    interrupted.mkdir()
+    run_script("ppo_atari_lstm.py", *flags, cwd=unbroken)
+    code, output = interrupt_after_first_progress_line("ppo_atari_lstm.py", flags, cwd=interrupted)
+    assert code == 130, output
+    checkpoint_path = only_run_dir(interrupted) / "checkpoint.pt"
+    stopped = torch.load(checkpoint_path, weights_only=False)
+    assert 0 < stopped["global_step"] < 160
+    h, c = stopped["next_lstm_state"]
+    assert h.shape == c.shape == (1, 2, 128) and h.abs().sum() > 0
+
+    run_script("ppo_atari_lstm.py", "--resume", str(checkpoint_path), cwd=interrupted)
+    expected = torch.load(only_run_dir(unbroken) / "checkpoint.pt", weights_only=False)
+    actual = torch.load(checkpoint_path, weights_only=False)
+    assert actual["global_step"] == expected["global_step"] == 160
+    for name, tensor in expected["model"].items():
+        assert torch.equal(tensor, actual["model"][name]), name
+    for expected_state, actual_state in zip(expected["next_lstm_state"], actual["next_lstm_state"]):
+        assert torch.equal(expected_state, actual_state)
+
+    steps = [step for step, _ in read_scalars(only_run_dir(interrupted))["charts/SPS"]]
+    assert steps == sorted(set(steps)) and steps[-1] == 160  # one curve, no duplicate steps
+    evaluation = run_script("ppo_atari_lstm.py", "--evaluate", str(checkpoint_path), "--eval-episodes", "1",
+                            cwd=interrupted)
+    assert "BreakoutNoFrameskip-v4: mean return" in evaluation.stdout
+
+
+def test_minibatches_must_hold_whole_environments(capsys, workdir):
+    expect_usage_error(capsys, lambda: main(Args(num_envs=6, num_minibatches=4)), "ppo_atari_lstm.py",
+                       "--num-envs 6", "--num-minibatches 4")
+    expect_usage_error(capsys, lambda: main(Args(env_id="CartPole-v1", **TINY_ARGS)), "ppo_atari_lstm.py",
+                       "ppo/ppo.py")
+
+
+def test_every_core_atari_and_lstm_detail_is_marked_in_the_script():
+    source = (REPO / "ppo" / "ppo_atari_lstm.py").read_text()
+    for kind, count in (("Core", 13), ("Atari", 9), ("LSTM", 5)):
+        for number in range(1, count + 1):
+            assert f"[{kind} {number}:" in source, (kind, number)
