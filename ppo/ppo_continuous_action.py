@@ -1,0 +1,787 @@
+"""PPO for continuous actions on vector observations: MuJoCo's Hopper-v4, Walker2d-v4, HalfCheetah-v4.
+
+    python ppo/ppo_continuous_action.py --env-id Hopper-v4                     # train
+    python ppo/ppo_continuous_action.py --save-model                          # ... and keep a checkpoint
+    python ppo/ppo_continuous_action.py --resume runs/<run>/checkpoint.pt     # carry on after Ctrl-C or a crash
+    python ppo/ppo_continuous_action.py --evaluate runs/<run>/checkpoint.pt   # score a saved agent
+
+MuJoCo comes with the extra: pip install -e ".[mujoco]". The file follows ppo/ppo.py: settings,
+environments, the agent (with its observation statistics), GAE, the clipped loss, then the training
+loop in `main()`. The 13 core details are marked `[Core N: ...]` and the 9 details for continuous
+actions `[Continuous N: ...]` where they happen; docs/ppo_continuous_action.md lists them all.
+"""
+
+import os
+import pickle
+import random
+import signal
+import sys
+import time
+from collections import deque
+from dataclasses import asdict, dataclass, fields, replace
+from typing import NoReturn
+
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.optim as optim
+import tyro
+from torch.distributions.normal import Normal
+from torch.utils.tensorboard import SummaryWriter
+
+VARIANT = "ppo_continuous_action"  # written into checkpoints, so another variant's checkpoint is refused
+
+
+@dataclass
+class Args:
+    # Experiment
+    exp_name: str = VARIANT
+    """the name of this experiment, part of the run name"""
+    seed: int = 1
+    """seed of the experiment (Python, NumPy, PyTorch and the environments)"""
+    torch_deterministic: bool = True
+    """if toggled, sets `torch.backends.cudnn.deterministic`"""
+    cuda: bool = True
+    """if toggled, use CUDA when it is available"""
+    track: bool = False
+    """if toggled, log the run to Weights & Biases (set WANDB_MODE=offline to work without a network)"""
+    wandb_project_name: str = "ppo-scripts"
+    """the Weights & Biases project"""
+    wandb_entity: str | None = None
+    """the Weights & Biases entity (team); None uses your default"""
+    capture_video: bool = False
+    """if toggled, record videos of the first environment to `videos/<run_name>/`"""
+    save_model: bool = False
+    """if toggled, write `runs/<run_name>/checkpoint.pt` at the end, every `save_interval` iterations and on Ctrl-C"""
+    save_interval: int = 100
+    """with --save-model, also write the checkpoint every this many iterations (0: only at the end)"""
+    resume: str | None = None
+    """path of a checkpoint to continue training from; the run keeps the checkpoint's settings"""
+    evaluate: str | None = None
+    """path of a checkpoint to evaluate instead of training"""
+    eval_episodes: int = 10
+    """number of episodes to play with --evaluate"""
+
+    # Algorithm
+    env_id: str = "Hopper-v4"
+    """the id of the environment"""
+    total_timesteps: int = 1000000
+    """total environment steps of the experiment"""
+    learning_rate: float = 3e-4
+    """the learning rate of the optimizer"""
+    num_envs: int = 1
+    """the number of parallel environments"""
+    num_steps: int = 2048
+    """the number of steps to run in each environment per rollout"""
+    anneal_lr: bool = True
+    """if toggled, anneal the learning rate linearly to zero"""
+    gamma: float = 0.99
+    """the discount factor gamma (also the discount of the return that scales rewards)"""
+    gae_lambda: float = 0.95
+    """the lambda of generalized advantage estimation"""
+    num_minibatches: int = 32
+    """the number of minibatches each batch is split into"""
+    update_epochs: int = 10
+    """the number of passes over the batch per update"""
+    norm_adv: bool = True
+    """if toggled, normalize advantages within each minibatch"""
+    clip_coef: float = 0.2
+    """the surrogate clipping coefficient"""
+    clip_vloss: bool = True
+    """if toggled, clip the value loss as the original PPO code does"""
+    ent_coef: float = 0.0
+    """coefficient of the entropy bonus"""
+    vf_coef: float = 0.5
+    """coefficient of the value loss"""
+    max_grad_norm: float = 0.5
+    """the maximum norm for global gradient clipping"""
+    target_kl: float | None = None
+    """if set, stop the update epochs early once the approximate KL exceeds it"""
+    obs_clip: float = 10.0
+    """normalized observations are clipped to [-obs_clip, obs_clip]"""
+    reward_clip: float = 10.0
+    """scaled rewards are clipped to [-reward_clip, reward_clip]"""
+
+
+# Settings that may differ between a run and its resumption; every other field must stay the same.
+RUNTIME_FIELDS = {"cuda", "track", "wandb_project_name", "wandb_entity", "capture_video", "save_model",
+                  "save_interval", "resume", "evaluate", "eval_episodes"}
+
+
+def fail(message: str) -> NoReturn:
+    """Stop with one line saying what to do and exit code 2: for wrong input, never for bugs."""
+    print(f"{VARIANT}.py: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def load_checkpoint(path: str) -> dict:
+    """Read a checkpoint written by this script; refuse anything else with a clear message."""
+    if not os.path.isfile(path):
+        fail(f"no checkpoint at {path!r}")
+    try:
+        # weights_only=False: the checkpoint holds NumPy statistics and RNG states and pickled
+        # environments, not only tensors. Only load checkpoints you wrote yourself.
+        checkpoint = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as error:  # torch raises many kinds of errors for a file it cannot read
+        fail(f"cannot read checkpoint {path!r}: {error}")
+    if not isinstance(checkpoint, dict) or "variant" not in checkpoint:
+        fail(f"{path!r} is not a checkpoint of this collection")
+    if checkpoint["variant"] != VARIANT:
+        fail(f"{path!r} was written by {checkpoint['variant']}.py: use ppo/{checkpoint['variant']}.py for it")
+    return checkpoint
+
+
+def parse_args(argv: list[str] | None = None) -> Args:
+    """Read the command line. With --resume or --evaluate the checkpoint's settings are the defaults,
+    so `--resume PATH` alone continues the run. A resumed run refuses a training flag that contradicts
+    the checkpoint; an evaluation only needs the same environment (another --seed is fine)."""
+    args = tyro.cli(Args, args=argv)
+    checkpoint_path = args.resume or args.evaluate
+    if checkpoint_path is None:
+        return args
+    saved = replace(Args(**load_checkpoint(checkpoint_path)["args"]), resume=None, evaluate=None)
+    if args.evaluate:  # an evaluation starts from the default run-time options, not the training run's
+        saved = replace(saved, **{name: getattr(Args(), name) for name in RUNTIME_FIELDS})
+    args = tyro.cli(Args, args=argv, default=saved)
+    must_match = ["env_id"] if args.evaluate else [f.name for f in fields(Args) if f.name not in RUNTIME_FIELDS]
+    for name in must_match:
+        if getattr(args, name) != getattr(saved, name):
+            flag = "--" + name.replace("_", "-")
+            fail(f"the checkpoint was made with {flag} {getattr(saved, name)}, not "
+                 f"{getattr(args, name)}: drop {flag} to keep the checkpoint's value")
+    return args
+
+
+def check_sizes(args: Args) -> None:
+    """Refuse settings that cannot make a valid run, before any environment is built."""
+    for name in ("num_envs", "num_steps", "num_minibatches", "update_epochs", "total_timesteps", "eval_episodes"):
+        if getattr(args, name) < 1:
+            fail(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    batch_size = args.num_envs * args.num_steps
+    if batch_size % args.num_minibatches != 0:
+        fail(f"--num-envs x --num-steps = {batch_size} does not divide into --num-minibatches "
+             f"{args.num_minibatches} equal minibatches: pick sizes whose product is a multiple of it")
+    if args.total_timesteps < batch_size:
+        fail(f"--total-timesteps {args.total_timesteps} is smaller than one batch "
+             f"(--num-envs x --num-steps = {batch_size}): raise it or shrink the batch")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Environments
+# ---------------------------------------------------------------------------------------------------
+
+
+def make_env(env_id: str, idx: int, capture_video: bool, video_folder: str):
+    """Return a function that builds one environment; video is recorded from the first one only.
+
+    The environments stay raw: observation normalization lives in the agent and reward scaling in the
+    training loop, so what the environment reports (and `charts/episodic_return`) is the task's own."""
+
+    def thunk():
+        if capture_video and idx == 0:
+            if sys.platform.startswith("linux") and not os.environ.get("DISPLAY"):
+                # Without a display MuJoCo renders through EGL; it reads this when it is first imported.
+                os.environ.setdefault("MUJOCO_GL", "egl")
+            env = gym.make(env_id, render_mode="rgb_array")
+            env = gym.wrappers.RecordVideo(env, video_folder)
+        else:
+            env = gym.make(env_id)
+        return env
+
+    return thunk
+
+
+def make_envs(env_id: str, num_envs: int, capture_video: bool = False, video_folder: str = "videos",
+              saved_envs: bytes | None = None) -> gym.vector.SyncVectorEnv:
+    """Build the vector of environments, checking that this script can train on them.
+
+    [Core 1: Vectorized architecture] One learner steps `num_envs` copies of the environment in lock
+    step, so each rollout holds num_envs x num_steps transitions.
+
+    Autoreset: as in ppo.py, SAME_STEP mode resets a finished sub-environment within the step that
+    ends its episode, so every step() is a real transition and the observation it returns for a
+    finished environment is already the first of the next episode.
+    """
+    try:
+        gym.spec(env_id)
+    except gym.error.Error as error:
+        hint = " (Atari ids need ppo/ppo_atari.py)" if "NoFrameskip" in env_id or env_id.startswith("ALE/") else ""
+        fail(f"unknown env id {env_id!r}{hint}: {error}")
+    if saved_envs is not None:
+        env_fns = [lambda env=env: env for env in load_envs(saved_envs)]
+    else:
+        env_fns = [make_env(env_id, i, capture_video, video_folder) for i in range(num_envs)]
+    try:
+        envs = gym.vector.SyncVectorEnv(env_fns, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    except gym.error.DependencyNotInstalled as error:
+        if "mujoco" in str(error).lower():
+            fail(f"{env_id} needs MuJoCo, which is not installed: pip install -e \".[mujoco]\"")
+        raise  # another missing package (video writing, rendering): reported by __main__
+    if not isinstance(envs.single_action_space, gym.spaces.Box):
+        kind = type(envs.single_action_space).__name__
+        fail(f"{env_id} has a {kind} action space but ppo_continuous_action.py needs Box (continuous) "
+             f"actions: use ppo/ppo.py for Discrete actions")
+    if not isinstance(envs.single_observation_space, gym.spaces.Box) or len(envs.single_observation_space.shape) != 1:
+        fail(f"{env_id} observations are {envs.single_observation_space}, but ppo_continuous_action.py needs "
+             "flat vectors: image observations need a CNN, as in ppo/ppo_atari.py or ppo/ppo_procgen.py")
+    return envs
+
+
+# ---------------------------------------------------------------------------------------------------
+# Agent
+# ---------------------------------------------------------------------------------------------------
+
+
+class RunningMeanStd:
+    """Running mean and variance of a stream of batches, merged batch by batch (Chan et al.'s
+    parallel algorithm) in float64. Starts at mean 0, variance 1, with a tiny pseudo-count."""
+
+    def __init__(self, shape: tuple[int, ...] = ()):
+        self.mean = np.zeros(shape, dtype=np.float64)
+        self.var = np.ones(shape, dtype=np.float64)
+        self.count = 1e-4
+
+    def update(self, batch: np.ndarray) -> None:
+        batch_mean, batch_var, batch_count = batch.mean(axis=0), batch.var(axis=0), batch.shape[0]
+        delta = batch_mean - self.mean
+        total = self.count + batch_count
+        self.mean = self.mean + delta * batch_count / total
+        self.var = (self.var * self.count + batch_var * batch_count
+                    + np.square(delta) * self.count * batch_count / total) / total
+        self.count = total
+
+    def state_dict(self) -> dict:
+        return {"mean": self.mean.copy(), "var": self.var.copy(), "count": self.count}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.mean, self.var, self.count = state["mean"].copy(), state["var"].copy(), state["count"]
+
+
+def layer_init(layer: nn.Linear, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Linear:
+    """[Core 2: Orthogonal initialization of weights, constant initialization of biases]
+    Orthogonal weights scaled by sqrt(2) keep activations' scale through the tanh layers; the
+    policy head uses 0.01 so the first policy's means are close to 0, the value head uses 1."""
+    torch.nn.init.orthogonal_(layer.weight, std)
+    torch.nn.init.constant_(layer.bias, bias_const)
+    return layer
+
+
+class Agent(nn.Module):
+    """[Core 13: Separate MLP networks for policy and value functions]
+    [Continuous 4: Separate MLP networks for policy and value functions] Two 64-64 tanh MLPs: one
+    for the value, one for the means of the action distribution; openai/baselines' PPO for MuJoCo
+    shares nothing between them either.
+
+    The agent also owns the running statistics of the observations it has seen (see `normalize_obs`):
+    a policy trained on normalized observations only means something together with them."""
+
+    def __init__(self, obs_size: int, action_size: int, obs_clip: float = 10.0):
+        super().__init__()
+        self.critic = nn.Sequential(
+            layer_init(nn.Linear(obs_size, 64)),
+            nn.Tanh(),
+            layer_init(nn.Linear(64, 64)),
+            nn.Tanh(),
+            layer_init(nn.Linear(64, 1), std=1.0),
+        )
+        self.actor_mean = nn.Sequential(
+            layer_init(nn.Linear(obs_size, 64)),
+            nn.Tanh(),
+            layer_init(nn.Linear(64, 64)),
+            nn.Tanh(),
+            layer_init(nn.Linear(64, action_size), std=0.01),
+        )
+        # [Continuous 2: State-independent log standard deviation] one learned log std per action
+        # dimension, the same whatever the observation; 0 at first, so the first policy has std 1.
+        self.actor_logstd = nn.Parameter(torch.zeros(1, action_size))
+        self.obs_rms = RunningMeanStd((obs_size,))
+        self.obs_clip = obs_clip
+
+    # PyTorch keeps what get_extra_state returns in state_dict() beside the weights, and hands it back
+    # to set_extra_state in load_state_dict(): the observation statistics travel with the weights into
+    # every checkpoint, and a loaded agent sees observations exactly as it did in training.
+    def get_extra_state(self) -> dict:
+        return self.obs_rms.state_dict()
+
+    def set_extra_state(self, state: dict) -> None:
+        self.obs_rms.load_state_dict(state)
+
+    def normalize_obs(self, obs: np.ndarray, update: bool) -> np.ndarray:
+        """[Continuous 6: Normalization of observations] Each observation dimension is shifted and
+        scaled by the running mean and standard deviation of everything seen so far. Training passes
+        update=True, so each raw observation enters the statistics once, as it arrives, before it is
+        normalized; evaluation passes update=False and uses the statistics as saved.
+
+        [Continuous 7: Observation clipping] The result is clipped to [-obs_clip, obs_clip].
+
+        This runs in NumPy, on the environments' side of the device boundary: a dozen operations on a
+        vector of 11 to 376 numbers cost a few microseconds there and several times more in PyTorch."""
+        if update:
+            self.obs_rms.update(obs)
+        normalized = (obs - self.obs_rms.mean) / np.sqrt(self.obs_rms.var + 1e-8)
+        return np.clip(normalized, -self.obs_clip, self.obs_clip).astype(np.float32)
+
+    def get_value(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.critic(obs)
+
+    def get_action(self, obs: torch.Tensor) -> torch.Tensor:
+        """Sample actions, all the rollout needs at each step: the draw Normal(mean, std).sample()
+        makes, without building the distribution object."""
+        mean = self.actor_mean(obs)
+        return torch.normal(mean, self.actor_logstd.exp().expand_as(mean))
+
+    def get_action_and_value(self, obs: torch.Tensor, action: torch.Tensor | None = None):
+        """Sample an action (or score a given one): returns action, log-prob, entropy and value.
+
+        [Continuous 1: Continuous actions via normal distributions] The policy is a Gaussian whose
+        mean comes from the actor network and whose std is exp(actor_logstd)."""
+        mean = self.actor_mean(obs)
+        std = self.actor_logstd.exp().expand_as(mean)
+        # Both come straight from the network, so argument validation would only cost time.
+        distribution = Normal(mean, std, validate_args=False)
+        if action is None:
+            action = distribution.sample()
+        # [Continuous 3: Independent action components] the action dimensions are independent
+        # Gaussians, so the log-probability of an action is the sum of theirs, and so is the entropy.
+        return action, distribution.log_prob(action).sum(1), distribution.entropy().sum(1), self.critic(obs)
+
+
+class RewardScaler:
+    """[Continuous 8: Reward scaling] Rewards are divided by the running standard deviation of the
+    discounted return (not of the rewards themselves, and without subtracting a mean), which keeps the
+    value targets in a range the value network learns well whatever the task's reward scale.
+
+    Per environment it keeps the return discounted by gamma of the episode so far; every step adds
+    the new rewards, updates the statistics with the returns, then scales the rewards by their std.
+    A finished episode's return restarts at 0."""
+
+    def __init__(self, num_envs: int, gamma: float):
+        self.gamma = gamma
+        self.return_rms = RunningMeanStd(())
+        self.discounted_return = np.zeros(num_envs)
+
+    def scale(self, reward: np.ndarray, done: np.ndarray) -> np.ndarray:
+        self.discounted_return = self.discounted_return * self.gamma + reward
+        self.return_rms.update(self.discounted_return)
+        self.discounted_return[done] = 0.0
+        return reward / np.sqrt(self.return_rms.var + 1e-8)
+
+    def state_dict(self) -> dict:
+        return {"return_rms": self.return_rms.state_dict(), "discounted_return": self.discounted_return.copy()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.return_rms.load_state_dict(state["return_rms"])
+        self.discounted_return = state["discounted_return"].copy()
+
+
+# ---------------------------------------------------------------------------------------------------
+# Generalized advantage estimation and the PPO loss
+# ---------------------------------------------------------------------------------------------------
+
+
+def compute_gae(rewards: np.ndarray, values: np.ndarray, dones: np.ndarray, next_value: np.ndarray,
+                next_done: np.ndarray, gamma: float, gae_lambda: float) -> tuple[np.ndarray, np.ndarray]:
+    """[Core 5: Generalized Advantage Estimation] Advantages and value targets of one rollout.
+
+    All arrays are (num_steps, num_envs) except next_value and next_done, (num_envs,), which describe
+    the observation after the last step. dones[t] is 1 when obs[t] is the first observation of a new
+    episode, that is, when the step before it ended an episode: then nothing flows back across t.
+    """
+    num_steps = rewards.shape[0]
+    advantages = np.zeros_like(rewards)
+    last_advantage = np.zeros_like(next_value)
+    for t in reversed(range(num_steps)):
+        if t == num_steps - 1:
+            next_nonterminal, next_values = 1.0 - next_done, next_value
+        else:
+            next_nonterminal, next_values = 1.0 - dones[t + 1], values[t + 1]
+        delta = rewards[t] + gamma * next_values * next_nonterminal - values[t]
+        last_advantage = delta + gamma * gae_lambda * next_nonterminal * last_advantage
+        advantages[t] = last_advantage
+    returns = advantages + values
+    return advantages, returns
+
+
+def ppo_loss(new_logprob: torch.Tensor, entropy: torch.Tensor, new_value: torch.Tensor,
+             old_logprob: torch.Tensor, old_value: torch.Tensor, advantages: torch.Tensor,
+             returns: torch.Tensor, args: Args) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The PPO objective on one minibatch; returns the loss to minimize and detached statistics."""
+    logratio = new_logprob - old_logprob
+    ratio = logratio.exp()
+
+    if args.norm_adv:
+        # [Core 7: Normalization of advantages] per minibatch, not per batch.
+        advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+
+    # [Core 8: Clipped surrogate objective] pessimistic bound: the larger of the two losses.
+    pg_loss_unclipped = -advantages * ratio
+    pg_loss_clipped = -advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
+    pg_loss = torch.max(pg_loss_unclipped, pg_loss_clipped).mean()
+
+    if args.clip_vloss:
+        # [Core 9: Value function loss clipping] the new value may move at most clip_coef away from
+        # the value recorded during the rollout before the clipped term takes over.
+        v_loss_unclipped = (new_value - returns) ** 2
+        v_clipped = old_value + torch.clamp(new_value - old_value, -args.clip_coef, args.clip_coef)
+        v_loss_clipped = (v_clipped - returns) ** 2
+        v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
+    else:
+        v_loss = 0.5 * ((new_value - returns) ** 2).mean()
+
+    # [Core 10: Overall loss and entropy bonus] one loss for both networks; the entropy coefficient
+    # is 0 by default here: the learned std alone sets how much the policy explores.
+    entropy_mean = entropy.mean()
+    loss = pg_loss - args.ent_coef * entropy_mean + args.vf_coef * v_loss
+
+    with torch.no_grad():
+        # [Core 12: Debug variables] two estimators of KL(old || new) and how often clipping bites.
+        old_approx_kl = (-logratio).mean()
+        approx_kl = ((ratio - 1) - logratio).mean()
+        clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
+    stats = {"policy_loss": pg_loss.detach(), "value_loss": v_loss.detach(), "entropy": entropy_mean.detach(),
+             "old_approx_kl": old_approx_kl, "approx_kl": approx_kl, "clipfrac": clipfrac}
+    return loss, stats
+
+
+def explained_variance(predicted: np.ndarray, target: np.ndarray) -> float:
+    """1 - Var[target - predicted] / Var[target]: 1 is a perfect value function, 0 no better than
+    a constant, negative worse than one; nan when the targets do not vary."""
+    target_variance = np.var(target)
+    return np.nan if target_variance == 0 else float(1 - np.var(target - predicted) / target_variance)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Checkpoints, interruption and evaluation
+# ---------------------------------------------------------------------------------------------------
+
+
+def save_checkpoint(path: str, state: dict) -> None:
+    """Write atomically: a crash or a second Ctrl-C while writing leaves the previous file intact."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    torch.save(state, path + ".tmp")
+    os.replace(path + ".tmp", path)
+
+
+def mujoco_data(env: gym.Env):
+    """The MuJoCo simulation data (mujoco.MjData) of a MuJoCo environment; None for any other."""
+    data = getattr(env.unwrapped, "data", None)
+    return data if type(data).__name__ == "MjData" else None
+
+
+def save_envs(envs: gym.vector.SyncVectorEnv) -> bytes | None:
+    """The sub-environments' full state, so a resumed run continues the very same episodes; None for
+    environments that cannot be saved (video recording, for one).
+
+    A MuJoCo environment pickles, but only as the arguments that built it (gymnasium's EzPickle):
+    unpickled, it is a new environment with new physics and a new random generator. So beside each
+    pickled environment go its random generator's state and its whole MjData: positions, velocities,
+    the solver's warm start, and the quantities derived from them, which some tasks read before a
+    step (Ant's position). `load_envs` puts both back. Wrappers (the time limit) pickle as they are."""
+    try:
+        return pickle.dumps([(env, env.unwrapped.np_random.bit_generator.state, mujoco_data(env))
+                             for env in envs.envs])
+    except (pickle.PicklingError, TypeError, AttributeError):
+        return None
+
+
+def load_envs(saved: bytes) -> list[gym.Env]:
+    """The environments saved by `save_envs`, in the state they were saved in."""
+    envs = []
+    for env, rng_state, data in pickle.loads(saved):
+        env.unwrapped.np_random.bit_generator.state = rng_state
+        if data is not None:
+            import mujoco  # installed, since a MuJoCo environment was saved
+
+            mujoco.mj_copyData(env.unwrapped.data, env.unwrapped.model, data)
+        envs.append(env)
+    return envs
+
+
+class StopOnInterrupt:
+    """The first Ctrl-C lets the current iteration finish, so the run can flush its logs and save a
+    checkpoint at a clean point; a second Ctrl-C stops at once."""
+
+    def __init__(self):
+        self.requested = False
+        self.previous_handler = signal.signal(signal.SIGINT, self.handle)
+
+    def handle(self, signum, frame):
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        print("\nCtrl-C: stopping after this iteration (press Ctrl-C again to quit at once)", flush=True)
+
+    def restore(self):
+        signal.signal(signal.SIGINT, self.previous_handler)
+
+
+def play_episodes(agent: Agent, envs: gym.vector.SyncVectorEnv, num_episodes: int, seed: int,
+                  device: torch.device) -> list[float]:
+    """Play `num_episodes` episodes in the first environment with the agent's policy (actions sampled
+    and clipped to the bounds, as in training) and return their returns. The observation statistics
+    are used as they are, frozen: playing does not change them."""
+    torch.manual_seed(seed)
+    # Seeds unlike any training seed, so the scores come from episodes the agent never trained on.
+    obs, _ = envs.reset(seed=seed + 100_000)
+    low, high = envs.single_action_space.low, envs.single_action_space.high
+    episode_returns, current_return = [], 0.0
+    while len(episode_returns) < num_episodes:
+        with torch.inference_mode():
+            action = agent.get_action(torch.as_tensor(agent.normalize_obs(obs, update=False), device=device))
+        obs, reward, terminated, truncated, _ = envs.step(np.clip(action.cpu().numpy(), low, high))
+        current_return += float(reward[0])
+        if terminated[0] or truncated[0]:
+            episode_returns.append(current_return)
+            print(f"episode {len(episode_returns)}: return {current_return:.1f}")
+            current_return = 0.0
+    return episode_returns
+
+
+def evaluate(args: Args, device: torch.device) -> list[float]:
+    """Play `eval_episodes` episodes with the saved policy and its saved observation statistics, and
+    print the mean and standard deviation of their returns."""
+    checkpoint = load_checkpoint(args.evaluate)
+    video_folder = f"videos/{checkpoint['run_name']}-eval"
+    envs = make_envs(args.env_id, 1, args.capture_video, video_folder)
+    agent = Agent(envs.single_observation_space.shape[0], envs.single_action_space.shape[0], args.obs_clip).to(device)
+    agent.load_state_dict(checkpoint["model"])  # the weights and the observation statistics
+    agent.eval()
+    episode_returns = play_episodes(agent, envs, args.eval_episodes, args.seed, device)
+    envs.close()
+    print(f"{args.env_id}: mean return {np.mean(episode_returns):.2f} +- {np.std(episode_returns):.2f} "
+          f"over {len(episode_returns)} episodes")
+    if args.capture_video:
+        print(f"videos in {video_folder}/")
+    return episode_returns
+
+
+# ---------------------------------------------------------------------------------------------------
+# Training
+# ---------------------------------------------------------------------------------------------------
+
+
+def main(args: Args) -> dict:
+    """Train (or evaluate) as `args` says; returns a summary of the run for callers such as tests."""
+    check_sizes(args)
+    batch_size = args.num_envs * args.num_steps
+    minibatch_size = batch_size // args.num_minibatches
+    num_iterations = args.total_timesteps // batch_size
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    if args.evaluate:
+        return {"episode_returns": evaluate(args, device)}
+
+    checkpoint = load_checkpoint(args.resume) if args.resume else None
+    if checkpoint:
+        run_name = checkpoint["run_name"]
+    else:
+        run_name = f"{args.env_id.replace('/', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    checkpoint_path = f"runs/{run_name}/checkpoint.pt"
+
+    # Seeding. A resumed run overwrites these RNG states with the checkpoint's below.
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    # Networks this small run fastest on one thread: more threads cost more in handing work
+    # out than they save.
+    torch.set_num_threads(1)
+
+    envs = make_envs(args.env_id, args.num_envs, args.capture_video, f"videos/{run_name}",
+                     saved_envs=checkpoint["envs"] if checkpoint else None)
+    obs_shape = envs.single_observation_space.shape
+    action_shape = envs.single_action_space.shape
+    action_low, action_high = envs.single_action_space.low, envs.single_action_space.high
+    agent = Agent(obs_shape[0], action_shape[0], args.obs_clip).to(device)
+    reward_scaler = RewardScaler(args.num_envs, args.gamma)
+    # [Core 3: The Adam optimizer's epsilon parameter] 1e-5 as in the original code, not PyTorch's 1e-8.
+    # fused=True: the same Adam, in one kernel for all parameters instead of a dozen small ops each.
+    optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
+
+    if args.track:
+        try:
+            import wandb
+        except ImportError:
+            fail("--track needs wandb: pip install wandb")
+        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
+                   config=asdict(args), name=run_name, id=run_name, resume="allow", save_code=True)
+    # purge_step: after a resume, TensorBoard drops anything the interrupted run logged past the checkpoint.
+    writer = SummaryWriter(f"runs/{run_name}", purge_step=checkpoint["global_step"] if checkpoint else None)
+    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(
+        f"|{key}|{value}|" for key, value in {**asdict(args), "batch_size": batch_size,
+                                              "minibatch_size": minibatch_size,
+                                              "num_iterations": num_iterations}.items()))
+
+    # Rollout storage, (num_steps, num_envs, ...), refilled every iteration. It is kept in NumPy,
+    # beside the environments, and the whole batch moves to the training device once per iteration.
+    # It holds what the agent saw and did: normalized observations, sampled actions, scaled rewards.
+    obs = np.zeros((args.num_steps, args.num_envs) + obs_shape, dtype=np.float32)
+    actions = np.zeros((args.num_steps, args.num_envs) + action_shape, dtype=np.float32)
+    rewards = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
+    dones = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
+
+    # Running (raw) return and length of each environment's current episode, and the latest finished ones.
+    episode_return = np.zeros(args.num_envs)
+    episode_length = np.zeros(args.num_envs, dtype=np.int64)
+    recent_returns = deque(maxlen=20)
+
+    if checkpoint:
+        agent.load_state_dict(checkpoint["model"])  # the weights and the observation statistics
+        optimizer.load_state_dict(checkpoint["optimizer"])
+        reward_scaler.load_state_dict(checkpoint["reward_scaler"])
+        random.setstate(checkpoint["rng"]["python"])
+        np.random.set_state(checkpoint["rng"]["numpy"])
+        torch.set_rng_state(checkpoint["rng"]["torch"])
+        if device.type == "cuda" and checkpoint["rng"]["cuda"] is not None:
+            torch.cuda.set_rng_state_all(checkpoint["rng"]["cuda"])
+        start_iteration, global_step = checkpoint["iteration"], checkpoint["global_step"]
+        next_obs, next_done = checkpoint["next_obs"], checkpoint["next_done"]
+        episode_return, episode_length = checkpoint["episode_return"], checkpoint["episode_length"]
+        recent_returns.extend(checkpoint["recent_returns"])
+        if checkpoint["envs"] is None:  # the environments could not be saved: start fresh episodes
+            raw_obs, _ = envs.reset(seed=args.seed + global_step)
+            next_obs = agent.normalize_obs(raw_obs, update=True)
+            next_done = np.zeros(args.num_envs, dtype=bool)
+            episode_return[:], episode_length[:] = 0, 0
+            reward_scaler.discounted_return[:] = 0.0
+        print(f"resuming {run_name} at step {global_step:,} of {args.total_timesteps:,}")
+    else:
+        start_iteration, global_step = 0, 0
+        raw_obs, _ = envs.reset(seed=args.seed)
+        next_obs = agent.normalize_obs(raw_obs, update=True)
+        next_done = np.zeros(args.num_envs, dtype=bool)
+
+    def write_checkpoint(iteration: int) -> None:
+        cuda_rng = torch.cuda.get_rng_state_all() if device.type == "cuda" else None
+        save_checkpoint(checkpoint_path, {
+            "variant": VARIANT, "args": asdict(args), "run_name": run_name,
+            "iteration": iteration, "global_step": global_step,
+            "model": agent.state_dict(), "optimizer": optimizer.state_dict(),
+            "reward_scaler": reward_scaler.state_dict(),
+            "rng": {"python": random.getstate(), "numpy": np.random.get_state(),
+                    "torch": torch.get_rng_state(), "cuda": cuda_rng},
+            "envs": save_envs(envs), "next_obs": next_obs, "next_done": next_done,
+            "episode_return": episode_return.copy(), "episode_length": episode_length.copy(),
+            "recent_returns": list(recent_returns),
+        })
+
+    interrupt = StopOnInterrupt()
+    start_time, start_step, last_print = time.time(), global_step, 0.0
+    for iteration in range(start_iteration + 1, num_iterations + 1):
+        # [Core 4: Adam learning rate annealing] linearly from learning_rate to 0 over the run.
+        if args.anneal_lr:
+            frac = 1.0 - (iteration - 1.0) / num_iterations
+            optimizer.param_groups[0]["lr"] = frac * args.learning_rate
+
+        # Rollout: num_steps steps in every environment with the current policy.
+        for step in range(args.num_steps):
+            global_step += args.num_envs
+            obs[step] = next_obs
+            dones[step] = next_done
+
+            with torch.inference_mode():
+                action = agent.get_action(torch.as_tensor(next_obs, device=device))
+            actions[step] = action = action.cpu().numpy()
+
+            # [Continuous 5: Handling of action clipping to valid range and storage] The Gaussian's
+            # samples are unbounded; the environment gets them clipped to its bounds, but the rollout
+            # keeps the sample itself, whose log-probability is what the loss compares against.
+            raw_obs, reward, terminations, truncations, _ = envs.step(np.clip(action, action_low, action_high))
+            # A time-limit truncation ends the episode like a termination, as in the original PPO.
+            next_done = np.logical_or(terminations, truncations)
+            next_obs = agent.normalize_obs(raw_obs, update=True)
+            # [Continuous 9: Reward clipping] the scaled reward is clipped to [-reward_clip, reward_clip].
+            rewards[step] = np.clip(reward_scaler.scale(reward, next_done), -args.reward_clip, args.reward_clip)
+
+            episode_return += reward  # the environment's own reward: charts/episodic_return is the task's score
+            episode_length += 1
+            for i in np.flatnonzero(next_done):
+                writer.add_scalar("charts/episodic_return", episode_return[i], global_step)
+                writer.add_scalar("charts/episodic_length", episode_length[i], global_step)
+                recent_returns.append(episode_return[i])
+            episode_return[next_done] = 0.0
+            episode_length[next_done] = 0
+
+        # Flatten the rollout into one batch of num_envs x num_steps transitions.
+        b_obs = torch.as_tensor(obs.reshape((-1,) + obs_shape), device=device)
+        b_actions = torch.as_tensor(actions.reshape((-1,) + action_shape), device=device)
+
+        # The policy did not change during the rollout, so the log-probabilities and values it had
+        # at each step can be computed now, in one batched pass instead of num_steps small ones.
+        with torch.no_grad():
+            _, b_logprobs, _, b_values = agent.get_action_and_value(b_obs, b_actions)
+            b_values = b_values.flatten()
+            next_value = agent.get_value(torch.as_tensor(next_obs, device=device))
+        advantages, returns = compute_gae(rewards, b_values.cpu().numpy().reshape(args.num_steps, args.num_envs),
+                                          dones, next_value.cpu().numpy().flatten(), next_done,
+                                          args.gamma, args.gae_lambda)
+        b_advantages = torch.as_tensor(advantages.reshape(-1), device=device)
+        b_returns = torch.as_tensor(returns.reshape(-1), device=device)
+
+        # [Core 6: Mini-batch updates] several epochs over shuffled minibatches of the batch.
+        b_inds = np.arange(batch_size)
+        minibatch_stats = []
+        for epoch in range(args.update_epochs):
+            np.random.shuffle(b_inds)
+            epoch_inds = torch.from_numpy(b_inds).to(device)
+            for start in range(0, batch_size, minibatch_size):
+                mb_inds = epoch_inds[start:start + minibatch_size]
+                _, new_logprob, entropy, new_value = agent.get_action_and_value(b_obs[mb_inds], b_actions[mb_inds])
+                loss, stats = ppo_loss(new_logprob, entropy, new_value.flatten(), b_logprobs[mb_inds],
+                                       b_values[mb_inds], b_advantages[mb_inds], b_returns[mb_inds], args)
+                optimizer.zero_grad()
+                loss.backward()
+                # [Core 11: Global gradient clipping] the norm of all gradients together is capped.
+                nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm, foreach=True)
+                optimizer.step()
+                minibatch_stats.append(stats)
+            if args.target_kl is not None and stats["approx_kl"] > args.target_kl:
+                break
+
+        # [Core 12: Debug variables] averaged over every minibatch of this update.
+        means = {key: torch.stack([s[key] for s in minibatch_stats]).mean().item() for key in minibatch_stats[0]}
+        sps = int((global_step - start_step) / (time.time() - start_time))
+        writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
+        for key in ("value_loss", "policy_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac"):
+            writer.add_scalar(f"losses/{key}", means[key], global_step)
+        writer.add_scalar("losses/explained_variance",
+                          explained_variance(b_values.cpu().numpy(), b_returns.cpu().numpy()), global_step)
+        writer.add_scalar("charts/SPS", sps, global_step)
+
+        if time.time() - last_print > 2.0 or iteration == num_iterations or interrupt.requested:
+            last_print = time.time()
+            mean_return = f"{np.mean(recent_returns):8.2f}" if recent_returns else "     n/a"
+            print(f"step {global_step:>9,}/{args.total_timesteps:,} | {sps:>6,} SPS | "
+                  f"mean return {mean_return} (last {len(recent_returns)} episodes)", flush=True)
+
+        if args.save_model and (interrupt.requested or iteration == num_iterations
+                                or (args.save_interval > 0 and iteration % args.save_interval == 0)):
+            write_checkpoint(iteration)
+        if interrupt.requested:
+            break
+
+    interrupt.restore()
+    envs.close()
+    writer.close()
+    if args.track:
+        wandb.finish()
+    if interrupt.requested:
+        how = f"resume with: python ppo/{VARIANT}.py --resume {checkpoint_path}" if args.save_model else \
+            "no checkpoint written (run with --save-model to be able to resume)"
+        print(f"stopped at step {global_step:,}; {how}")
+    elif args.save_model:
+        print(f"checkpoint: {checkpoint_path}\nevaluate it with: python ppo/{VARIANT}.py --evaluate {checkpoint_path}")
+    return {"run_name": run_name, "global_step": global_step, "interrupted": interrupt.requested,
+            "recent_returns": list(recent_returns), "agent": agent, "reward_scaler": reward_scaler}
+
+
+if __name__ == "__main__":
+    args = parse_args()
+    try:
+        result = main(args)
+    except gym.error.DependencyNotInstalled as error:
+        # Gymnasium imports rendering and video packages only when they are first used, so a
+        # missing one can surface at any point of the run.
+        extra = " (videos need: pip install -e '.[mujoco,video]')" if args.capture_video else ""
+        fail(f"missing optional dependency: {error}{extra}")
+    sys.exit(130 if result.get("interrupted") else 0)

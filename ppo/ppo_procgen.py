@@ -1,0 +1,791 @@
+"""PPO on Procgen games with the IMPALA CNN: starpilot, bossfight, bigfish and the 13 others.
+
+    python ppo/ppo_procgen.py --env-id starpilot                          # train
+    python ppo/ppo_procgen.py --save-model                               # ... and keep a checkpoint
+    python ppo/ppo_procgen.py --resume runs/<run>/checkpoint.pt          # carry on after Ctrl-C or a crash
+    python ppo/ppo_procgen.py --evaluate runs/<run>/checkpoint.pt        # score a saved agent
+
+Procgen comes with the extra: pip install -e ".[procgen]" (OpenAI's procgen, published on PyPI as
+procgen-mirror). The file follows ppo/ppo.py: settings, environments, the agent, GAE, the clipped loss,
+then the training loop in `main()`. The 13 core details are marked `[Core N: ...]` where they happen
+and the network `[Procgen: IMPALA CNN]`; docs/ppo_procgen.md lists them all. The settings are those of
+openai/train-procgen (no learning-rate annealing, rewards scaled and clipped) on the easy levels.
+"""
+
+import contextlib
+import io
+import os
+import random
+import signal
+import sys
+import time
+from collections import deque
+from dataclasses import asdict, dataclass, fields, replace
+from typing import NoReturn
+
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.optim as optim
+import tyro
+from torch.distributions.categorical import Categorical
+from torch.utils.tensorboard import SummaryWriter
+
+try:
+    # procgen imports the retired `gym` package only to register old-style environments, and gym
+    # prints a notice about itself on import; it concerns neither this script nor its user.
+    with contextlib.redirect_stderr(io.StringIO()):
+        from procgen import ProcgenGym3Env
+except ImportError as error:  # reported by make_envs, with the command that installs it
+    ProcgenGym3Env, PROCGEN_IMPORT_ERROR = None, error
+
+VARIANT = "ppo_procgen"  # written into checkpoints, so another variant's checkpoint is refused
+
+# The 16 games of the Procgen Benchmark; --env-id takes one of these names.
+GAMES = ("bigfish", "bossfight", "caveflyer", "chaser", "climber", "coinrun", "dodgeball", "fruitbot",
+         "heist", "jumper", "leaper", "maze", "miner", "ninja", "plunder", "starpilot")
+DISTRIBUTION_MODES = ("easy", "hard", "extreme", "memory", "exploration")
+
+
+@dataclass
+class Args:
+    # Experiment
+    exp_name: str = VARIANT
+    """the name of this experiment, part of the run name"""
+    seed: int = 1
+    """seed of the experiment (Python, NumPy, PyTorch and the levels the games draw)"""
+    torch_deterministic: bool = True
+    """if toggled, sets `torch.backends.cudnn.deterministic`"""
+    cuda: bool = True
+    """if toggled, use CUDA when it is available"""
+    track: bool = False
+    """if toggled, log the run to Weights & Biases (set WANDB_MODE=offline to work without a network)"""
+    wandb_project_name: str = "ppo-scripts"
+    """the Weights & Biases project"""
+    wandb_entity: str | None = None
+    """the Weights & Biases entity (team); None uses your default"""
+    capture_video: bool = False
+    """if toggled, record videos of the first game to `videos/<run_name>/`"""
+    save_model: bool = False
+    """if toggled, write `runs/<run_name>/checkpoint.pt` at the end, every `save_interval` iterations and on Ctrl-C"""
+    save_interval: int = 100
+    """with --save-model, also write the checkpoint every this many iterations (0: only at the end)"""
+    resume: str | None = None
+    """path of a checkpoint to continue training from; the run keeps the checkpoint's settings"""
+    evaluate: str | None = None
+    """path of a checkpoint to evaluate instead of training"""
+    eval_episodes: int = 10
+    """number of episodes to play with --evaluate"""
+
+    # Algorithm
+    env_id: str = "starpilot"
+    """the Procgen game: bigfish, bossfight, caveflyer, chaser, climber, coinrun, dodgeball, fruitbot,
+    heist, jumper, leaper, maze, miner, ninja, plunder or starpilot"""
+    distribution_mode: str = "easy"
+    """the Procgen level distribution: easy, hard, extreme, memory or exploration"""
+    num_levels: int = 0
+    """the number of distinct levels to train on (0: unlimited)"""
+    start_level: int = 0
+    """the seed of the first level, with --num-levels above 0"""
+    total_timesteps: int = 25000000
+    """total environment steps of the experiment"""
+    learning_rate: float = 5e-4
+    """the learning rate of the optimizer"""
+    num_envs: int = 64
+    """the number of parallel games"""
+    num_steps: int = 256
+    """the number of steps to run in each game per rollout"""
+    anneal_lr: bool = False
+    """if toggled, anneal the learning rate linearly to zero (train-procgen does not)"""
+    gamma: float = 0.999
+    """the discount factor gamma (also the discount of the return that scales rewards)"""
+    gae_lambda: float = 0.95
+    """the lambda of generalized advantage estimation"""
+    num_minibatches: int = 8
+    """the number of minibatches each batch is split into"""
+    update_epochs: int = 3
+    """the number of passes over the batch per update"""
+    norm_adv: bool = True
+    """if toggled, normalize advantages within each minibatch"""
+    clip_coef: float = 0.2
+    """the surrogate clipping coefficient"""
+    clip_vloss: bool = True
+    """if toggled, clip the value loss as the original PPO code does"""
+    ent_coef: float = 0.01
+    """coefficient of the entropy bonus"""
+    vf_coef: float = 0.5
+    """coefficient of the value loss"""
+    max_grad_norm: float = 0.5
+    """the maximum norm for global gradient clipping"""
+    target_kl: float | None = None
+    """if set, stop the update epochs early once the approximate KL exceeds it"""
+    reward_clip: float = 10.0
+    """scaled rewards are clipped to [-reward_clip, reward_clip]"""
+
+
+# Settings that may differ between a run and its resumption; every other field must stay the same.
+RUNTIME_FIELDS = {"cuda", "track", "wandb_project_name", "wandb_entity", "capture_video", "save_model",
+                  "save_interval", "resume", "evaluate", "eval_episodes"}
+
+
+def fail(message: str) -> NoReturn:
+    """Stop with one line saying what to do and exit code 2: for wrong input, never for bugs."""
+    print(f"{VARIANT}.py: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def load_checkpoint(path: str) -> dict:
+    """Read a checkpoint written by this script; refuse anything else with a clear message."""
+    if not os.path.isfile(path):
+        fail(f"no checkpoint at {path!r}")
+    try:
+        # weights_only=False: the checkpoint holds NumPy statistics and RNG states and the games'
+        # states, not only tensors. Only load checkpoints you wrote yourself.
+        checkpoint = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as error:  # torch raises many kinds of errors for a file it cannot read
+        fail(f"cannot read checkpoint {path!r}: {error}")
+    if not isinstance(checkpoint, dict) or "variant" not in checkpoint:
+        fail(f"{path!r} is not a checkpoint of this collection")
+    if checkpoint["variant"] != VARIANT:
+        fail(f"{path!r} was written by {checkpoint['variant']}.py: use ppo/{checkpoint['variant']}.py for it")
+    return checkpoint
+
+
+def parse_args(argv: list[str] | None = None) -> Args:
+    """Read the command line. With --resume or --evaluate the checkpoint's settings are the defaults,
+    so `--resume PATH` alone continues the run. A resumed run refuses a training flag that contradicts
+    the checkpoint; an evaluation only needs the same game (another --seed is fine)."""
+    args = tyro.cli(Args, args=argv)
+    checkpoint_path = args.resume or args.evaluate
+    if checkpoint_path is None:
+        return args
+    saved = replace(Args(**load_checkpoint(checkpoint_path)["args"]), resume=None, evaluate=None)
+    if args.evaluate:  # an evaluation starts from the default run-time options, not the training run's
+        saved = replace(saved, **{name: getattr(Args(), name) for name in RUNTIME_FIELDS})
+    args = tyro.cli(Args, args=argv, default=saved)
+    must_match = ["env_id"] if args.evaluate else [f.name for f in fields(Args) if f.name not in RUNTIME_FIELDS]
+    for name in must_match:
+        if getattr(args, name) != getattr(saved, name):
+            flag = "--" + name.replace("_", "-")
+            fail(f"the checkpoint was made with {flag} {getattr(saved, name)}, not "
+                 f"{getattr(args, name)}: drop {flag} to keep the checkpoint's value")
+    return args
+
+
+def check_sizes(args: Args) -> None:
+    """Refuse settings that cannot make a valid run, before any environment is built."""
+    for name in ("num_envs", "num_steps", "num_minibatches", "update_epochs", "total_timesteps", "eval_episodes"):
+        if getattr(args, name) < 1:
+            fail(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    batch_size = args.num_envs * args.num_steps
+    if batch_size % args.num_minibatches != 0:
+        fail(f"--num-envs x --num-steps = {batch_size} does not divide into --num-minibatches "
+             f"{args.num_minibatches} equal minibatches: pick sizes whose product is a multiple of it")
+    if args.total_timesteps < batch_size:
+        fail(f"--total-timesteps {args.total_timesteps} is smaller than one batch "
+             f"(--num-envs x --num-steps = {batch_size}): raise it or shrink the batch")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Environments
+# ---------------------------------------------------------------------------------------------------
+
+
+class ProcgenVectorEnv:
+    """`num_envs` Procgen games behind the calls of a gymnasium vector environment: reset(seed),
+    step(actions) -> (obs, reward, terminated, truncated, info), close(), and the spaces.
+
+    [Core 1: Vectorized architecture] One learner steps all games in lock step; Procgen runs them in C++
+    threads, so each rollout holds num_envs x num_steps transitions.
+
+    Procgen already resets a finished game within the step that ends it, as SAME_STEP mode does in the
+    other scripts: the observation that step returns is the first of the next episode, and the step's
+    reward is the last one of the finished episode. Procgen's time limits end episodes like losses do;
+    both count as `terminated`. Observations are (64, 64, 3) uint8 RGB images; there are 15 actions.
+
+    A game cannot be restarted on demand, so reset(seed) builds the games anew; their levels are drawn
+    from that seed. With `video_folder`, the first game's episodes are written as mp4 files on
+    gymnasium's schedule (episodes 0, 1, 8, 27, ..., 1000, 2000, ...), from what the agent sees.
+    """
+
+    single_observation_space = gym.spaces.Box(0, 255, (64, 64, 3), np.uint8)
+    single_action_space = gym.spaces.Discrete(15)
+
+    def __init__(self, game: str, num_envs: int, distribution_mode: str = "easy", num_levels: int = 0,
+                 start_level: int = 0, video_folder: str | None = None):
+        self.num_envs = num_envs
+        self.action_space = gym.spaces.MultiDiscrete([15] * num_envs)
+        self.options = dict(env_name=game, distribution_mode=distribution_mode, num_levels=num_levels,
+                            start_level=start_level)
+        self.games = None
+        self.video_folder, self.frames, self.episode = video_folder, [], 0
+        if video_folder is not None:
+            from gymnasium.utils.save_video import capped_cubic_video_schedule, save_video  # needs moviepy
+
+            self.schedule, self.save_video = capped_cubic_video_schedule, save_video
+
+    def reset(self, seed: int | None = None) -> tuple[np.ndarray, dict]:
+        if self.games is not None:
+            self.games.close()
+        self.games = ProcgenGym3Env(num=self.num_envs, rand_seed=seed, **self.options)
+        _, obs, _ = self.games.observe()
+        self.frames = []
+        self.record(obs["rgb"], episode_ended=False)
+        return obs["rgb"], {}
+
+    def step(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict]:
+        self.games.act(np.asarray(actions, dtype=np.int32))
+        reward, obs, first = self.games.observe()  # first: this observation begins a new episode
+        self.record(obs["rgb"], episode_ended=first[0])
+        return obs["rgb"], reward, first, np.zeros_like(first), {}
+
+    def record(self, obs: np.ndarray, episode_ended: bool) -> None:
+        """Keep the first game's frames (scaled up 4x) and write out each episode the schedule picks."""
+        if self.video_folder is None:
+            return
+        if episode_ended:
+            if self.schedule(self.episode):
+                self.save_video(self.frames, self.video_folder, episode_trigger=self.schedule,
+                                episode_index=self.episode, fps=15)
+            self.frames, self.episode = [], self.episode + 1
+        self.frames.append(obs[0].repeat(4, axis=0).repeat(4, axis=1))
+
+    def get_state(self) -> list[bytes]:
+        """Every game's full state (level, positions, random generators), for exact resumption."""
+        return self.games.get_state()
+
+    def set_state(self, state: list[bytes]) -> None:
+        self.games.set_state(state)
+
+    def close(self) -> None:
+        if self.games is not None:
+            self.games.close()
+
+
+def make_envs(env_id: str, num_envs: int, capture_video: bool = False, video_folder: str = "videos",
+              distribution_mode: str = "easy", num_levels: int = 0, start_level: int = 0) -> ProcgenVectorEnv:
+    """Build the vector of games, checking that this script can train on them."""
+    if env_id not in GAMES:
+        hint, game = "", next((game for game in GAMES if game in env_id.lower()), None)
+        if "NoFrameskip" in env_id or env_id.startswith("ALE/"):
+            hint = " (Atari games need ppo/ppo_atari.py)"
+        elif game:  # StarPilot, StarpilotEasy-v0 (envpool), procgen:procgen-starpilot-v0 (gym)
+            hint = f" (did you mean {game!r}?)"
+        else:
+            with contextlib.suppress(gym.error.Error):
+                gym.spec(env_id)
+                hint = " (a gymnasium id: use ppo/ppo.py or ppo/ppo_continuous_action.py for those)"
+        fail(f"unknown Procgen game {env_id!r}{hint}: pick one of {', '.join(GAMES)}")
+    if distribution_mode not in DISTRIBUTION_MODES:
+        fail(f"unknown --distribution-mode {distribution_mode!r}: pick one of {', '.join(DISTRIBUTION_MODES)}")
+    if num_levels < 0 or start_level < 0:
+        fail("--num-levels and --start-level must be 0 or more")
+    if ProcgenGym3Env is None:
+        fail(f"Procgen is not installed ({PROCGEN_IMPORT_ERROR}): pip install -e \".[procgen]\"")
+    return ProcgenVectorEnv(env_id, num_envs, distribution_mode, num_levels, start_level,
+                            video_folder if capture_video else None)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Agent
+# ---------------------------------------------------------------------------------------------------
+
+
+def layer_init(layer: nn.Linear, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Linear:
+    """[Core 2: Orthogonal initialization of weights, constant initialization of biases]
+    Orthogonal weights, scaled by sqrt(2) for the hidden layer, 0.01 for the policy head (so the first
+    policy is close to uniform) and 1 for the value head. The convolutions keep PyTorch's default
+    initialization, as in the reference implementation."""
+    torch.nn.init.orthogonal_(layer.weight, std)
+    torch.nn.init.constant_(layer.bias, bias_const)
+    return layer
+
+
+class ResidualBlock(nn.Module):
+    """x + conv(relu(conv(relu(x)))), both convolutions 3x3 with the block's channels."""
+
+    def __init__(self, channels: int):
+        super().__init__()
+        self.conv0 = nn.Conv2d(channels, channels, kernel_size=3, padding=1)
+        self.conv1 = nn.Conv2d(channels, channels, kernel_size=3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.conv1(torch.relu(self.conv0(torch.relu(x))))
+
+
+class ConvSequence(nn.Module):
+    """A 3x3 convolution to `out_channels`, a 3x3 max-pool with stride 2 (halving height and width),
+    then two residual blocks."""
+
+    def __init__(self, in_channels: int, out_channels: int):
+        super().__init__()
+        self.conv = nn.Conv2d(in_channels, out_channels, kernel_size=3, padding=1)
+        self.pool = nn.MaxPool2d(kernel_size=3, stride=2, padding=1)
+        self.res0 = ResidualBlock(out_channels)
+        self.res1 = ResidualBlock(out_channels)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.res1(self.res0(self.pool(self.conv(x))))
+
+
+class Agent(nn.Module):
+    """[Procgen: IMPALA CNN] The network of IMPALA (Espeholt et al., 2018) as Procgen's paper uses it:
+    pixels scaled to [0, 1], three ConvSequences of 16, 32 and 32 channels (64x64 -> 32x32 -> 16x16 ->
+    8x8), then ReLU, a 256-unit linear layer and ReLU.
+
+    [Core 13: Separate MLP networks for policy and value functions] not here: as in the original
+    Procgen code, the policy and the value are two linear heads on the one shared IMPALA trunk, which
+    learns features from pixels for both."""
+
+    def __init__(self, obs_shape: tuple[int, int, int], num_actions: int):
+        super().__init__()
+        height, width, channels = obs_shape
+        sequences = []
+        for out_channels in (16, 32, 32):
+            sequences.append(ConvSequence(channels, out_channels))
+            channels, height, width = out_channels, (height + 1) // 2, (width + 1) // 2
+        self.network = nn.Sequential(
+            *sequences,
+            nn.Flatten(),
+            nn.ReLU(),
+            layer_init(nn.Linear(channels * height * width, 256)),
+            nn.ReLU(),
+        )
+        self.actor = layer_init(nn.Linear(256, num_actions), std=0.01)
+        self.critic = layer_init(nn.Linear(256, 1), std=1.0)
+
+    def features(self, obs: torch.Tensor) -> torch.Tensor:
+        """Images (N, 64, 64, 3) uint8 -> (N, 256) features; channels go first for the convolutions."""
+        return self.network(obs.permute(0, 3, 1, 2).float() / 255.0)
+
+    def get_value(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.critic(self.features(obs))
+
+    def get_action_and_value(self, obs: torch.Tensor, action: torch.Tensor | None = None):
+        """Sample an action (or score a given one): returns action, log-prob, entropy and value.
+        One pass through the trunk gives all four, so the rollout asks for them at every step."""
+        hidden = self.features(obs)
+        # The logits come straight from the network, so argument validation would only cost time.
+        distribution = Categorical(logits=self.actor(hidden), validate_args=False)
+        if action is None:
+            action = distribution.sample()
+        return action, distribution.log_prob(action), distribution.entropy(), self.critic(hidden)
+
+
+class RunningMeanStd:
+    """Running mean and variance of a stream of batches, merged batch by batch (Chan et al.'s
+    parallel algorithm) in float64. Starts at mean 0, variance 1, with a tiny pseudo-count."""
+
+    def __init__(self, shape: tuple[int, ...] = ()):
+        self.mean = np.zeros(shape, dtype=np.float64)
+        self.var = np.ones(shape, dtype=np.float64)
+        self.count = 1e-4
+
+    def update(self, batch: np.ndarray) -> None:
+        batch_mean, batch_var, batch_count = batch.mean(axis=0), batch.var(axis=0), batch.shape[0]
+        delta = batch_mean - self.mean
+        total = self.count + batch_count
+        self.mean = self.mean + delta * batch_count / total
+        self.var = (self.var * self.count + batch_var * batch_count
+                    + np.square(delta) * self.count * batch_count / total) / total
+        self.count = total
+
+    def state_dict(self) -> dict:
+        return {"mean": self.mean.copy(), "var": self.var.copy(), "count": self.count}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.mean, self.var, self.count = state["mean"].copy(), state["var"].copy(), state["count"]
+
+
+class RewardScaler:
+    """Reward scaling, as openai/train-procgen does (its VecNormalize, without observation
+    normalization): rewards are divided by the running standard deviation of the discounted return
+    (not of the rewards themselves, and without subtracting a mean), so the value targets stay in a
+    range the value head learns well in every game, whatever its score scale.
+
+    Per game it keeps the return discounted by gamma of the episode so far; every step adds the new
+    rewards, updates the statistics with the returns, then scales the rewards by their std. A finished
+    episode's return restarts at 0."""
+
+    def __init__(self, num_envs: int, gamma: float):
+        self.gamma = gamma
+        self.return_rms = RunningMeanStd(())
+        self.discounted_return = np.zeros(num_envs)
+
+    def scale(self, reward: np.ndarray, done: np.ndarray) -> np.ndarray:
+        self.discounted_return = self.discounted_return * self.gamma + reward
+        self.return_rms.update(self.discounted_return)
+        self.discounted_return[done] = 0.0
+        return reward / np.sqrt(self.return_rms.var + 1e-8)
+
+    def state_dict(self) -> dict:
+        return {"return_rms": self.return_rms.state_dict(), "discounted_return": self.discounted_return.copy()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.return_rms.load_state_dict(state["return_rms"])
+        self.discounted_return = state["discounted_return"].copy()
+
+
+# ---------------------------------------------------------------------------------------------------
+# Generalized advantage estimation and the PPO loss
+# ---------------------------------------------------------------------------------------------------
+
+
+def compute_gae(rewards: np.ndarray, values: np.ndarray, dones: np.ndarray, next_value: np.ndarray,
+                next_done: np.ndarray, gamma: float, gae_lambda: float) -> tuple[np.ndarray, np.ndarray]:
+    """[Core 5: Generalized Advantage Estimation] Advantages and value targets of one rollout.
+
+    All arrays are (num_steps, num_envs) except next_value and next_done, (num_envs,), which describe
+    the observation after the last step. dones[t] is 1 when obs[t] is the first observation of a new
+    episode, that is, when the step before it ended an episode: then nothing flows back across t.
+    """
+    num_steps = rewards.shape[0]
+    advantages = np.zeros_like(rewards)
+    last_advantage = np.zeros_like(next_value)
+    for t in reversed(range(num_steps)):
+        if t == num_steps - 1:
+            next_nonterminal, next_values = 1.0 - next_done, next_value
+        else:
+            next_nonterminal, next_values = 1.0 - dones[t + 1], values[t + 1]
+        delta = rewards[t] + gamma * next_values * next_nonterminal - values[t]
+        last_advantage = delta + gamma * gae_lambda * next_nonterminal * last_advantage
+        advantages[t] = last_advantage
+    returns = advantages + values
+    return advantages, returns
+
+
+def ppo_loss(new_logprob: torch.Tensor, entropy: torch.Tensor, new_value: torch.Tensor,
+             old_logprob: torch.Tensor, old_value: torch.Tensor, advantages: torch.Tensor,
+             returns: torch.Tensor, args: Args) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The PPO objective on one minibatch; returns the loss to minimize and detached statistics."""
+    logratio = new_logprob - old_logprob
+    ratio = logratio.exp()
+
+    if args.norm_adv:
+        # [Core 7: Normalization of advantages] per minibatch, not per batch.
+        advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+
+    # [Core 8: Clipped surrogate objective] pessimistic bound: the larger of the two losses.
+    pg_loss_unclipped = -advantages * ratio
+    pg_loss_clipped = -advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
+    pg_loss = torch.max(pg_loss_unclipped, pg_loss_clipped).mean()
+
+    if args.clip_vloss:
+        # [Core 9: Value function loss clipping] the new value may move at most clip_coef away from
+        # the value recorded during the rollout before the clipped term takes over.
+        v_loss_unclipped = (new_value - returns) ** 2
+        v_clipped = old_value + torch.clamp(new_value - old_value, -args.clip_coef, args.clip_coef)
+        v_loss_clipped = (v_clipped - returns) ** 2
+        v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
+    else:
+        v_loss = 0.5 * ((new_value - returns) ** 2).mean()
+
+    # [Core 10: Overall loss and entropy bonus] one loss for both heads and the shared trunk; the
+    # entropy term keeps the policy exploring.
+    entropy_mean = entropy.mean()
+    loss = pg_loss - args.ent_coef * entropy_mean + args.vf_coef * v_loss
+
+    with torch.no_grad():
+        # [Core 12: Debug variables] two estimators of KL(old || new) and how often clipping bites.
+        old_approx_kl = (-logratio).mean()
+        approx_kl = ((ratio - 1) - logratio).mean()
+        clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
+    stats = {"policy_loss": pg_loss.detach(), "value_loss": v_loss.detach(), "entropy": entropy_mean.detach(),
+             "old_approx_kl": old_approx_kl, "approx_kl": approx_kl, "clipfrac": clipfrac}
+    return loss, stats
+
+
+def explained_variance(predicted: np.ndarray, target: np.ndarray) -> float:
+    """1 - Var[target - predicted] / Var[target]: 1 is a perfect value function, 0 no better than
+    a constant, negative worse than one; nan when the targets do not vary."""
+    target_variance = np.var(target)
+    return np.nan if target_variance == 0 else float(1 - np.var(target - predicted) / target_variance)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Checkpoints, interruption and evaluation
+# ---------------------------------------------------------------------------------------------------
+
+
+def save_checkpoint(path: str, state: dict) -> None:
+    """Write atomically: a crash or a second Ctrl-C while writing leaves the previous file intact."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    torch.save(state, path + ".tmp")
+    os.replace(path + ".tmp", path)
+
+
+class StopOnInterrupt:
+    """The first Ctrl-C lets the current iteration finish, so the run can flush its logs and save a
+    checkpoint at a clean point; a second Ctrl-C stops at once."""
+
+    def __init__(self):
+        self.requested = False
+        self.previous_handler = signal.signal(signal.SIGINT, self.handle)
+
+    def handle(self, signum, frame):
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        print("\nCtrl-C: stopping after this iteration (press Ctrl-C again to quit at once)", flush=True)
+
+    def restore(self):
+        signal.signal(signal.SIGINT, self.previous_handler)
+
+
+def evaluate(args: Args, device: torch.device) -> list[float]:
+    """Play `eval_episodes` episodes with the saved policy (actions sampled, as in training) and
+    print the mean and standard deviation of their scores."""
+    checkpoint = load_checkpoint(args.evaluate)
+    video_folder = f"videos/{checkpoint['run_name']}-eval"
+    envs = make_envs(args.env_id, 1, args.capture_video, video_folder, args.distribution_mode,
+                     args.num_levels, args.start_level)
+    agent = Agent(envs.single_observation_space.shape, envs.single_action_space.n).to(device)
+    agent.load_state_dict(checkpoint["model"])
+    agent.eval()
+    torch.manual_seed(args.seed)
+
+    # Seeds unlike any training seed, so with unlimited levels the scores come from levels the
+    # agent most likely never saw.
+    obs, _ = envs.reset(seed=args.seed + 100_000)
+    episode_returns, current_return = [], 0.0
+    while len(episode_returns) < args.eval_episodes:
+        with torch.inference_mode():
+            action, _, _, _ = agent.get_action_and_value(torch.as_tensor(obs, device=device))
+        obs, reward, terminated, truncated, _ = envs.step(action.cpu().numpy())
+        current_return += float(reward[0])
+        if terminated[0] or truncated[0]:
+            episode_returns.append(current_return)
+            print(f"episode {len(episode_returns)}: return {current_return:.1f}")
+            current_return = 0.0
+    envs.close()
+    print(f"{args.env_id}: mean return {np.mean(episode_returns):.2f} +- {np.std(episode_returns):.2f} "
+          f"over {len(episode_returns)} episodes")
+    if args.capture_video:
+        print(f"videos in {video_folder}/")
+    return episode_returns
+
+
+# ---------------------------------------------------------------------------------------------------
+# Training
+# ---------------------------------------------------------------------------------------------------
+
+
+def main(args: Args) -> dict:
+    """Train (or evaluate) as `args` says; returns a summary of the run for callers such as tests."""
+    check_sizes(args)
+    batch_size = args.num_envs * args.num_steps
+    minibatch_size = batch_size // args.num_minibatches
+    num_iterations = args.total_timesteps // batch_size
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    if args.evaluate:
+        return {"episode_returns": evaluate(args, device)}
+
+    checkpoint = load_checkpoint(args.resume) if args.resume else None
+    if checkpoint:
+        run_name = checkpoint["run_name"]
+    else:
+        run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    checkpoint_path = f"runs/{run_name}/checkpoint.pt"
+
+    # Seeding. A resumed run overwrites these RNG states with the checkpoint's below.
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    # Unlike the small MLPs of the other scripts, the CNN has enough work per operation to use every
+    # CPU core, so PyTorch keeps its default number of threads here.
+
+    envs = make_envs(args.env_id, args.num_envs, args.capture_video, f"videos/{run_name}",
+                     args.distribution_mode, args.num_levels, args.start_level)
+    obs_shape = envs.single_observation_space.shape
+    agent = Agent(obs_shape, envs.single_action_space.n).to(device)
+    reward_scaler = RewardScaler(args.num_envs, args.gamma)
+    # [Core 3: The Adam optimizer's epsilon parameter] 1e-5 as in the original code, not PyTorch's 1e-8.
+    # fused=True: the same Adam, in one kernel for all parameters instead of a dozen small ops each.
+    optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
+
+    if args.track:
+        try:
+            import wandb
+        except ImportError:
+            fail("--track needs wandb: pip install wandb")
+        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
+                   config=asdict(args), name=run_name, id=run_name, resume="allow", save_code=True)
+    # purge_step: after a resume, TensorBoard drops anything the interrupted run logged past the checkpoint.
+    writer = SummaryWriter(f"runs/{run_name}", purge_step=checkpoint["global_step"] if checkpoint else None)
+    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(
+        f"|{key}|{value}|" for key, value in {**asdict(args), "batch_size": batch_size,
+                                              "minibatch_size": minibatch_size,
+                                              "num_iterations": num_iterations}.items()))
+
+    # Rollout storage, (num_steps, num_envs, ...), refilled every iteration. It is kept in NumPy,
+    # beside the games (images as uint8: 200 MB at the default sizes, four times that as floats), and
+    # the whole batch moves to the training device once per iteration.
+    obs = np.zeros((args.num_steps, args.num_envs) + obs_shape, dtype=np.uint8)
+    actions = np.zeros((args.num_steps, args.num_envs), dtype=np.int64)
+    logprobs = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
+    values = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
+    rewards = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
+    dones = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
+
+    # Running score and length of each game's current episode, and the latest finished ones.
+    episode_return = np.zeros(args.num_envs)
+    episode_length = np.zeros(args.num_envs, dtype=np.int64)
+    recent_returns = deque(maxlen=100)
+
+    if checkpoint:
+        agent.load_state_dict(checkpoint["model"])
+        optimizer.load_state_dict(checkpoint["optimizer"])
+        reward_scaler.load_state_dict(checkpoint["reward_scaler"])
+        random.setstate(checkpoint["rng"]["python"])
+        np.random.set_state(checkpoint["rng"]["numpy"])
+        torch.set_rng_state(checkpoint["rng"]["torch"])
+        if device.type == "cuda" and checkpoint["rng"]["cuda"] is not None:
+            torch.cuda.set_rng_state_all(checkpoint["rng"]["cuda"])
+        start_iteration, global_step = checkpoint["iteration"], checkpoint["global_step"]
+        episode_return, episode_length = checkpoint["episode_return"], checkpoint["episode_length"]
+        recent_returns.extend(checkpoint["recent_returns"])
+        next_obs, _ = envs.reset(seed=args.seed + global_step)
+        if checkpoint["envs"] is not None:  # the games' own states: the very same episodes continue
+            envs.set_state(checkpoint["envs"])
+            next_obs, next_done = checkpoint["next_obs"], checkpoint["next_done"]
+        else:  # the games were not saved (a video-recording run): fresh episodes start
+            next_done = np.zeros(args.num_envs, dtype=bool)
+            episode_return[:], episode_length[:] = 0, 0
+            reward_scaler.discounted_return[:] = 0.0
+        print(f"resuming {run_name} at step {global_step:,} of {args.total_timesteps:,}")
+    else:
+        start_iteration, global_step = 0, 0
+        next_obs, _ = envs.reset(seed=args.seed)
+        next_done = np.zeros(args.num_envs, dtype=bool)
+
+    def write_checkpoint(iteration: int) -> None:
+        cuda_rng = torch.cuda.get_rng_state_all() if device.type == "cuda" else None
+        save_checkpoint(checkpoint_path, {
+            "variant": VARIANT, "args": asdict(args), "run_name": run_name,
+            "iteration": iteration, "global_step": global_step,
+            "model": agent.state_dict(), "optimizer": optimizer.state_dict(),
+            "reward_scaler": reward_scaler.state_dict(),
+            "rng": {"python": random.getstate(), "numpy": np.random.get_state(),
+                    "torch": torch.get_rng_state(), "cuda": cuda_rng},
+            # A recording run's games are not saved: its video would restart mid-episode anyway.
+            "envs": None if args.capture_video else envs.get_state(),
+            "next_obs": next_obs, "next_done": next_done,
+            "episode_return": episode_return.copy(), "episode_length": episode_length.copy(),
+            "recent_returns": list(recent_returns),
+        })
+
+    interrupt = StopOnInterrupt()
+    start_time, start_step, last_print = time.time(), global_step, 0.0
+    for iteration in range(start_iteration + 1, num_iterations + 1):
+        # [Core 4: Adam learning rate annealing] off by default here, as in train-procgen; when on,
+        # linearly from learning_rate to 0 over the run.
+        if args.anneal_lr:
+            frac = 1.0 - (iteration - 1.0) / num_iterations
+            optimizer.param_groups[0]["lr"] = frac * args.learning_rate
+
+        # Rollout: num_steps steps in every game with the current policy.
+        for step in range(args.num_steps):
+            global_step += args.num_envs
+            obs[step] = next_obs
+            dones[step] = next_done
+
+            with torch.inference_mode():
+                action, logprob, _, value = agent.get_action_and_value(torch.as_tensor(next_obs, device=device))
+            actions[step] = action = action.cpu().numpy()
+            logprobs[step] = logprob.cpu().numpy()
+            values[step] = value.flatten().cpu().numpy()
+
+            next_obs, reward, terminations, truncations, _ = envs.step(action)
+            next_done = np.logical_or(terminations, truncations)
+            # Rewards scaled by the std of the discounted return, then clipped to [-reward_clip, reward_clip].
+            rewards[step] = np.clip(reward_scaler.scale(reward, next_done), -args.reward_clip, args.reward_clip)
+
+            episode_return += reward  # the game's own score, not the scaled reward
+            episode_length += 1
+            for i in np.flatnonzero(next_done):
+                writer.add_scalar("charts/episodic_return", episode_return[i], global_step)
+                writer.add_scalar("charts/episodic_length", episode_length[i], global_step)
+                recent_returns.append(episode_return[i])
+            episode_return[next_done] = 0.0
+            episode_length[next_done] = 0
+
+        with torch.no_grad():
+            next_value = agent.get_value(torch.as_tensor(next_obs, device=device))
+        advantages, returns = compute_gae(rewards, values, dones, next_value.cpu().numpy().flatten(), next_done,
+                                          args.gamma, args.gae_lambda)
+
+        # Flatten the rollout into one batch of num_envs x num_steps transitions.
+        b_obs = torch.as_tensor(obs.reshape((-1,) + obs_shape), device=device)
+        b_actions = torch.as_tensor(actions.reshape(-1), device=device)
+        b_logprobs = torch.as_tensor(logprobs.reshape(-1), device=device)
+        b_values = torch.as_tensor(values.reshape(-1), device=device)
+        b_advantages = torch.as_tensor(advantages.reshape(-1), device=device)
+        b_returns = torch.as_tensor(returns.reshape(-1), device=device)
+
+        # [Core 6: Mini-batch updates] several epochs over shuffled minibatches of the batch.
+        b_inds = np.arange(batch_size)
+        minibatch_stats = []
+        for epoch in range(args.update_epochs):
+            np.random.shuffle(b_inds)
+            epoch_inds = torch.from_numpy(b_inds).to(device)
+            for start in range(0, batch_size, minibatch_size):
+                mb_inds = epoch_inds[start:start + minibatch_size]
+                _, new_logprob, entropy, new_value = agent.get_action_and_value(b_obs[mb_inds], b_actions[mb_inds])
+                loss, stats = ppo_loss(new_logprob, entropy, new_value.flatten(), b_logprobs[mb_inds],
+                                       b_values[mb_inds], b_advantages[mb_inds], b_returns[mb_inds], args)
+                optimizer.zero_grad()
+                loss.backward()
+                # [Core 11: Global gradient clipping] the norm of all gradients together is capped.
+                nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm, foreach=True)
+                optimizer.step()
+                minibatch_stats.append(stats)
+            if args.target_kl is not None and stats["approx_kl"] > args.target_kl:
+                break
+
+        # [Core 12: Debug variables] averaged over every minibatch of this update.
+        means = {key: torch.stack([s[key] for s in minibatch_stats]).mean().item() for key in minibatch_stats[0]}
+        sps = int((global_step - start_step) / (time.time() - start_time))
+        writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
+        for key in ("value_loss", "policy_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac"):
+            writer.add_scalar(f"losses/{key}", means[key], global_step)
+        writer.add_scalar("losses/explained_variance", explained_variance(values, returns), global_step)
+        writer.add_scalar("charts/SPS", sps, global_step)
+
+        if time.time() - last_print > 2.0 or iteration == num_iterations or interrupt.requested:
+            last_print = time.time()
+            mean_return = f"{np.mean(recent_returns):8.2f}" if recent_returns else "     n/a"
+            print(f"step {global_step:>10,}/{args.total_timesteps:,} | {sps:>6,} SPS | "
+                  f"mean return {mean_return} (last {len(recent_returns)} episodes)", flush=True)
+
+        if args.save_model and (interrupt.requested or iteration == num_iterations
+                                or (args.save_interval > 0 and iteration % args.save_interval == 0)):
+            write_checkpoint(iteration)
+        if interrupt.requested:
+            break
+
+    interrupt.restore()
+    envs.close()
+    writer.close()
+    if args.track:
+        wandb.finish()
+    if interrupt.requested:
+        how = f"resume with: python ppo/{VARIANT}.py --resume {checkpoint_path}" if args.save_model else \
+            "no checkpoint written (run with --save-model to be able to resume)"
+        print(f"stopped at step {global_step:,}; {how}")
+    elif args.save_model:
+        print(f"checkpoint: {checkpoint_path}\nevaluate it with: python ppo/{VARIANT}.py --evaluate {checkpoint_path}")
+    return {"run_name": run_name, "global_step": global_step, "interrupted": interrupt.requested,
+            "recent_returns": list(recent_returns), "agent": agent, "reward_scaler": reward_scaler}
+
+
+if __name__ == "__main__":
+    args = parse_args()
+    try:
+        result = main(args)
+    except gym.error.DependencyNotInstalled as error:
+        # Video writing imports moviepy only when it is first needed.
+        extra = " (videos need: pip install -e '.[procgen,video]')" if args.capture_video else ""
+        fail(f"missing optional dependency: {error}{extra}")
+    sys.exit(130 if result.get("interrupted") else 0)

@@ -1,0 +1,321 @@
+"""Tests of ppo/ppo_continuous_action.py: the continuous-action details (clipped actions stored
+unclipped, observation statistics that travel with the agent, reward scaling), an end-to-end run on
+MuJoCo, exact resumption after Ctrl-C, evaluation, and the errors for input the script cannot take."""
+
+import os
+import re
+import signal
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from conftest import REPO, expect_usage_error, only_run_dir, read_scalars, run_script, without_module
+from ppo import ppo_continuous_action as script
+from ppo.ppo_continuous_action import Agent, Args, RewardScaler, RunningMeanStd, main, parse_args
+
+SCRIPT = "ppo_continuous_action.py"
+METRICS = ["charts/episodic_return", "charts/episodic_length", "charts/SPS", "charts/learning_rate",
+           "losses/value_loss", "losses/policy_loss", "losses/entropy", "losses/old_approx_kl",
+           "losses/approx_kl", "losses/clipfrac", "losses/explained_variance"]
+
+# A small, fast configuration: 1 env x 64 steps, 2 minibatches, 2 epochs.
+SMALL = dict(num_steps=64, num_minibatches=2, update_epochs=2, cuda=False)
+SMALL_FLAGS = ["--num-steps", "64", "--num-minibatches", "2", "--update-epochs", "2", "--no-cuda"]
+
+
+@pytest.fixture
+def mujoco():
+    """Skip a test that needs MuJoCo where the optional package is not installed."""
+    return pytest.importorskip("mujoco", reason="MuJoCo is not installed: pip install -e '.[mujoco]'")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Stand-in environments with known behaviour (no MuJoCo needed)
+# ---------------------------------------------------------------------------------------------------
+
+BOUND = 0.05  # action bounds far inside the first policy's std of 1: nearly every sample gets clipped
+EPISODE_LENGTH = 5
+REWARD = 100.0  # large, so scaled and clipped rewards could never pass for the environment's own
+
+
+class TightBoundsEnv(gym.Env):
+    """Actions in [-BOUND, BOUND]^2; every episode lasts EPISODE_LENGTH steps with reward REWARD per
+    step; the class keeps every action that reaches step()."""
+
+    observation_space = gym.spaces.Box(-np.inf, np.inf, (3,), np.float32)
+    action_space = gym.spaces.Box(-BOUND, BOUND, (2,), np.float32)
+    received: list = []
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return self.np_random.normal(5.0, 2.0, 3).astype(np.float32), {}
+
+    def step(self, action):
+        TightBoundsEnv.received.append(np.array(action, copy=True))
+        self.t += 1
+        obs = self.np_random.normal(5.0, 2.0, 3).astype(np.float32)
+        return obs, REWARD, self.t == EPISODE_LENGTH, False, {}
+
+
+class ImageEnv(gym.Env):
+    observation_space = gym.spaces.Box(0, 255, (64, 64, 3), np.uint8)
+    action_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+
+
+gym.register(id="TightBounds-v0", entry_point=TightBoundsEnv)
+gym.register(id="ContinuousImage-v0", entry_point=ImageEnv)
+
+
+def test_the_rollout_stores_the_sampled_action_and_the_env_gets_it_clipped(workdir, monkeypatch):
+    """[Continuous 5] The loss must score the action the Gaussian drew, not the clipped one the
+    environment executed: the log-probability of a clipped action is not the one it was drawn with."""
+    scored = []
+    original = Agent.get_action_and_value
+
+    def recording(self, obs, action=None):
+        if action is not None and action.shape[0] == 128:  # the batched pass over the whole rollout
+            scored.append(action.clone())
+        return original(self, obs, action)
+
+    monkeypatch.setattr(Agent, "get_action_and_value", recording)
+    TightBoundsEnv.received = []
+    main(Args(env_id="TightBounds-v0", num_envs=2, total_timesteps=128, **SMALL))
+
+    stored = scored[0].numpy().reshape(64, 2, 2)  # (num_steps, num_envs, action dims)
+    received = np.array(TightBoundsEnv.received).reshape(64, 2, 2)  # step() calls, env 0 then env 1
+    assert np.all(np.abs(received) <= BOUND)
+    assert np.mean(np.abs(stored) > BOUND) > 0.9  # the stored actions are the raw samples...
+    np.testing.assert_array_equal(np.clip(stored, -BOUND, BOUND), received)  # ...of what the envs got
+
+
+def test_episodic_return_is_the_environments_own_reward(workdir):
+    """Rewards are scaled and clipped for learning; the logged return must still be the task's."""
+    main(Args(env_id="TightBounds-v0", total_timesteps=128, **SMALL))
+    scalars = read_scalars(only_run_dir(workdir))
+    returns = {value for _, value in scalars["charts/episodic_return"]}
+    lengths = {value for _, value in scalars["charts/episodic_length"]}
+    assert returns == {REWARD * EPISODE_LENGTH} and lengths == {EPISODE_LENGTH}
+
+
+# ---------------------------------------------------------------------------------------------------
+# Normalization statistics
+# ---------------------------------------------------------------------------------------------------
+
+
+def test_running_statistics_match_numpy_over_the_whole_stream():
+    rng = np.random.default_rng(0)
+    batches = [rng.normal(3.0, 2.0, size=(4, 5)) for _ in range(50)]
+    rms = RunningMeanStd((5,))
+    for batch in batches:
+        rms.update(batch)
+    everything = np.concatenate(batches)
+    # The prior (mean 0, variance 1, count 1e-4) weighs 1e-4 against 200 samples.
+    np.testing.assert_allclose(rms.mean, everything.mean(axis=0), rtol=1e-5)
+    np.testing.assert_allclose(rms.var, everything.var(axis=0), rtol=1e-5)
+    assert rms.count == pytest.approx(200, abs=1e-3)
+
+
+def test_observations_are_normalized_with_the_agents_statistics_and_clipped():
+    agent = Agent(3, 2, obs_clip=10.0)
+    agent.obs_rms.mean = np.array([1.0, -2.0, 0.0])
+    agent.obs_rms.var = np.array([4.0, 1.0, 1e-6])
+    obs = np.array([[3.0, -2.0, 1.0]])
+    expected = np.array([[1.0, 0.0, 10.0]])  # (3-1)/2, (-2+2)/1, and 1/0.001 clipped to 10
+    np.testing.assert_allclose(agent.normalize_obs(obs, update=False), expected, rtol=1e-4)
+    assert agent.obs_rms.mean[0] == 1.0  # update=False leaves the statistics alone
+    agent.normalize_obs(obs, update=True)
+    assert agent.obs_rms.mean[0] > 1.0
+
+
+def test_observation_statistics_travel_in_the_state_dict(tmp_path):
+    agent = Agent(3, 2)
+    agent.obs_rms.update(np.random.default_rng(0).normal(7.0, 3.0, size=(100, 3)))
+    torch.save(agent.state_dict(), tmp_path / "agent.pt")
+    loaded = Agent(3, 2)
+    loaded.load_state_dict(torch.load(tmp_path / "agent.pt", weights_only=False))
+    np.testing.assert_array_equal(loaded.obs_rms.mean, agent.obs_rms.mean)
+    np.testing.assert_array_equal(loaded.obs_rms.var, agent.obs_rms.var)
+    assert loaded.obs_rms.count == agent.obs_rms.count
+
+
+def test_rewards_are_scaled_by_the_std_of_the_discounted_return():
+    """Each reward is divided by the standard deviation of every discounted return so far, the
+    current one included; an episode's end restarts the return (not the statistics)."""
+    scaler = RewardScaler(num_envs=1, gamma=0.9)
+    rewards = [1.0, 2.0, 3.0, 4.0, 5.0]
+    dones = [False, False, True, False, False]  # an episode ends with the third reward
+    expected_returns = [1.0, 2.9, 5.61, 4.0, 8.6]  # 1, 0.9 * 1 + 2, 0.9 * 2.9 + 3, then from 0 again
+    for t, (reward, done) in enumerate(zip(rewards, dones)):
+        scaled = scaler.scale(np.array([reward]), np.array([done]))
+        if t > 0:  # (one sample has no variance; the prior's pseudo-count decides the first scale)
+            std = np.std(expected_returns[:t + 1])
+            assert scaled[0] == pytest.approx(reward / std, rel=1e-3)
+        assert scaler.discounted_return[0] == pytest.approx(0.0 if done else expected_returns[t])
+
+
+# ---------------------------------------------------------------------------------------------------
+# MuJoCo: a run end to end, evaluation with the saved statistics, exact resumption
+# ---------------------------------------------------------------------------------------------------
+
+
+def test_tiny_run_on_hopper_logs_every_metric(tmp_path, mujoco):
+    result = run_script(SCRIPT, *SMALL_FLAGS, "--total-timesteps", "256", cwd=tmp_path)
+    assert re.search(r"step +256/256 \| +[\d,]+ SPS \| mean return", result.stdout), result.stdout
+    run_dir = only_run_dir(tmp_path)
+    assert run_dir.name.startswith("Hopper-v4__ppo_continuous_action__1__")
+    scalars = read_scalars(run_dir)
+    for tag in METRICS:
+        assert scalars.get(tag), f"{tag} missing"
+    assert [step for step, _ in scalars["charts/SPS"]] == [64, 128, 192, 256]
+
+
+@pytest.fixture(scope="module")
+def trained_hopper(tmp_path_factory):
+    """A short Hopper-v4 run with a saved checkpoint: its in-memory agent and the checkpoint's path."""
+    pytest.importorskip("mujoco", reason="MuJoCo is not installed: pip install -e '.[mujoco]'")
+    directory = tmp_path_factory.mktemp("hopper")
+    previous = Path.cwd()
+    os.chdir(directory)
+    try:
+        result = main(Args(env_id="Hopper-v4", total_timesteps=2048, num_steps=512, num_minibatches=4,
+                           update_epochs=2, cuda=False, save_model=True))
+    finally:
+        os.chdir(previous)
+    return result["agent"], only_run_dir(directory) / "checkpoint.pt"
+
+
+def test_a_saved_agent_plays_exactly_like_the_trained_one_with_its_statistics(trained_hopper, workdir):
+    """The checkpoint carries the observation statistics: evaluating it gives the very episodes the
+    in-memory agent plays, and the same weights with fresh (identity) statistics play others."""
+    agent, checkpoint_path = trained_hopper
+    stats = agent.obs_rms.state_dict()
+    assert stats["count"] > 2000 and not np.allclose(stats["var"], 1.0)  # the statistics have moved
+
+    evaluated = main(parse_args(["--evaluate", str(checkpoint_path), "--eval-episodes", "3", "--no-cuda"]))
+    in_memory = script.play_episodes(agent, script.make_envs("Hopper-v4", 1), 3, seed=1, device=torch.device("cpu"))
+    assert evaluated["episode_returns"] == in_memory
+    assert agent.obs_rms.state_dict()["count"] == stats["count"]  # playing leaves the statistics frozen
+
+    without_stats = Agent(11, 3)
+    without_stats.load_state_dict(agent.state_dict())
+    without_stats.obs_rms = RunningMeanStd((11,))
+    identity = script.play_episodes(without_stats, script.make_envs("Hopper-v4", 1), 3, seed=1,
+                                    device=torch.device("cpu"))
+    assert identity != in_memory
+
+
+def test_evaluation_prints_each_episode_and_the_mean(trained_hopper, workdir, capsys):
+    _, checkpoint_path = trained_hopper
+    result = main(parse_args(["--evaluate", str(checkpoint_path), "--eval-episodes", "2", "--no-cuda"]))
+    output = capsys.readouterr().out
+    match = re.search(r"Hopper-v4: mean return ([\d.]+) \+- ([\d.]+) over 2 episodes", output)
+    assert match, output
+    episode_lines = [float(r) for r in re.findall(r"episode \d+: return ([\d.]+)", output)]
+    assert episode_lines == pytest.approx(result["episode_returns"], abs=0.05)
+    assert float(match.group(1)) == pytest.approx(np.mean(result["episode_returns"]), abs=0.01)
+
+
+def test_interrupted_and_resumed_run_ends_exactly_like_an_unbroken_one(workdir, monkeypatch, mujoco):
+    """MuJoCo environments are saved with their physics and random generators, the agent with its
+    observation statistics, the loop with its reward statistics: a run stopped by Ctrl-C and resumed
+    ends bit for bit where an unbroken run ends."""
+    args = Args(env_id="Hopper-v4", seed=3, total_timesteps=640, save_model=True, **SMALL)
+    (workdir / "unbroken").mkdir()
+    (workdir / "interrupted").mkdir()
+    os.chdir(workdir / "unbroken")
+    unbroken = main(args)
+
+    # Ctrl-C during the 100th step, in the second iteration: that iteration finishes, then the run stops.
+    original_step, calls = gym.vector.SyncVectorEnv.step, []
+
+    def step_then_interrupt(self, actions):
+        calls.append(1)
+        if len(calls) == 100:
+            signal.raise_signal(signal.SIGINT)
+        return original_step(self, actions)
+
+    os.chdir(workdir / "interrupted")
+    monkeypatch.setattr(gym.vector.SyncVectorEnv, "step", step_then_interrupt)
+    stopped = main(args)
+    monkeypatch.setattr(gym.vector.SyncVectorEnv, "step", original_step)
+    assert stopped["interrupted"] and stopped["global_step"] == 128
+    checkpoint_path = only_run_dir(workdir / "interrupted") / "checkpoint.pt"
+    assert torch.load(checkpoint_path, weights_only=False)["envs"] is not None
+
+    resumed = main(parse_args(["--resume", str(checkpoint_path)]))
+    assert resumed["global_step"] == unbroken["global_step"] == 640
+    expected, actual = unbroken["agent"].state_dict(), resumed["agent"].state_dict()
+    for name, tensor in expected.items():
+        if name == "_extra_state":  # the observation statistics
+            for key in ("mean", "var", "count"):
+                np.testing.assert_array_equal(actual[name][key], tensor[key])
+        else:
+            assert torch.equal(tensor, actual[name]), name
+    assert resumed["reward_scaler"].return_rms.var == unbroken["reward_scaler"].return_rms.var
+    assert resumed["recent_returns"] == unbroken["recent_returns"]
+
+
+def test_saved_mujoco_environments_continue_the_same_episodes(mujoco):
+    """Pickling alone rebuilds a MuJoCo environment from its arguments, with new physics; the saved
+    MjData and random state make the copy continue exactly (Ant reads derived positions too)."""
+    for env_id in ("Hopper-v4", "Ant-v5"):
+        envs = script.make_envs(env_id, 1)
+        envs.reset(seed=0)
+        rng = np.random.default_rng(0)
+        actions = rng.uniform(-1, 1, size=(300,) + envs.action_space.shape).astype(np.float32)
+        for action in actions[:30]:
+            envs.step(action)
+        copy = script.make_envs(env_id, 1, saved_envs=script.save_envs(envs))
+        for action in actions[30:]:  # long enough to cross episode ends and their resets
+            original, restored = envs.step(action), copy.step(action)
+            for a, b in zip(original[:4], restored[:4]):
+                np.testing.assert_array_equal(a, b)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The command line: errors
+# ---------------------------------------------------------------------------------------------------
+
+
+def test_discrete_actions_point_to_ppo_py(capsys, workdir):
+    expect_usage_error(capsys, lambda: main(Args(env_id="CartPole-v1", cuda=False)), SCRIPT,
+                       "Discrete action space", "ppo/ppo.py")
+
+
+def test_image_observations_point_to_the_cnn_scripts(capsys, workdir):
+    expect_usage_error(capsys, lambda: main(Args(env_id="ContinuousImage-v0", cuda=False)), SCRIPT,
+                       "flat vectors", "ppo/ppo_atari.py")
+
+
+def test_unknown_env_id_and_sizes(capsys, workdir):
+    expect_usage_error(capsys, lambda: main(Args(env_id="Hoper-v4", cuda=False)), SCRIPT, "unknown env id 'Hoper-v4'")
+    expect_usage_error(capsys, lambda: main(Args(num_steps=100, num_minibatches=32)), SCRIPT, "--num-minibatches 32")
+    expect_usage_error(capsys, lambda: main(Args(total_timesteps=1000)), SCRIPT, "--total-timesteps 1000", "2048")
+
+
+def test_checkpoints_of_another_variant_are_refused(capsys, workdir):
+    torch.save({"variant": "ppo", "args": {}}, "classic.pt")
+    expect_usage_error(capsys, lambda: parse_args(["--evaluate", "classic.pt"]), SCRIPT, "ppo/ppo.py")
+
+
+def test_missing_mujoco_names_the_extra(tmp_path):
+    result = run_script(SCRIPT, "--total-timesteps", "256", *SMALL_FLAGS, cwd=tmp_path,
+                        env=without_module(tmp_path, "mujoco"), check=False)
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    # (gymnasium may warn first that Hopper-v4 has a newer version; the error is the last line)
+    error = result.stderr.strip().splitlines()[-1]
+    assert error.startswith(f"{SCRIPT}: error: Hopper-v4 needs MuJoCo")
+    assert 'pip install -e ".[mujoco]"' in error
+
+
+def test_every_detail_is_marked_in_the_script():
+    source = (REPO / "ppo" / SCRIPT).read_text()
+    for number in range(1, 14):
+        assert f"[Core {number}:" in source, number
+    for number in range(1, 10):
+        assert f"[Continuous {number}:" in source, number

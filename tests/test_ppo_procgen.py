@@ -1,0 +1,237 @@
+"""Tests of ppo/ppo_procgen.py: the IMPALA network's shapes, the Procgen adapter (same-step episode
+ends, the real game score in the logs) on a stand-in for procgen, then, where procgen is installed, a
+short run end to end on a real game, exact resumption after Ctrl-C, evaluation, and the errors."""
+
+import os
+import re
+import signal
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import REPO, expect_usage_error, only_run_dir, read_scalars, run_script
+from ppo import ppo_procgen as script
+from ppo.ppo_procgen import Agent, Args, main, parse_args
+
+SCRIPT = "ppo_procgen.py"
+METRICS = ["charts/episodic_return", "charts/episodic_length", "charts/SPS", "charts/learning_rate",
+           "losses/value_loss", "losses/policy_loss", "losses/entropy", "losses/old_approx_kl",
+           "losses/approx_kl", "losses/clipfrac", "losses/explained_variance"]
+
+# Tiny sizes: 4 games x 16 steps, 2 minibatches, 2 iterations in 128 steps.
+SMALL = dict(num_envs=4, num_steps=16, num_minibatches=2, cuda=False)
+SMALL_FLAGS = ["--num-envs", "4", "--num-steps", "16", "--num-minibatches", "2", "--no-cuda"]
+# The CNN on a small CPU: one thread is fastest for these batches and immune to a busy second core.
+ONE_THREAD = {"OMP_NUM_THREADS": "1"}
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+@pytest.fixture
+def procgen():
+    """Skip a test that needs the real games where the optional package is not installed."""
+    if script.ProcgenGym3Env is None:
+        pytest.skip("procgen is not installed: pip install -e '.[procgen]'")
+
+
+# ---------------------------------------------------------------------------------------------------
+# The IMPALA CNN
+# ---------------------------------------------------------------------------------------------------
+
+
+def test_impala_network_shapes():
+    agent = Agent((64, 64, 3), 15)
+    obs = torch.randint(0, 256, (5, 64, 64, 3), dtype=torch.uint8)
+    trunk = obs.permute(0, 3, 1, 2).float() / 255.0
+    for sequence, expected in zip(agent.network[:3], [(5, 16, 32, 32), (5, 32, 16, 16), (5, 32, 8, 8)]):
+        trunk = sequence(trunk)
+        assert tuple(trunk.shape) == expected
+    assert tuple(agent.features(obs).shape) == (5, 256)
+    action, logprob, entropy, value = agent.get_action_and_value(obs)
+    assert action.shape == logprob.shape == entropy.shape == (5,)
+    assert value.shape == (5, 1)
+    assert torch.all((action >= 0) & (action < 15))
+    # Three ConvSequences (one conv and two residual blocks of two convs each), 2048 -> 256, two heads.
+    convs = [m for m in agent.modules() if isinstance(m, torch.nn.Conv2d)]
+    assert [c.out_channels for c in convs] == [16] * 5 + [32] * 10
+    assert agent.network[-2].in_features == 32 * 8 * 8 and agent.network[-2].out_features == 256
+
+
+def test_the_first_policy_is_close_to_uniform():
+    agent = Agent((64, 64, 3), 15)
+    _, _, entropy, _ = agent.get_action_and_value(torch.randint(0, 256, (8, 64, 64, 3), dtype=torch.uint8))
+    assert torch.allclose(entropy, torch.full((8,), float(np.log(15))), atol=1e-2)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The adapter and the logged score, on a stand-in for procgen
+# ---------------------------------------------------------------------------------------------------
+
+EPISODE_LENGTH = 6
+FINAL_REWARD = 10.0
+
+
+class FakeGames:
+    """Stands in for procgen's ProcgenGym3Env: every episode lasts EPISODE_LENGTH steps, each step
+    scores 1 and the last FINAL_REWARD; as Procgen does, the step that ends an episode returns the
+    first observation of the next one (first=True) with the finished episode's last reward."""
+
+    def __init__(self, num, env_name, rand_seed=None, **options):
+        self.num, self.t = num, np.zeros(num, dtype=np.int64)
+        self.reward, self.first = np.zeros(num, dtype=np.float32), np.ones(num, dtype=bool)
+
+    def act(self, actions):
+        assert actions.dtype == np.int32 and actions.shape == (self.num,)
+        self.t += 1
+        self.first = self.t == EPISODE_LENGTH
+        self.reward = np.where(self.first, FINAL_REWARD, 1.0).astype(np.float32)
+        self.t[self.first] = 0
+
+    def observe(self):
+        obs = np.broadcast_to(self.t[:, None, None, None], (self.num, 64, 64, 3)).astype(np.uint8)
+        return self.reward, {"rgb": obs}, self.first
+
+    def get_state(self):
+        return [int(t).to_bytes(1, "little") for t in self.t]
+
+    def set_state(self, state):
+        self.t = np.array([int.from_bytes(s, "little") for s in state])
+
+    def close(self):
+        pass
+
+
+def test_episodes_end_within_the_step_and_score_the_real_game_reward(workdir, monkeypatch):
+    monkeypatch.setattr(script, "ProcgenGym3Env", FakeGames)
+    envs = script.make_envs("starpilot", 2)
+    obs, _ = envs.reset(seed=0)
+    assert obs.shape == (2, 64, 64, 3) and obs.dtype == np.uint8
+    for t in range(1, EPISODE_LENGTH + 1):
+        obs, reward, terminated, truncated, _ = envs.step(np.array([3, 4]))
+        assert not truncated.any()
+        assert terminated.all() == (t == EPISODE_LENGTH)
+    assert reward.tolist() == [FINAL_REWARD] * 2
+    assert obs[0, 0, 0, 0] == 0  # already the first observation of the next episode
+
+    # In training, rewards are scaled and clipped; the logged return is still the game's own score.
+    main(Args(env_id="starpilot", total_timesteps=128, **SMALL))
+    scalars = read_scalars(only_run_dir(workdir))
+    assert {value for _, value in scalars["charts/episodic_return"]} == {EPISODE_LENGTH - 1 + FINAL_REWARD}
+    assert {value for _, value in scalars["charts/episodic_length"]} == {EPISODE_LENGTH}
+    assert len(scalars["charts/episodic_return"]) == 4 * (32 // EPISODE_LENGTH)
+    for tag in METRICS:
+        assert scalars.get(tag), f"{tag} missing"
+
+
+def test_capture_video_writes_the_first_games_scheduled_episodes(workdir, monkeypatch):
+    pytest.importorskip("moviepy", reason="moviepy is not installed: pip install -e '.[video]'")
+    monkeypatch.setattr(script, "ProcgenGym3Env", FakeGames)
+    envs = script.make_envs("starpilot", 2, capture_video=True, video_folder="videos/run")
+    envs.reset(seed=0)
+    for _ in range(3 * EPISODE_LENGTH):
+        envs.step(np.zeros(2))
+    # gymnasium's schedule records episodes 0, 1, 8, 27, ...: here the first two of the three.
+    videos = sorted(path.name for path in (workdir / "videos" / "run").glob("*.mp4"))
+    assert videos == ["rl-video-episode-0.mp4", "rl-video-episode-1.mp4"]
+
+
+# ---------------------------------------------------------------------------------------------------
+# The real games: a run end to end, exact resumption, evaluation
+# ---------------------------------------------------------------------------------------------------
+
+
+def test_tiny_run_on_starpilot_then_evaluate(tmp_path, monkeypatch, capsys, procgen):
+    result = run_script(SCRIPT, *SMALL_FLAGS, "--total-timesteps", "128", "--save-model", cwd=tmp_path,
+                        env=ONE_THREAD)
+    assert re.search(r"step +128/128 \| +[\d,]+ SPS \| mean return", result.stdout), result.stdout
+    assert result.stderr.strip() == ""  # nothing from the retired gym package that procgen imports
+    run_dir = only_run_dir(tmp_path)
+    assert run_dir.name.startswith("starpilot__ppo_procgen__1__")
+    scalars = read_scalars(run_dir)
+    for tag in METRICS:
+        if tag not in ("charts/episodic_return", "charts/episodic_length"):  # no episode may end in 32 steps
+            assert scalars.get(tag), f"{tag} missing"
+
+
+    monkeypatch.chdir(tmp_path)
+    evaluation = main(parse_args(["--evaluate", str(run_dir / "checkpoint.pt"), "--eval-episodes", "2", "--no-cuda"]))
+    assert len(evaluation["episode_returns"]) == 2
+    match = re.search(r"starpilot: mean return (-?[\d.]+) \+- ([\d.]+) over 2 episodes", capsys.readouterr().out)
+    assert match and float(match.group(1)) == pytest.approx(np.mean(evaluation["episode_returns"]), abs=0.01)
+
+
+def test_interrupted_and_resumed_run_ends_exactly_like_an_unbroken_one(workdir, monkeypatch, procgen):
+    """The games' states go into the checkpoint (procgen can save them), so a run stopped by Ctrl-C
+    and resumed ends bit for bit where an unbroken run ends."""
+    args = Args(env_id="bigfish", seed=3, total_timesteps=192, save_model=True, **SMALL)
+    (workdir / "unbroken").mkdir()
+    (workdir / "interrupted").mkdir()
+    os.chdir(workdir / "unbroken")
+    unbroken = main(args)
+
+    # Ctrl-C during the 20th step, in the second iteration: that iteration finishes, then the run stops.
+    original_step, calls = script.ProcgenVectorEnv.step, []
+
+    def step_then_interrupt(self, actions):
+        calls.append(1)
+        if len(calls) == 20:
+            signal.raise_signal(signal.SIGINT)
+        return original_step(self, actions)
+
+    os.chdir(workdir / "interrupted")
+    monkeypatch.setattr(script.ProcgenVectorEnv, "step", step_then_interrupt)
+    stopped = main(args)
+    monkeypatch.setattr(script.ProcgenVectorEnv, "step", original_step)
+    assert stopped["interrupted"] and stopped["global_step"] == 128
+
+    checkpoint_path = only_run_dir(workdir / "interrupted") / "checkpoint.pt"
+    resumed = main(parse_args(["--resume", str(checkpoint_path)]))
+    assert resumed["global_step"] == unbroken["global_step"] == 192
+    expected, actual = unbroken["agent"].state_dict(), resumed["agent"].state_dict()
+    for name, tensor in expected.items():
+        assert torch.equal(tensor, actual[name]), name
+    assert resumed["reward_scaler"].return_rms.var == unbroken["reward_scaler"].return_rms.var
+    assert resumed["recent_returns"] == unbroken["recent_returns"]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Errors
+# ---------------------------------------------------------------------------------------------------
+
+
+def test_unknown_games_and_settings(capsys, workdir):
+    expect_usage_error(capsys, lambda: main(Args(env_id="starpilt", cuda=False)), SCRIPT,
+                       "unknown Procgen game 'starpilt'", "bigfish", "starpilot")
+    expect_usage_error(capsys, lambda: main(Args(env_id="StarPilot", cuda=False)), SCRIPT, "did you mean 'starpilot'")
+    expect_usage_error(capsys, lambda: main(Args(env_id="BigfishEasy-v0", cuda=False)), SCRIPT, "did you mean 'bigfish'")
+    expect_usage_error(capsys, lambda: main(Args(env_id="Hopper-v5", cuda=False)), SCRIPT, "ppo/ppo_continuous_action.py")
+    expect_usage_error(capsys, lambda: main(Args(env_id="CartPole-v1", cuda=False)), SCRIPT, "ppo/ppo.py")
+    expect_usage_error(capsys, lambda: main(Args(env_id="BreakoutNoFrameskip-v4", cuda=False)), SCRIPT, "ppo/ppo_atari.py")
+    expect_usage_error(capsys, lambda: main(Args(distribution_mode="medium", **SMALL, total_timesteps=128)), SCRIPT,
+                       "--distribution-mode 'medium'", "easy, hard")
+    expect_usage_error(capsys, lambda: main(Args(num_envs=3, num_steps=5, num_minibatches=8)), SCRIPT, "15", "--num-minibatches 8")
+
+
+def test_missing_procgen_names_the_extra(capsys, workdir, monkeypatch):
+    monkeypatch.setattr(script, "ProcgenGym3Env", None)
+    monkeypatch.setattr(script, "PROCGEN_IMPORT_ERROR", ImportError("No module named 'procgen'"), raising=False)
+    expect_usage_error(capsys, lambda: main(Args(**SMALL, total_timesteps=128)), SCRIPT, 'pip install -e ".[procgen]"')
+
+
+def test_checkpoints_of_another_variant_are_refused(capsys, workdir):
+    torch.save({"variant": "ppo_atari", "args": {}}, "atari.pt")
+    expect_usage_error(capsys, lambda: parse_args(["--resume", "atari.pt"]), SCRIPT, "ppo/ppo_atari.py")
+
+
+def test_every_detail_is_marked_in_the_script():
+    source = (REPO / "ppo" / SCRIPT).read_text()
+    for number in range(1, 14):
+        assert f"[Core {number}:" in source, number
+    assert "[Procgen: IMPALA CNN]" in source
