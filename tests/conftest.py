@@ -10,6 +10,12 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
+# The metrics every script logs, under exactly these names (CONTRIBUTING.md).
+METRICS = ["charts/episodic_return", "charts/episodic_length", "charts/SPS", "charts/learning_rate",
+           "losses/value_loss", "losses/policy_loss", "losses/entropy", "losses/old_approx_kl",
+           "losses/approx_kl", "losses/clipfrac", "losses/explained_variance"]
+
+
 def run_script(script: str, *args: str, cwd: Path, timeout: float = 300, env: dict | None = None,
                check: bool = True) -> subprocess.CompletedProcess:
     """Run `python ppo/<script> args...` in `cwd` (so runs/ and videos/ land there), as a user would."""

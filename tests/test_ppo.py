@@ -10,13 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import (REPO, expect_usage_error, interrupt_after_first_progress_line, only_run_dir,
+from conftest import (METRICS, REPO, expect_usage_error, interrupt_after_first_progress_line, only_run_dir,
                       read_scalars, run_script, without_module)
 from ppo.ppo import Args, compute_gae, main, parse_args, ppo_loss
 
-METRICS = ["charts/episodic_return", "charts/episodic_length", "charts/SPS", "charts/learning_rate",
-           "losses/value_loss", "losses/policy_loss", "losses/entropy", "losses/old_approx_kl",
-           "losses/approx_kl", "losses/clipfrac", "losses/explained_variance"]
 
 # A small, fast configuration: 2 envs x 32 steps, 2 minibatches.
 SMALL = dict(num_envs=2, num_steps=32, num_minibatches=2, cuda=False)

@@ -12,16 +12,13 @@ import torch
 pytest.importorskip("ale_py")
 pytest.importorskip("cv2")
 
-from conftest import (expect_usage_error, interrupt_after_first_progress_line, only_run_dir,  # noqa: E402
+from conftest import (METRICS, expect_usage_error, interrupt_after_first_progress_line, only_run_dir,  # noqa: E402
                       read_scalars, run_script, without_module)
 from ppo.ppo_atari import (Agent, Args, EpisodicLife, FireReset, main, make_env, make_envs,  # noqa: E402
                            parse_args, pickle_envs, finished_games)
 
 TINY = ["--num-envs", "2", "--num-steps", "16", "--num-minibatches", "2", "--no-cuda"]
 TINY_ARGS = dict(num_envs=2, num_steps=16, num_minibatches=2, cuda=False)
-METRICS = ["charts/episodic_return", "charts/episodic_length", "charts/SPS", "charts/learning_rate",
-           "losses/value_loss", "losses/policy_loss", "losses/entropy", "losses/old_approx_kl",
-           "losses/approx_kl", "losses/clipfrac", "losses/explained_variance"]
 
 
 def wrapper_types(env: gym.Env) -> list[type]:

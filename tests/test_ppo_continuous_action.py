@@ -12,14 +12,11 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import REPO, expect_usage_error, only_run_dir, read_scalars, run_script, without_module
+from conftest import METRICS, REPO, expect_usage_error, only_run_dir, read_scalars, run_script, without_module
 from ppo import ppo_continuous_action as script
 from ppo.ppo_continuous_action import Agent, Args, RewardScaler, RunningMeanStd, main, parse_args
 
 SCRIPT = "ppo_continuous_action.py"
-METRICS = ["charts/episodic_return", "charts/episodic_length", "charts/SPS", "charts/learning_rate",
-           "losses/value_loss", "losses/policy_loss", "losses/entropy", "losses/old_approx_kl",
-           "losses/approx_kl", "losses/clipfrac", "losses/explained_variance"]
 
 # A small, fast configuration: 1 env x 64 steps, 2 minibatches, 2 epochs.
 SMALL = dict(num_steps=64, num_minibatches=2, update_epochs=2, cuda=False)

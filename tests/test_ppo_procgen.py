@@ -10,14 +10,11 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import REPO, expect_usage_error, only_run_dir, read_scalars, run_script
+from conftest import METRICS, REPO, expect_usage_error, only_run_dir, read_scalars, run_script
 from ppo import ppo_procgen as script
 from ppo.ppo_procgen import Agent, Args, main, parse_args
 
 SCRIPT = "ppo_procgen.py"
-METRICS = ["charts/episodic_return", "charts/episodic_length", "charts/SPS", "charts/learning_rate",
-           "losses/value_loss", "losses/policy_loss", "losses/entropy", "losses/old_approx_kl",
-           "losses/approx_kl", "losses/clipfrac", "losses/explained_variance"]
 
 # Tiny sizes: 4 games x 16 steps, 2 minibatches, 2 iterations in 128 steps.
 SMALL = dict(num_envs=4, num_steps=16, num_minibatches=2, cuda=False)
