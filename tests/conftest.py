@@ -70,6 +70,19 @@ def interrupt_after_first_progress_line(script: str, args: list[str], cwd: Path)
     return process.wait(timeout=120), "".join(output)
 
 
+def run_unbroken_and_interrupted(script: str, flags: list[str], tmp_path: Path) -> tuple[Path, Path, str]:
+    """Run `script flags` once to its end in tmp_path/unbroken, and once in tmp_path/interrupted with
+    a Ctrl-C after its first progress line (which must make it exit 130). Returns both directories
+    and the interrupted run's output, for a test to resume that run and compare the two."""
+    unbroken, interrupted = tmp_path / "unbroken", tmp_path / "interrupted"
+    unbroken.mkdir()
+    interrupted.mkdir()
+    run_script(script, *flags, cwd=unbroken)
+    code, output = interrupt_after_first_progress_line(script, flags, cwd=interrupted)
+    assert code == 130, output
+    return unbroken, interrupted, output
+
+
 def expect_usage_error(capsys, run, script: str, *fragments: str) -> str:
     """`run()` must stop with exit code 2 and one line on stderr, `<script>: error: ...`, that
     contains every fragment; returns that line."""

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import (METRICS, REPO, expect_usage_error, interrupt_after_first_progress_line, only_run_dir,
+from conftest import (METRICS, REPO, expect_usage_error, run_unbroken_and_interrupted, only_run_dir,
                       read_scalars, run_script, without_module)
 from ppo.ppo import Args, compute_gae, main, parse_args, ppo_loss
 
@@ -222,13 +222,7 @@ def test_same_seed_gives_identical_metrics(workdir, monkeypatch):
 
 def test_interrupted_and_resumed_run_ends_with_the_same_weights(tmp_path):
     flags = ["--seed", "3", "--total-timesteps", "12800", "--save-model", *SMALL_FLAGS]
-    unbroken, interrupted = tmp_path / "unbroken", tmp_path / "interrupted"
-    unbroken.mkdir()
-    interrupted.mkdir()
-    run_script("ppo.py", *flags, cwd=unbroken)
-
-    code, output = interrupt_after_first_progress_line("ppo.py", flags, cwd=interrupted)
-    assert code == 130, output
+    unbroken, interrupted, output = run_unbroken_and_interrupted("ppo.py", flags, tmp_path)
     assert "resume with: python ppo/ppo.py --resume" in output
     run_dir = only_run_dir(interrupted)
     checkpoint_path = run_dir / "checkpoint.pt"

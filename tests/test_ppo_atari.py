@@ -12,7 +12,7 @@ import torch
 pytest.importorskip("ale_py")
 pytest.importorskip("cv2")
 
-from conftest import (METRICS, expect_usage_error, interrupt_after_first_progress_line, only_run_dir,  # noqa: E402
+from conftest import (METRICS, expect_usage_error, run_unbroken_and_interrupted, only_run_dir,  # noqa: E402
                       read_scalars, run_script, without_module)
 from ppo.ppo_atari import (Agent, Args, EpisodicLife, FireReset, main, make_env, make_envs,  # noqa: E402
                            parse_args, pickle_envs, finished_games)
@@ -212,13 +212,7 @@ def test_network_shapes_and_initialization():
 
 def test_interrupted_and_resumed_run_ends_with_the_same_weights_and_evaluates(tmp_path):
     flags = ["--seed", "3", "--total-timesteps", "160", "--save-model", *TINY]
-    unbroken, interrupted = tmp_path / "unbroken", tmp_path / "interrupted"
-    unbroken.mkdir()
-    interrupted.mkdir()
-    run_script("ppo_atari.py", *flags, cwd=unbroken)
-
-    code, output = interrupt_after_first_progress_line("ppo_atari.py", flags, cwd=interrupted)
-    assert code == 130, output
+    unbroken, interrupted, output = run_unbroken_and_interrupted("ppo_atari.py", flags, tmp_path)
     run_dir = only_run_dir(interrupted)
     checkpoint_path = run_dir / "checkpoint.pt"
     stopped = torch.load(checkpoint_path, weights_only=False)

@@ -9,7 +9,7 @@ import torch
 pytest.importorskip("ale_py")
 pytest.importorskip("cv2")
 
-from conftest import (REPO, expect_usage_error, interrupt_after_first_progress_line, only_run_dir,  # noqa: E402
+from conftest import (REPO, expect_usage_error, run_unbroken_and_interrupted, only_run_dir,  # noqa: E402
                       read_scalars, run_script)
 from ppo.ppo_atari_lstm import (Agent, Args, EnvCursor, collect_rollout, main, make_envs,  # noqa: E402
                                 replay_sequences)
@@ -90,12 +90,7 @@ def test_observations_are_single_frames():
 
 def test_interrupted_and_resumed_run_ends_with_the_same_weights(tmp_path):
     flags = ["--seed", "4", "--total-timesteps", "160", "--save-model", *TINY]
-    unbroken, interrupted = tmp_path / "unbroken", tmp_path / "interrupted"
-    unbroken.mkdir()
-    interrupted.mkdir()
-    run_script("ppo_atari_lstm.py", *flags, cwd=unbroken)
-    code, output = interrupt_after_first_progress_line("ppo_atari_lstm.py", flags, cwd=interrupted)
-    assert code == 130, output
+    unbroken, interrupted, output = run_unbroken_and_interrupted("ppo_atari_lstm.py", flags, tmp_path)
     checkpoint_path = only_run_dir(interrupted) / "checkpoint.pt"
     stopped = torch.load(checkpoint_path, weights_only=False)
     assert 0 < stopped["global_step"] < 160
