@@ -83,6 +83,19 @@ def run_unbroken_and_interrupted(script: str, flags: list[str], tmp_path: Path) 
     return unbroken, interrupted, output
 
 
+def assert_same_final_weights(unbroken: Path, resumed_checkpoint: Path, total_timesteps: int) -> tuple[dict, dict]:
+    """The resumed run's final checkpoint must match the unbroken run's: same step count, bit-identical
+    weights. Returns (unbroken, resumed) checkpoints for the script's own further checks."""
+    import torch
+
+    expected = torch.load(only_run_dir(unbroken) / "checkpoint.pt", weights_only=False)
+    actual = torch.load(resumed_checkpoint, weights_only=False)
+    assert actual["global_step"] == expected["global_step"] == total_timesteps
+    for name, tensor in expected["model"].items():
+        assert torch.equal(tensor, actual["model"][name]), name
+    return expected, actual
+
+
 def expect_usage_error(capsys, run, script: str, *fragments: str) -> str:
     """`run()` must stop with exit code 2 and one line on stderr, `<script>: error: ...`, that
     contains every fragment; returns that line."""

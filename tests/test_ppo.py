@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import (METRICS, REPO, expect_usage_error, run_unbroken_and_interrupted, only_run_dir,
+from conftest import (assert_same_final_weights, METRICS, REPO, expect_usage_error, run_unbroken_and_interrupted, only_run_dir,
                       read_scalars, run_script, without_module)
 from ppo.ppo import Args, compute_gae, main, parse_args, ppo_loss
 
@@ -233,11 +233,7 @@ def test_interrupted_and_resumed_run_ends_with_the_same_weights(tmp_path):
     resumed = run_script("ppo.py", "--resume", str(checkpoint_path.relative_to(interrupted)), cwd=interrupted)
     assert f"resuming {run_dir.name} at step {stopped_at:,}" in resumed.stdout
 
-    expected = torch.load(only_run_dir(unbroken) / "checkpoint.pt", weights_only=False)
-    actual = torch.load(checkpoint_path, weights_only=False)
-    assert actual["global_step"] == expected["global_step"] == 12800
-    for name, tensor in expected["model"].items():
-        assert torch.equal(tensor, actual["model"][name]), name
+    assert_same_final_weights(unbroken, checkpoint_path, 12800)
     # The TensorBoard curve continues where the interrupted run stopped, without duplicate steps.
     steps = [step for step, _ in read_scalars(run_dir)["charts/SPS"]]
     assert steps == sorted(set(steps)) and steps[-1] == 12800

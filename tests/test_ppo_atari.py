@@ -12,7 +12,7 @@ import torch
 pytest.importorskip("ale_py")
 pytest.importorskip("cv2")
 
-from conftest import (METRICS, expect_usage_error, run_unbroken_and_interrupted, only_run_dir,  # noqa: E402
+from conftest import (assert_same_final_weights, METRICS, expect_usage_error, run_unbroken_and_interrupted, only_run_dir,  # noqa: E402
                       read_scalars, run_script, without_module)
 from ppo.ppo_atari import (Agent, Args, EpisodicLife, FireReset, main, make_env, make_envs,  # noqa: E402
                            parse_args, pickle_envs, finished_games)
@@ -221,11 +221,7 @@ def test_interrupted_and_resumed_run_ends_with_the_same_weights_and_evaluates(tm
 
     resumed = run_script("ppo_atari.py", "--resume", str(checkpoint_path), cwd=interrupted)
     assert f"resuming {run_dir.name} at step {stopped['global_step']:,}" in resumed.stdout
-    expected = torch.load(only_run_dir(unbroken) / "checkpoint.pt", weights_only=False)
-    actual = torch.load(checkpoint_path, weights_only=False)
-    assert actual["global_step"] == expected["global_step"] == 160
-    for name, tensor in expected["model"].items():
-        assert torch.equal(tensor, actual["model"][name]), name
+    expected, actual = assert_same_final_weights(unbroken, checkpoint_path, 160)
     assert np.array_equal(expected["next_obs"], actual["next_obs"])
 
     evaluation = run_script("ppo_atari.py", "--evaluate", str(checkpoint_path), "--eval-episodes", "2",

@@ -9,7 +9,7 @@ import torch
 pytest.importorskip("ale_py")
 pytest.importorskip("cv2")
 
-from conftest import (REPO, expect_usage_error, run_unbroken_and_interrupted, only_run_dir,  # noqa: E402
+from conftest import (assert_same_final_weights, REPO, expect_usage_error, run_unbroken_and_interrupted, only_run_dir,  # noqa: E402
                       read_scalars, run_script)
 from ppo.ppo_atari_lstm import (Agent, Args, EnvCursor, collect_rollout, main, make_envs,  # noqa: E402
                                 replay_sequences)
@@ -98,11 +98,7 @@ def test_interrupted_and_resumed_run_ends_with_the_same_weights(tmp_path):
     assert h.shape == c.shape == (1, 2, 128) and h.abs().sum() > 0
 
     run_script("ppo_atari_lstm.py", "--resume", str(checkpoint_path), cwd=interrupted)
-    expected = torch.load(only_run_dir(unbroken) / "checkpoint.pt", weights_only=False)
-    actual = torch.load(checkpoint_path, weights_only=False)
-    assert actual["global_step"] == expected["global_step"] == 160
-    for name, tensor in expected["model"].items():
-        assert torch.equal(tensor, actual["model"][name]), name
+    expected, actual = assert_same_final_weights(unbroken, checkpoint_path, 160)
     for expected_state, actual_state in zip(expected["next_lstm_state"], actual["next_lstm_state"]):
         assert torch.equal(expected_state, actual_state)
 
