@@ -87,12 +87,15 @@ def safe_name(env_id: str) -> str:
 
 
 def resolve(tokens: list[str]) -> list[str]:
-    """The command as it is executed: a leading `python` means this interpreter (so runs use the
-    runner's environment), and a relative path to an existing `.py` file is made absolute, so the
+    """The command as it is executed: a leading `python` means this interpreter and a leading
+    `torchrun` this interpreter's torch.distributed.run (so runs use the runner's environment, whether
+    or not it is activated), and a relative path to an existing `.py` file is made absolute, so the
     command means the same whatever --workdir the runs start in."""
     resolved = list(tokens)
     if resolved[0] in ("python", "python3"):
         resolved[0] = sys.executable
+    elif resolved[0] == "torchrun":
+        resolved[0:1] = [sys.executable, "-m", "torch.distributed.run"]
     for i, token in enumerate(resolved):
         if token.endswith(".py") and not os.path.isabs(token) and os.path.isfile(token):
             resolved[i] = os.path.abspath(token)

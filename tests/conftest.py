@@ -16,12 +16,19 @@ METRICS = ["charts/episodic_return", "charts/episodic_length", "charts/SPS", "ch
            "losses/approx_kl", "losses/clipfrac", "losses/explained_variance"]
 
 
+def torchrun(*options: str) -> list[str]:
+    """The command prefix that launches a script under torchrun with these options (this interpreter's
+    torch.distributed.run, which is what the `torchrun` command runs)."""
+    return [sys.executable, "-m", "torch.distributed.run", *options]
+
+
 def run_script(script: str, *args: str, cwd: Path, timeout: float = 300, env: dict | None = None,
-               check: bool = True) -> subprocess.CompletedProcess:
-    """Run `python ppo/<script> args...` in `cwd` (so runs/ and videos/ land there), as a user would."""
+               check: bool = True, launcher: list[str] | None = None) -> subprocess.CompletedProcess:
+    """Run `python ppo/<script> args...` in `cwd` (so runs/ and videos/ land there), as a user would;
+    `launcher` replaces `python`, for example by torchrun(...)."""
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-    result = subprocess.run([sys.executable, str(REPO / "ppo" / script), *args], cwd=cwd, env=full_env,
-                            capture_output=True, text=True, timeout=timeout)
+    command = [*(launcher or [sys.executable]), str(REPO / "ppo" / script), *args]
+    result = subprocess.run(command, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)
     if check and result.returncode != 0:
         raise AssertionError(f"{script} {' '.join(args)} exited {result.returncode}\n"
                              f"stdout:\n{result.stdout[-3000:]}\nstderr:\n{result.stderr[-3000:]}")
@@ -52,34 +59,37 @@ def workdir(tmp_path, monkeypatch) -> Path:
     return tmp_path
 
 
-def interrupt_after_first_progress_line(script: str, args: list[str], cwd: Path) -> tuple[int, str]:
-    """Start `python ppo/<script> args...`, press Ctrl-C once it has printed its first progress line,
-    and return its exit code and output."""
+def interrupt_after_first_progress_line(script: str, args: list[str], cwd: Path,
+                                        launcher: list[str] | None = None) -> tuple[int, str]:
+    """Start `python ppo/<script> args...` (or `launcher ppo/<script> args...`), press Ctrl-C once it
+    has printed its first progress line, and return its exit code and output. Ctrl-C in a terminal
+    signals the whole foreground process group, so that is what gets the SIGINT here."""
     import signal
 
-    process = subprocess.Popen([sys.executable, str(REPO / "ppo" / script), *args], cwd=cwd,
+    process = subprocess.Popen([*(launcher or [sys.executable]), str(REPO / "ppo" / script), *args], cwd=cwd,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                               env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
     output = []
     for line in process.stdout:
         output.append(line)
         if line.startswith("step"):
-            process.send_signal(signal.SIGINT)
+            os.killpg(process.pid, signal.SIGINT)
             break
     output.append(process.stdout.read())
     return process.wait(timeout=120), "".join(output)
 
 
-def run_unbroken_and_interrupted(script: str, flags: list[str], tmp_path: Path) -> tuple[Path, Path, str]:
+def run_unbroken_and_interrupted(script: str, flags: list[str], tmp_path: Path, launcher: list[str] | None = None,
+                                 exit_code: int = 130) -> tuple[Path, Path, str]:
     """Run `script flags` once to its end in tmp_path/unbroken, and once in tmp_path/interrupted with
-    a Ctrl-C after its first progress line (which must make it exit 130). Returns both directories
-    and the interrupted run's output, for a test to resume that run and compare the two."""
+    a Ctrl-C after its first progress line (which must make it exit with `exit_code`). Returns both
+    directories and the interrupted run's output, for a test to resume that run and compare the two."""
     unbroken, interrupted = tmp_path / "unbroken", tmp_path / "interrupted"
     unbroken.mkdir()
     interrupted.mkdir()
-    run_script(script, *flags, cwd=unbroken)
-    code, output = interrupt_after_first_progress_line(script, flags, cwd=interrupted)
-    assert code == 130, output
+    run_script(script, *flags, cwd=unbroken, launcher=launcher)
+    code, output = interrupt_after_first_progress_line(script, flags, cwd=interrupted, launcher=launcher)
+    assert code == exit_code, output
     return unbroken, interrupted, output
 
 

@@ -19,7 +19,7 @@ from conftest import REPO
 # the detail it names: a link even one line off points a reader at the wrong code.
 MARKER_WINDOW = 0
 # The kinds of detail markers the scripts use: `[Core 5: ...]`, `[Atari 2: ...]`, ...
-DETAIL_KINDS = ("Core", "Atari", "Continuous", "LSTM")
+DETAIL_KINDS = ("Core", "Atari", "Continuous", "LSTM", "Multi-GPU")
 
 FENCE = re.compile(r"^\s*(```|~~~)")
 HEADING = re.compile(r"^#{1,6}\s")
@@ -43,7 +43,7 @@ def detail_kinds() -> list[str]:
     """Marker kinds: the known ones plus any a script uses (`[Procgen 1: ...]` would add Procgen)."""
     kinds = set(DETAIL_KINDS)
     for script in (REPO / "ppo").glob("*.py"):
-        kinds.update(re.findall(r"\[([A-Z][A-Za-z]*) \d+:", script.read_text()))
+        kinds.update(re.findall(r"\[([A-Z][A-Za-z-]*) \d+:", script.read_text()))
     return sorted(kinds)
 
 

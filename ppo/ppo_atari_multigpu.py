@@ -1,0 +1,926 @@
+"""PPO for Atari trained by several processes at once: data parallelism with torch.distributed.
+
+    torchrun --standalone --nproc-per-node 2 ppo/ppo_atari_multigpu.py --env-id BreakoutNoFrameskip-v4
+    torchrun --standalone --nproc-per-node 2 ppo/ppo_atari_multigpu.py --backend nccl     # one GPU each
+    torchrun --standalone --nproc-per-node 4 ppo/ppo_atari_multigpu.py --device-ids 0 0 1 1
+    torchrun --standalone --nproc-per-node 2 ppo/ppo_atari_multigpu.py --resume runs/<run>/checkpoint.pt
+    python ppo/ppo_atari_multigpu.py --evaluate runs/<run>/checkpoint.pt  # one process is enough
+
+The same PPO as ppo/ppo_atari.py, the same preprocessing and network, but the environments are split
+between N processes (ranks). Each rank collects its share of the rollout and computes gradients on
+its share of every minibatch; the gradients are averaged over the ranks before each optimizer step,
+so every rank applies the same update to the same weights and the world trains one agent, as one
+process with all the environments and the full minibatches would. Started without torchrun, the
+script runs as a world of one process.
+
+The 13 core details are marked `[Core N: ...]`, the 9 Atari details `[Atari N: ...]` and the 3
+data-parallel ones `[Multi-GPU N: ...]`; docs/ppo_atari_multigpu.md lists them all.
+"""
+
+import os
+import pickle
+import random
+import signal
+import sys
+import time
+from collections import deque
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Literal, NoReturn
+
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.optim as optim
+import tyro
+from torch.distributions.categorical import Categorical
+from torch.utils.tensorboard import SummaryWriter
+
+try:
+    import ale_py
+except ImportError:  # reported with the command that installs it when an environment is made
+    ale_py = None
+
+VARIANT = "ppo_atari_multigpu"  # written into checkpoints, so another variant's checkpoint is refused
+
+
+@dataclass
+class Args:
+    # Experiment
+    exp_name: str = VARIANT
+    """the name of this experiment, part of the run name"""
+    seed: int = 1
+    """seed of the experiment; rank r seeds Python, NumPy and its environments from seed + r"""
+    torch_deterministic: bool = True
+    """if toggled, sets `torch.backends.cudnn.deterministic`"""
+    cuda: bool = True
+    """if toggled, use CUDA when it is available"""
+    track: bool = False
+    """if toggled, log the run to Weights & Biases (set WANDB_MODE=offline to work without a network)"""
+    wandb_project_name: str = "ppo-scripts"
+    """the Weights & Biases project"""
+    wandb_entity: str | None = None
+    """the Weights & Biases entity (team); None uses your default"""
+    capture_video: bool = False
+    """if toggled, record videos of rank 0's first environment to `videos/<run_name>/`"""
+    save_model: bool = False
+    """if toggled, write `runs/<run_name>/checkpoint.pt` at the end, every `save_interval` iterations and on Ctrl-C"""
+    save_interval: int = 100
+    """with --save-model, also write the checkpoint every this many iterations (0: only at the end)"""
+    resume: str | None = None
+    """path of a checkpoint to continue training from (the same path on every node); the run keeps
+    the checkpoint's settings and needs as many processes as wrote it"""
+    evaluate: str | None = None
+    """path of a checkpoint to evaluate instead of training (in one process, started with python)"""
+    eval_episodes: int = 10
+    """number of games to play with --evaluate"""
+
+    # Distributed training
+    backend: Literal["gloo", "nccl"] = "gloo"
+    """the torch.distributed backend: gloo works on CPUs and GPUs, nccl needs one GPU per process"""
+    device_ids: list[int] = field(default_factory=list)
+    """the GPU of each process on a node, in local-rank order (`0 0 1 1`: two processes per GPU);
+    empty: process i uses GPU i, modulo the number of GPUs"""
+
+    # Algorithm
+    env_id: str = "BreakoutNoFrameskip-v4"
+    """the id of the environment: an ale-py game, `<Game>NoFrameskip-v4` or `ALE/<Game>-v5`"""
+    total_timesteps: int = 10000000
+    """total environment steps of the experiment, over all processes (each step is 4 frames)"""
+    learning_rate: float = 2.5e-4
+    """the learning rate of the optimizer"""
+    num_envs: int = 8
+    """the number of parallel environments over all processes; each of N processes steps num_envs / N"""
+    num_steps: int = 128
+    """the number of steps to run in each environment per rollout"""
+    anneal_lr: bool = True
+    """if toggled, anneal the learning rate linearly to zero"""
+    gamma: float = 0.99
+    """the discount factor gamma"""
+    gae_lambda: float = 0.95
+    """the lambda of generalized advantage estimation"""
+    num_minibatches: int = 4
+    """the number of minibatches each batch is split into"""
+    update_epochs: int = 4
+    """the number of passes over the batch per update"""
+    norm_adv: bool = True
+    """if toggled, normalize advantages within each minibatch"""
+    clip_coef: float = 0.1
+    """the surrogate clipping coefficient"""
+    clip_vloss: bool = True
+    """if toggled, clip the value loss as the original PPO code does"""
+    ent_coef: float = 0.01
+    """coefficient of the entropy bonus"""
+    vf_coef: float = 0.5
+    """coefficient of the value loss"""
+    max_grad_norm: float = 0.5
+    """the maximum norm for global gradient clipping"""
+    target_kl: float | None = None
+    """if set, stop the update epochs early once the approximate KL exceeds it"""
+
+
+# Settings that may differ between a run and its resumption; every other field must stay the same.
+RUNTIME_FIELDS = {"cuda", "track", "wandb_project_name", "wandb_entity", "capture_video", "save_model",
+                  "save_interval", "resume", "evaluate", "eval_episodes", "backend", "device_ids"}
+
+
+def fail(message: str) -> NoReturn:
+    """Stop with one line saying what to do and exit code 2: for wrong input, never for bugs. Every
+    rank finds the same mistake in the same settings, so only rank 0 prints it."""
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(f"{VARIANT}.py: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def load_checkpoint(path: str) -> dict:
+    """Read a checkpoint written by this script; refuse anything else with a clear message."""
+    if not os.path.isfile(path):
+        fail(f"no checkpoint at {path!r} (on a multi-node run, every node needs it at this path)")
+    try:
+        # weights_only=False: the checkpoint holds NumPy RNG state and pickled environments, not
+        # only tensors. Only load checkpoints you wrote yourself.
+        checkpoint = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as error:  # torch raises many kinds of errors for a file it cannot read
+        fail(f"cannot read checkpoint {path!r}: {error}")
+    if not isinstance(checkpoint, dict) or "variant" not in checkpoint:
+        fail(f"{path!r} is not a checkpoint of this collection")
+    if checkpoint["variant"] != VARIANT:
+        fail(f"{path!r} was written by {checkpoint['variant']}.py: use ppo/{checkpoint['variant']}.py for it")
+    return checkpoint
+
+
+def parse_args(argv: list[str] | None = None) -> Args:
+    """Read the command line. With --resume or --evaluate the checkpoint's settings are the defaults,
+    so `--resume PATH` alone continues the run. A resumed run refuses a training flag that contradicts
+    the checkpoint; an evaluation only needs the same environment (another --seed is fine)."""
+    args = tyro.cli(Args, args=argv)
+    checkpoint_path = args.resume or args.evaluate
+    if checkpoint_path is None:
+        return args
+    saved = replace(Args(**load_checkpoint(checkpoint_path)["args"]), resume=None, evaluate=None)
+    if args.evaluate:  # an evaluation starts from the default run-time options, not the training run's
+        saved = replace(saved, **{name: getattr(Args(), name) for name in RUNTIME_FIELDS})
+    args = tyro.cli(Args, args=argv, default=saved)
+    must_match = ["env_id"] if args.evaluate else [f.name for f in fields(Args) if f.name not in RUNTIME_FIELDS]
+    for name in must_match:
+        if getattr(args, name) != getattr(saved, name):
+            flag = "--" + name.replace("_", "-")
+            fail(f"the checkpoint was made with {flag} {getattr(saved, name)}, not "
+                 f"{getattr(args, name)}: drop {flag} to keep the checkpoint's value")
+    return args
+
+
+def check_sizes(args: Args, world_size: int) -> None:
+    """Refuse settings that cannot make a valid run, before any environment is built: each of the
+    world_size processes must get the same whole number of environments and of minibatch samples."""
+    for name in ("num_envs", "num_steps", "num_minibatches", "update_epochs", "total_timesteps", "eval_episodes"):
+        if getattr(args, name) < 1:
+            fail(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if args.num_envs % world_size != 0:
+        fail(f"--num-envs {args.num_envs} does not split evenly between {world_size} processes: "
+             f"make it a multiple of {world_size} or start another number of processes")
+    local_batch_size = args.num_envs // world_size * args.num_steps
+    if local_batch_size % args.num_minibatches != 0:
+        fail(f"each process's share of the batch, --num-envs / {world_size} processes x --num-steps = "
+             f"{local_batch_size}, does not divide into --num-minibatches {args.num_minibatches} equal "
+             "minibatches: pick sizes for which it does")
+    batch_size = args.num_envs * args.num_steps
+    if args.total_timesteps < batch_size:
+        fail(f"--total-timesteps {args.total_timesteps} is smaller than one batch "
+             f"(--num-envs x --num-steps = {batch_size}): raise it or shrink the batch")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Environments: the Atari preprocessing
+# ---------------------------------------------------------------------------------------------------
+
+
+class EpisodicLife(gym.Wrapper):
+    """[Atari 3: EpisodicLifeEnv] Losing a life ends the episode for training (terminated=True), so
+    the value of the state before a lost life is not bootstrapped from the next life. The game itself
+    goes on: after a lost life, reset() takes one no-op step instead of restarting the game, and only
+    a game that is really over is reset.
+
+    gymnasium's AtariPreprocessing(terminal_on_life_loss=True) is not the same: its environment is
+    then reset by the vector env, so every life would start a new game and the agent would never see
+    the later stages of a game."""
+
+    def __init__(self, env: gym.Env):
+        super().__init__(env)
+        self.lives = 0
+        self.game_over = True
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        self.game_over = terminated or truncated
+        lives = self.env.unwrapped.ale.lives()
+        # `0 < lives`: the last life's loss is left to the game's own termination, which some games
+        # signal a few frames later.
+        if 0 < lives < self.lives:
+            terminated = True
+        self.lives = lives
+        return obs, reward, terminated, truncated, info
+
+    def reset(self, **kwargs):
+        if self.game_over or kwargs.get("seed") is not None:
+            obs, info = self.env.reset(**kwargs)
+        else:
+            obs, _, terminated, truncated, info = self.env.step(0)
+            if terminated or truncated:  # the game ended during that no-op (practically never)
+                obs, info = self.env.reset(**kwargs)
+        self.game_over = False
+        self.lives = self.env.unwrapped.ale.lives()
+        return obs, info
+
+
+class FireReset(gym.Wrapper):
+    """[Atari 4: FireResetEnv] For games that wait for FIRE before they start (Breakout launches its
+    ball only then), press FIRE after every reset, including the reset that follows a lost life, and
+    then action 2, as the original wrapper does. gymnasium has no such wrapper."""
+
+    def reset(self, **kwargs):
+        self.env.reset(**kwargs)
+        obs, _, terminated, truncated, info = self.env.step(1)
+        if terminated or truncated:
+            self.env.reset(**kwargs)
+        obs, _, terminated, truncated, info = self.env.step(2)
+        if terminated or truncated:
+            obs, info = self.env.reset(**kwargs)
+        return obs, info
+
+
+def make_env(env_id: str, idx: int, capture_video: bool, video_folder: str):
+    """Return a function that builds one preprocessed Atari game; video is recorded from the first
+    one only, at the game's full frame rate and in color, one file per real game."""
+
+    def thunk():
+        # frameskip=1 for every id: the preprocessing below skips frames itself. ALE/<Game>-v5 would
+        # otherwise skip 4 frames per step on its own, and with the 4 below each step would span 16
+        # frames. v5's sticky actions (repeat_action_probability=0.25) are kept: they are what the
+        # v5 ids stand for. For the published setting use <Game>NoFrameskip-v4, which has none.
+        env = gym.make(env_id, frameskip=1, render_mode="rgb_array" if capture_video and idx == 0 else None)
+        if capture_video and idx == 0:
+            env = gym.wrappers.RecordVideo(env, video_folder)
+        # gymnasium's AtariPreprocessing carries out three of the details as the original wrappers do,
+        # with one difference: it max-pools two grayscale frames where the original max-pools two color
+        # frames and then converts them. Breakout's observations come out identical; in Pong 0.2% of
+        # the pixels differ (tests/test_ppo_atari.py, docs/ppo_atari.md).
+        env = gym.wrappers.AtariPreprocessing(
+            env,
+            noop_max=30,  # [Atari 1: NoopResetEnv] 1 to 30 no-op frames (random) at the start of each game
+            frame_skip=4,  # [Atari 2: MaxAndSkipEnv] repeat each action for 4 frames, sum their rewards
+            # and max-pool the last two frames (Atari draws some sprites only every other frame).
+            screen_size=84,  # [Atari 5: WarpFrame] grayscale, resized to 84x84 with area interpolation
+            grayscale_obs=True,
+            terminal_on_life_loss=False,  # lives are handled by EpisodicLife below
+        )
+        # Below EpisodicLife and the reward clipping, this wrapper sees the real game: it adds the game's
+        # unclipped score and length to `info` when the game is over, not when a life is lost.
+        env = gym.wrappers.RecordEpisodeStatistics(env)
+        env = EpisodicLife(env)
+        if "FIRE" in env.unwrapped.get_action_meanings():
+            env = FireReset(env)
+        # [Atari 6: ClipRewardEnv] the reward's sign: -1, 0 or +1, the same scale for every game.
+        # (gymnasium's ClipReward clips to a range; TransformReward with np.sign is the original.)
+        env = gym.wrappers.TransformReward(env, np.sign)
+        # [Atari 7: FrameStack] the last 4 frames as one (4, 84, 84) observation, so that motion is
+        # visible. gymnasium's FrameStackObservation fills the stack with the first frame on reset,
+        # as the original does.
+        env = gym.wrappers.FrameStackObservation(env, stack_size=4)
+        return env
+
+    return thunk
+
+
+def check_env_id(env_id: str) -> None:
+    """Refuse, with the script to use instead, an id that is not an ale-py Atari game."""
+    if ale_py is None:
+        fail("ppo_atari_multigpu.py needs ale-py and opencv-python: pip install -e '.[atari]'")
+    gym.register_envs(ale_py)  # ale-py >= 0.9 registers its games only when asked
+    ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Error)  # no banner for every game made
+    try:
+        spec = gym.spec(env_id)
+    except gym.error.Error as error:
+        hint = ""
+        if env_id.endswith("-v5") and not env_id.startswith("ALE/"):
+            hint = f" (ale-py names it ALE/{env_id}; envpool ids such as {env_id} need ppo/ppo_atari_envpool.py)"
+        fail(f"unknown env id {env_id!r}{hint}: {error}")
+    if spec.entry_point != "ale_py.env:AtariEnv":
+        fail(f"{env_id} is not an Atari game of ale-py: ppo_atari_multigpu.py trains on Atari frames only; use "
+             "ppo/ppo.py for vector observations and ppo/ppo_continuous_action.py for Box actions")
+
+
+def make_envs(env_id: str, num_envs: int, capture_video: bool = False, video_folder: str = "videos",
+              saved_envs: bytes | None = None) -> gym.vector.SyncVectorEnv:
+    """Build the vector of preprocessed games, checking that this script can train on them.
+
+    [Core 1: Vectorized architecture] Each process steps `num_envs` copies of the game in lock step,
+    its share of the world's environments, so its rollout holds num_envs x num_steps transitions.
+
+    Autoreset: SAME_STEP, as in ppo.py: the step that ends an episode (here also a lost life) resets
+    it, so every stored step is a real transition.
+    """
+    check_env_id(env_id)
+    if saved_envs is not None:
+        env_fns = [lambda env=env: env for env in unpickle_envs(saved_envs)]
+    else:
+        env_fns = [make_env(env_id, i, capture_video, video_folder) for i in range(num_envs)]
+    envs = gym.vector.SyncVectorEnv(env_fns, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    if not isinstance(envs.single_action_space, gym.spaces.Discrete):
+        kind = type(envs.single_action_space).__name__
+        fail(f"{env_id} has a {kind} action space but ppo_atari_multigpu.py needs Discrete actions: "
+             f"use ppo/ppo_continuous_action.py for Box actions")
+    return envs
+
+
+def pickle_envs(envs: gym.vector.SyncVectorEnv) -> bytes | None:
+    """The games' full state, so a resumed run continues the very same games; None where that is
+    impossible (video recording).
+
+    Pickling alone is not enough: ale-py's AtariEnv pickles only its constructor arguments, so an
+    unpickled game is a fresh one, at its first frame. The emulator's state (with its random
+    generator) and the environment's own generator (the no-op counts) are saved beside each wrapper
+    stack, which pickles whole (frame stack, lives, running game statistics)."""
+    try:
+        return pickle.dumps([(env, env.unwrapped.ale.cloneState(include_rng=True),
+                              env.unwrapped.np_random.bit_generator.state) for env in envs.envs])
+    except (pickle.PicklingError, TypeError, AttributeError):
+        return None
+
+
+def unpickle_envs(saved_envs: bytes) -> list[gym.Env]:
+    """The wrapper stacks of pickle_envs, with each emulator put back where it was."""
+    envs = []
+    for env, emulator_state, rng_state in pickle.loads(saved_envs):
+        env.unwrapped.ale.restoreState(emulator_state)
+        env.unwrapped.np_random.bit_generator.state = rng_state
+        envs.append(env)
+    return envs
+
+
+def finished_games(infos: dict) -> list[tuple[int, float, int]]:
+    """(env index, score, length) of every game that ended in this step. RecordEpisodeStatistics
+    reports a game only when it is really over; the vector env files the report of a step that ended
+    an episode under `final_info`."""
+    final = infos.get("final_info", {})
+    if "episode" not in final:
+        return []
+    return [(int(i), float(final["episode"]["r"][i]), int(final["episode"]["l"][i]))
+            for i in np.flatnonzero(final["_episode"])]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Agent
+# ---------------------------------------------------------------------------------------------------
+
+
+def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Module:
+    """[Core 2: Orthogonal initialization of weights, constant initialization of biases]
+    Orthogonal weights scaled by sqrt(2) for the ReLU layers, 0.01 for the policy head so the first
+    policy is close to uniform, 1 for the value head; biases 0."""
+    torch.nn.init.orthogonal_(layer.weight, std)
+    torch.nn.init.constant_(layer.bias, bias_const)
+    return layer
+
+
+class Agent(nn.Module):
+    """[Atari 8: Shared Nature-CNN] One convolutional trunk (Mnih et al., 2015) feeds both heads: the
+    image features are what both the policy and the value function need, and learning them once is
+    cheaper. This replaces [Core 13: Separate MLP networks for policy and value functions] of ppo.py."""
+
+    def __init__(self, num_actions: int):
+        super().__init__()
+        self.network = nn.Sequential(
+            layer_init(nn.Conv2d(4, 32, kernel_size=8, stride=4)),  # 4 stacked 84x84 frames -> 20x20
+            nn.ReLU(),
+            layer_init(nn.Conv2d(32, 64, kernel_size=4, stride=2)),  # -> 9x9
+            nn.ReLU(),
+            layer_init(nn.Conv2d(64, 64, kernel_size=3, stride=1)),  # -> 7x7
+            nn.ReLU(),
+            nn.Flatten(),
+            layer_init(nn.Linear(64 * 7 * 7, 512)),
+            nn.ReLU(),
+        )
+        # The convolutions' weights in channels-last layout: the same network, but the layout that
+        # PyTorch's CPU convolutions (oneDNN) prefer, and there the update runs about 1.4x faster.
+        self.network.to(memory_format=torch.channels_last)
+        self.actor = layer_init(nn.Linear(512, num_actions), std=0.01)
+        self.critic = layer_init(nn.Linear(512, 1), std=1.0)
+
+    def features(self, obs: torch.Tensor) -> torch.Tensor:
+        # [Atari 9: Scaling the images to [0, 1]] frames are stored as uint8 (a quarter of the memory
+        # of float32) and scaled here, inside the network.
+        return self.network(obs.float() / 255.0)
+
+    def get_value(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.critic(self.features(obs))
+
+    def get_action_and_value(self, obs: torch.Tensor, action: torch.Tensor | None = None):
+        """Sample an action (or score a given one): returns action, log-prob, entropy and value."""
+        hidden = self.features(obs)
+        # The logits come straight from the network, so argument validation would only cost time.
+        distribution = Categorical(logits=self.actor(hidden), validate_args=False)
+        if action is None:
+            action = distribution.sample()
+        return action, distribution.log_prob(action), distribution.entropy(), self.critic(hidden)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Generalized advantage estimation and the PPO loss
+# ---------------------------------------------------------------------------------------------------
+
+
+def compute_gae(rewards: np.ndarray, values: np.ndarray, dones: np.ndarray, next_value: np.ndarray,
+                next_done: np.ndarray, gamma: float, gae_lambda: float) -> tuple[np.ndarray, np.ndarray]:
+    """[Core 5: Generalized Advantage Estimation] Advantages and value targets of one rollout.
+
+    All arrays are (num_steps, num_envs) except next_value and next_done, (num_envs,), which describe
+    the observation after the last step. dones[t] is 1 when obs[t] is the first observation of a new
+    episode (here: of a new life), that is, when the step before it ended one: then nothing flows
+    back across t. Each rank computes them for its own environments: no episode spans two ranks.
+    """
+    num_steps = rewards.shape[0]
+    advantages = np.zeros_like(rewards)
+    last_advantage = np.zeros_like(next_value)
+    for t in reversed(range(num_steps)):
+        if t == num_steps - 1:
+            next_nonterminal, next_values = 1.0 - next_done, next_value
+        else:
+            next_nonterminal, next_values = 1.0 - dones[t + 1], values[t + 1]
+        delta = rewards[t] + gamma * next_values * next_nonterminal - values[t]
+        last_advantage = delta + gamma * gae_lambda * next_nonterminal * last_advantage
+        advantages[t] = last_advantage
+    returns = advantages + values
+    return advantages, returns
+
+
+def world_mean_and_std(x: torch.Tensor, world_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The mean and standard deviation of the world's minibatch, all ranks' shares together: what
+    x.mean() and x.std() of their concatenation would give. One all-reduce of three numbers, summed in
+    float64 so that the shortcut through the sum of squares loses nothing."""
+    if world_size == 1:
+        return x.mean(), x.std()
+    x64 = x.double()
+    sums = torch.stack([x64.sum(), (x64 * x64).sum(), torch.tensor(float(x.numel()), device=x.device).double()])
+    dist.all_reduce(sums, op=dist.ReduceOp.SUM)
+    total, total_of_squares, count = sums
+    mean = total / count
+    variance = (total_of_squares - count * mean * mean) / (count - 1)  # Bessel's correction, as x.std()
+    return mean.to(x.dtype), variance.clamp(min=0).sqrt().to(x.dtype)
+
+
+def ppo_loss(new_logprob: torch.Tensor, entropy: torch.Tensor, new_value: torch.Tensor,
+             old_logprob: torch.Tensor, old_value: torch.Tensor, advantages: torch.Tensor,
+             returns: torch.Tensor, args: Args, world_size: int = 1) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The PPO objective on this rank's share of one minibatch; returns the loss to minimize and
+    detached statistics. Every term is a mean over the share, so the average of the ranks' gradients
+    is the gradient of the same loss over the whole minibatch."""
+    logratio = new_logprob - old_logprob
+    ratio = logratio.exp()
+
+    if args.norm_adv:
+        # [Core 7: Normalization of advantages] per minibatch, not per batch. The minibatch is the
+        # world's, so the statistics are too: normalizing each share by its own would make two ranks
+        # compute a slightly different update than one process on the whole minibatch.
+        mean, std = world_mean_and_std(advantages, world_size)
+        advantages = (advantages - mean) / (std + 1e-8)
+
+    # [Core 8: Clipped surrogate objective] pessimistic bound: the larger of the two losses.
+    pg_loss_unclipped = -advantages * ratio
+    pg_loss_clipped = -advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
+    pg_loss = torch.max(pg_loss_unclipped, pg_loss_clipped).mean()
+
+    if args.clip_vloss:
+        # [Core 9: Value function loss clipping] the new value may move at most clip_coef away from
+        # the value recorded during the rollout before the clipped term takes over.
+        v_loss_unclipped = (new_value - returns) ** 2
+        v_clipped = old_value + torch.clamp(new_value - old_value, -args.clip_coef, args.clip_coef)
+        v_loss_clipped = (v_clipped - returns) ** 2
+        v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
+    else:
+        v_loss = 0.5 * ((new_value - returns) ** 2).mean()
+
+    # [Core 10: Overall loss and entropy bonus] one loss for the shared network and both heads; the
+    # entropy term keeps the policy exploring.
+    entropy_mean = entropy.mean()
+    loss = pg_loss - args.ent_coef * entropy_mean + args.vf_coef * v_loss
+
+    with torch.no_grad():
+        # [Core 12: Debug variables] two estimators of KL(old || new) and how often clipping bites.
+        old_approx_kl = (-logratio).mean()
+        approx_kl = ((ratio - 1) - logratio).mean()
+        clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
+    stats = {"policy_loss": pg_loss.detach(), "value_loss": v_loss.detach(), "entropy": entropy_mean.detach(),
+             "old_approx_kl": old_approx_kl, "approx_kl": approx_kl, "clipfrac": clipfrac}
+    return loss, stats
+
+
+def explained_variance(predicted: np.ndarray, target: np.ndarray) -> float:
+    """1 - Var[target - predicted] / Var[target]: 1 is a perfect value function, 0 no better than
+    a constant, negative worse than one; nan when the targets do not vary."""
+    target_variance = np.var(target)
+    return np.nan if target_variance == 0 else float(1 - np.var(target - predicted) / target_variance)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Data parallelism: where the ranks talk to each other
+# ---------------------------------------------------------------------------------------------------
+
+
+def choose_device(args: Args, local_rank: int, local_world_size: int) -> torch.device:
+    """The device of this process: a GPU from --device-ids (or GPU local_rank, modulo the GPUs there
+    are) when CUDA is there and wanted, else the CPU. Refuses settings that cannot work."""
+    if args.device_ids and len(args.device_ids) != local_world_size:
+        fail(f"--device-ids names {len(args.device_ids)} GPUs for the {local_world_size} processes of this "
+             f"node: give one id per process (torchrun --nproc-per-node {len(args.device_ids)}, or "
+             f"{local_world_size} ids)")
+    use_cuda = args.cuda and torch.cuda.is_available()
+    if args.backend == "nccl" and not use_cuda:
+        why = "--no-cuda was given" if not args.cuda else "no CUDA GPU is available"
+        fail(f"--backend nccl needs a CUDA GPU per process, but {why}: use --backend gloo")
+    if not use_cuda:
+        return torch.device("cpu")
+    device_ids = args.device_ids or [i % torch.cuda.device_count() for i in range(local_world_size)]
+    if max(device_ids) >= torch.cuda.device_count() or min(device_ids) < 0:
+        fail(f"--device-ids {' '.join(map(str, device_ids))}: this node has GPUs 0 to {torch.cuda.device_count() - 1}")
+    if args.backend == "nccl" and len(set(device_ids)) < len(device_ids):
+        fail(f"nccl cannot run two processes on one GPU (GPUs {' '.join(map(str, device_ids))}): "
+             "use --backend gloo to share GPUs, or one process per GPU")
+    return torch.device("cuda", device_ids[local_rank])
+
+
+def average_gradients(parameters: list[nn.Parameter], world_size: int) -> None:
+    """[Multi-GPU 3: Batched gradient all-reduce] Replace every gradient by its mean over the ranks,
+    in one all-reduce of one flat vector, not one call per parameter: each call has a fixed cost
+    (a round trip between the processes), and this network has 10 parameter tensors."""
+    if world_size == 1:
+        return
+    grads = [p.grad for p in parameters if p.grad is not None]
+    flat = torch.cat([grad.reshape(-1) for grad in grads])  # flatten...
+    dist.all_reduce(flat, op=dist.ReduceOp.SUM)  # ...reduce (gloo has no AVG, so sum and divide)...
+    flat /= world_size
+    offset = 0
+    for grad in grads:  # ...and unflatten, back into each parameter's gradient
+        grad.copy_(flat[offset:offset + grad.numel()].view_as(grad))
+        offset += grad.numel()
+
+
+def gradient_step(agent: nn.Module, optimizer: optim.Optimizer, minibatch: tuple[torch.Tensor, ...],
+                  args: Args, world_size: int) -> dict[str, torch.Tensor]:
+    """One optimizer step on this rank's share of a minibatch (obs, actions, log-probs, values,
+    advantages, returns). After the all-reduce every rank holds the same averaged gradient, so every
+    rank takes the same step and the copies of the agent stay identical."""
+    obs, actions, old_logprobs, old_values, advantages, returns = minibatch
+    _, new_logprob, entropy, new_value = agent.get_action_and_value(obs, actions)
+    loss, stats = ppo_loss(new_logprob, entropy, new_value.flatten(), old_logprobs, old_values, advantages,
+                           returns, args, world_size)
+    optimizer.zero_grad()
+    loss.backward()
+    average_gradients(list(agent.parameters()), world_size)
+    # [Core 11: Global gradient clipping] the norm of all gradients together is capped; after the
+    # averaging, so all ranks clip the same gradient alike.
+    nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm, foreach=True)
+    optimizer.step()
+    return stats
+
+
+def gather_from_all_ranks(item, world_size: int) -> list:
+    """[item of rank 0, item of rank 1, ...] on every rank (any picklable item). Used once per
+    iteration for what is logged and for the checkpoint, never per step."""
+    if world_size == 1:
+        return [item]
+    items = [None] * world_size
+    dist.all_gather_object(items, item)
+    return items
+
+
+# ---------------------------------------------------------------------------------------------------
+# Checkpoints, interruption and evaluation
+# ---------------------------------------------------------------------------------------------------
+
+
+def save_checkpoint(path: str, state: dict) -> None:
+    """Write atomically: a crash or a second Ctrl-C while writing leaves the previous file intact."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    torch.save(state, path + ".tmp")
+    os.replace(path + ".tmp", path)
+
+
+class StopOnInterrupt:
+    """The first Ctrl-C lets the current iteration finish, so the run can flush its logs and save a
+    checkpoint at a clean point; a second Ctrl-C stops at once. torchrun passes a Ctrl-C on to every
+    process; the ranks agree at the end of the iteration to stop together."""
+
+    def __init__(self):
+        self.requested = False
+        self.previous_handler = signal.signal(signal.SIGINT, self.handle)
+
+    def handle(self, signum, frame):
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        if int(os.environ.get("RANK", "0")) == 0:
+            print("\nCtrl-C: stopping after this iteration (press Ctrl-C again to quit at once)", flush=True)
+
+    def restore(self):
+        signal.signal(signal.SIGINT, self.previous_handler)
+
+
+def evaluate(args: Args, device: torch.device) -> list[float]:
+    """Play `eval_episodes` games with the saved policy (actions sampled, as in training) and print
+    the mean and standard deviation of their scores. The games run through the training wrappers,
+    so a game lasts all its lives and its score is the real, unclipped one."""
+    checkpoint = load_checkpoint(args.evaluate)
+    video_folder = f"videos/{checkpoint['run_name']}-eval"
+    envs = make_envs(args.env_id, 1, args.capture_video, video_folder)
+    agent = Agent(envs.single_action_space.n).to(device)
+    agent.load_state_dict(checkpoint["model"])
+    agent.eval()
+    torch.manual_seed(args.seed)
+
+    # Seeds unlike any training seed, so the scores come from games the agent never trained on.
+    obs, _ = envs.reset(seed=args.seed + 100_000)
+    game_scores = []
+    while len(game_scores) < args.eval_episodes:
+        with torch.inference_mode():
+            action, _, _, _ = agent.get_action_and_value(torch.as_tensor(obs, device=device))
+        obs, _, _, _, infos = envs.step(action.cpu().numpy())
+        for _, score, length in finished_games(infos):
+            game_scores.append(score)
+            print(f"episode {len(game_scores)}: return {score:.1f} ({length} steps)")
+    envs.close()
+    print(f"{args.env_id}: mean return {np.mean(game_scores):.2f} +- {np.std(game_scores):.2f} "
+          f"over {len(game_scores)} episodes")
+    if args.capture_video:
+        print(f"videos in {video_folder}/")
+    return game_scores
+
+
+# ---------------------------------------------------------------------------------------------------
+# Training
+# ---------------------------------------------------------------------------------------------------
+
+
+def main(args: Args) -> dict:
+    """Train (or evaluate) as `args` says; returns a summary of the run for callers such as tests."""
+    # torchrun tells each process who it is through environment variables. Without torchrun the
+    # script is a world of one process.
+    rank = int(os.environ.get("RANK", "0"))  # this process among all, on all nodes
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))  # this process among those of its node
+    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+
+    # [Multi-GPU 1: Shard the environments] The world's num_envs environments are split evenly
+    # between the ranks. Each rank collects and learns from its share, so its batch and minibatches
+    # are 1/world_size of those of ppo_atari.py with the same settings; the number of iterations
+    # and the global-step increment count the world's steps, so they stay the same.
+    check_sizes(args, world_size)
+    local_num_envs = args.num_envs // world_size
+    local_batch_size = local_num_envs * args.num_steps
+    local_minibatch_size = local_batch_size // args.num_minibatches
+    batch_size = local_batch_size * world_size
+    num_iterations = args.total_timesteps // batch_size
+    device = choose_device(args, local_rank, local_world_size)
+    # One PyTorch thread unless OMP_NUM_THREADS asks for more (torchrun sets it to 1): the
+    # environments share the cores with the network, and so do the other ranks of this node.
+    if "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(1)
+    if args.evaluate:
+        if world_size > 1:
+            fail(f"--evaluate plays in one process: run python ppo/{VARIANT}.py --evaluate {args.evaluate}")
+        return {"episode_returns": evaluate(args, device)}
+    check_env_id(args.env_id)
+
+    checkpoint = load_checkpoint(args.resume) if args.resume else None
+    if checkpoint and checkpoint["world_size"] != world_size:
+        fail(f"the checkpoint was written by {checkpoint['world_size']} processes, not {world_size}: resume "
+             f"it with as many (torchrun --nproc-per-node {checkpoint['world_size']} on one node)")
+    if checkpoint:
+        run_name = checkpoint["run_name"]
+    else:
+        # ALE/Pong-v5 -> ALE-Pong-v5: the run name is a directory name. Only rank 0 uses it.
+        run_name = f"{args.env_id.replace('/', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    checkpoint_path = f"runs/{run_name}/checkpoint.pt"
+
+    # [Multi-GPU 2: Per-rank seeds, identical initial weights] Each rank draws its actions, its
+    # minibatch order and its games from its own seed, so the ranks do not collect the same data;
+    # rank r's environments get the seeds seed + r x local_num_envs + i, so the world plays the same
+    # games as ppo_atari.py with all the environments in one process. The weights, though, must start
+    # identical on every rank, so torch is seeded with the shared seed until the agent is built.
+    # A resumed run overwrites these RNG states with the checkpoint's below.
+    random.seed(args.seed + rank)
+    np.random.seed(args.seed + rank)
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+
+    envs = make_envs(args.env_id, local_num_envs, args.capture_video and rank == 0, f"videos/{run_name}",
+                     saved_envs=checkpoint["envs"][rank] if checkpoint else None)
+    obs_shape = envs.single_observation_space.shape  # (4, 84, 84)
+    agent = Agent(envs.single_action_space.n).to(device)
+    torch.manual_seed(args.seed + rank)  # [Multi-GPU 2] the agent is built: from here on, each its own
+    # [Core 3: The Adam optimizer's epsilon parameter] 1e-5 as in the original code, not PyTorch's 1e-8.
+    # fused=True: the same Adam, in one kernel for all parameters instead of a dozen small ops each.
+    optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
+
+    if args.track:
+        try:
+            import wandb
+        except ImportError:
+            fail("--track needs wandb: pip install wandb")
+
+    # Every input has been checked: only now join the others, so a mistake stops every rank the same
+    # way instead of leaving some waiting for the rest.
+    if world_size > 1:
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        dist.init_process_group(backend=args.backend)  # address and rank from torchrun's variables
+
+    writer = None
+    if rank == 0:  # only rank 0 logs, tracks and records; its logs describe the world
+        if args.track:
+            wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
+                       config={**asdict(args), "world_size": world_size}, name=run_name, id=run_name,
+                       resume="allow", save_code=True)
+        # purge_step: after a resume, TensorBoard drops anything the interrupted run logged past the checkpoint.
+        writer = SummaryWriter(f"runs/{run_name}", purge_step=checkpoint["global_step"] if checkpoint else None)
+        writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(
+            f"|{key}|{value}|" for key, value in {**asdict(args), "world_size": world_size,
+                                                  "batch_size": batch_size, "local_batch_size": local_batch_size,
+                                                  "local_minibatch_size": local_minibatch_size,
+                                                  "num_iterations": num_iterations}.items()))
+
+    # This rank's rollout storage, (num_steps, local_num_envs, ...), refilled every iteration.
+    obs = np.zeros((args.num_steps, local_num_envs) + obs_shape, dtype=np.uint8)
+    actions = np.zeros((args.num_steps, local_num_envs), dtype=np.int64)
+    logprobs = np.zeros((args.num_steps, local_num_envs), dtype=np.float32)
+    values = np.zeros((args.num_steps, local_num_envs), dtype=np.float32)
+    rewards = np.zeros((args.num_steps, local_num_envs), dtype=np.float32)
+    dones = np.zeros((args.num_steps, local_num_envs), dtype=np.float32)
+    recent_returns = deque(maxlen=20)  # scores of the world's latest finished games (rank 0)
+
+    if checkpoint:
+        agent.load_state_dict(checkpoint["model"])
+        optimizer.load_state_dict(checkpoint["optimizer"])
+        rng = checkpoint["rng"][rank]
+        random.setstate(rng["python"])
+        np.random.set_state(rng["numpy"])
+        torch.set_rng_state(rng["torch"])
+        if device.type == "cuda" and rng["cuda"] is not None:
+            torch.cuda.set_rng_state(rng["cuda"], device)
+        start_iteration, global_step = checkpoint["iteration"], checkpoint["global_step"]
+        next_obs, next_done = checkpoint["next_obs"][rank], checkpoint["next_done"][rank]
+        recent_returns.extend(checkpoint["recent_returns"])
+        if checkpoint["envs"][rank] is None:  # the games could not be saved (video recording): new ones
+            next_obs, _ = envs.reset(seed=args.seed + rank * local_num_envs + global_step)
+            next_done = np.zeros(local_num_envs, dtype=bool)
+        if rank == 0:
+            print(f"resuming {run_name} at step {global_step:,} of {args.total_timesteps:,}")
+    else:
+        start_iteration, global_step = 0, 0
+        next_obs, _ = envs.reset(seed=args.seed + rank * local_num_envs)  # [Multi-GPU 2]
+        next_done = np.zeros(local_num_envs, dtype=bool)
+
+    def write_checkpoint(iteration: int) -> None:
+        # Called by every rank at the same iteration: each rank's own games and random generators go
+        # into the one file that rank 0 writes, so the whole world can resume.
+        own = {"rng": {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
+                       "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None},
+               "envs": pickle_envs(envs), "next_obs": next_obs, "next_done": next_done}
+        every_rank = gather_from_all_ranks(own, world_size)
+        if rank == 0:
+            save_checkpoint(checkpoint_path, {
+                "variant": VARIANT, "args": asdict(args), "run_name": run_name, "world_size": world_size,
+                "iteration": iteration, "global_step": global_step,
+                "model": agent.state_dict(), "optimizer": optimizer.state_dict(),
+                **{key: [state[key] for state in every_rank] for key in own},  # one entry per rank
+                "recent_returns": list(recent_returns),
+            })
+
+    interrupt = StopOnInterrupt()
+    stop = False
+    start_time, start_step, last_print = time.time(), global_step, 0.0
+    for iteration in range(start_iteration + 1, num_iterations + 1):
+        # [Core 4: Adam learning rate annealing] linearly from learning_rate to 0 over the run.
+        if args.anneal_lr:
+            frac = 1.0 - (iteration - 1.0) / num_iterations
+            optimizer.param_groups[0]["lr"] = frac * args.learning_rate
+
+        # Rollout: num_steps steps in each of this rank's environments with the current policy.
+        games = []  # (global step, score, length) of the games that ended on this rank
+        for step in range(args.num_steps):
+            global_step += local_num_envs * world_size  # [Multi-GPU 1] every rank steps at once
+            obs[step] = next_obs
+            dones[step] = next_done
+
+            with torch.inference_mode():
+                action, logprob, _, value = agent.get_action_and_value(torch.as_tensor(next_obs, device=device))
+            actions[step] = action = action.cpu().numpy()
+            logprobs[step] = logprob.cpu().numpy()
+            values[step] = value.flatten().cpu().numpy()
+
+            next_obs, reward, terminations, truncations, infos = envs.step(action)
+            # A lost life (EpisodicLife) or a time-limit truncation ends the episode like a termination.
+            next_done = np.logical_or(terminations, truncations)
+            rewards[step] = reward  # clipped
+            games += [(global_step, score, length) for _, score, length in finished_games(infos)]
+
+        with torch.no_grad():
+            next_value = agent.get_value(torch.as_tensor(next_obs, device=device))
+        advantages, returns = compute_gae(rewards, values, dones, next_value.cpu().numpy().flatten(), next_done,
+                                          args.gamma, args.gae_lambda)
+
+        # Flatten this rank's rollout into its share of the batch: local_num_envs x num_steps transitions.
+        b_obs = torch.as_tensor(obs.reshape((-1,) + obs_shape), device=device)
+        b_actions = torch.as_tensor(actions.reshape(-1), device=device)
+        b_logprobs = torch.as_tensor(logprobs.reshape(-1), device=device)
+        b_values = torch.as_tensor(values.reshape(-1), device=device)
+        b_advantages = torch.as_tensor(advantages.reshape(-1), device=device)
+        b_returns = torch.as_tensor(returns.reshape(-1), device=device)
+
+        # [Core 6: Mini-batch updates] several epochs over shuffled minibatches of the batch. Each rank
+        # takes local_minibatch_size samples of its own share; together they make a minibatch of
+        # the world, and gradient_step averages the ranks' gradients over it.
+        b_inds = np.arange(local_batch_size)
+        minibatch_stats = []
+        for epoch in range(args.update_epochs):
+            np.random.shuffle(b_inds)
+            epoch_inds = torch.from_numpy(b_inds).to(device)
+            for start in range(0, local_batch_size, local_minibatch_size):
+                mb_inds = epoch_inds[start:start + local_minibatch_size]
+                minibatch = (b_obs[mb_inds], b_actions[mb_inds], b_logprobs[mb_inds], b_values[mb_inds],
+                             b_advantages[mb_inds], b_returns[mb_inds])
+                minibatch_stats.append(gradient_step(agent, optimizer, minibatch, args, world_size))
+            if args.target_kl is not None:
+                # The ranks must agree to stop, or some would wait forever in the next all-reduce.
+                world_kl = minibatch_stats[-1]["approx_kl"].clone()
+                if world_size > 1:
+                    dist.all_reduce(world_kl, op=dist.ReduceOp.SUM)
+                if world_kl.item() / world_size > args.target_kl:
+                    break
+
+        # One message from each rank per iteration: its losses, its batch's values and returns, its
+        # finished games, and whether it was asked to stop. Rank 0 logs the world's figures; all
+        # ranks stop together as soon as one of them was interrupted.
+        report = {"stats": {key: torch.stack([s[key] for s in minibatch_stats]).mean().item()
+                            for key in minibatch_stats[0]},
+                  "values": values.reshape(-1), "returns": returns.reshape(-1), "games": games,
+                  "stop": interrupt.requested}
+        reports = gather_from_all_ranks(report, world_size)
+        stop = any(r["stop"] for r in reports)
+
+        if rank == 0:
+            for game_step, score, length in sorted(game for r in reports for game in r["games"]):
+                writer.add_scalar("charts/episodic_return", score, game_step)
+                writer.add_scalar("charts/episodic_length", length, game_step)
+                recent_returns.append(score)
+            # [Core 12: Debug variables] averaged over every minibatch of this update, on all ranks.
+            sps = int((global_step - start_step) / (time.time() - start_time))
+            writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
+            for key in ("value_loss", "policy_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac"):
+                writer.add_scalar(f"losses/{key}", np.mean([r["stats"][key] for r in reports]), global_step)
+            writer.add_scalar("losses/explained_variance",
+                              explained_variance(np.concatenate([r["values"] for r in reports]),
+                                                 np.concatenate([r["returns"] for r in reports])), global_step)
+            writer.add_scalar("charts/SPS", sps, global_step)
+
+            if time.time() - last_print > 2.0 or iteration == num_iterations or stop:
+                last_print = time.time()
+                mean_return = f"{np.mean(recent_returns):8.2f}" if recent_returns else "     n/a"
+                print(f"step {global_step:>9,}/{args.total_timesteps:,} | {sps:>6,} SPS | "
+                      f"mean return {mean_return} (last {len(recent_returns)} episodes)", flush=True)
+
+        if args.save_model and (stop or iteration == num_iterations
+                                or (args.save_interval > 0 and iteration % args.save_interval == 0)):
+            write_checkpoint(iteration)
+        if stop:
+            break
+
+    interrupt.restore()
+    envs.close()
+    if world_size > 1:
+        dist.destroy_process_group()
+    if rank == 0:
+        writer.close()
+        if args.track:
+            wandb.finish()
+        if stop:
+            how = (f"resume with the same launch command and --resume {checkpoint_path}" if args.save_model else
+                   "no checkpoint written (run with --save-model to be able to resume)")
+            print(f"stopped at step {global_step:,}; {how}")
+        elif args.save_model:
+            print(f"checkpoint: {checkpoint_path}\n"
+                  f"evaluate it with: python ppo/{VARIANT}.py --evaluate {checkpoint_path}")
+    return {"run_name": run_name, "global_step": global_step, "interrupted": stop, "rank": rank,
+            "world_size": world_size, "recent_returns": list(recent_returns), "agent": agent}
+
+
+if __name__ == "__main__":
+    args = parse_args()
+    try:
+        result = main(args)
+    except gym.error.DependencyNotInstalled as error:
+        # AtariPreprocessing imports opencv, and gymnasium the video packages, only when first used.
+        extra = "'.[atari,video]'" if args.capture_video else "'.[atari]'"
+        fail(f"missing optional dependency: {error} (pip install -e {extra})")
+    sys.exit(130 if result.get("interrupted") else 0)

@@ -1,0 +1,254 @@
+"""Tests of ppo/ppo_atari_multigpu.py: the claim that N ranks on 1/N of each minibatch take the same
+step as one process on the whole of it, training under torchrun on one node and on two (loopback),
+a group that resumes exactly after Ctrl-C, evaluation in one process, and the errors for wrong input.
+Everything runs on the CPU with the gloo backend, as on a machine without GPUs."""
+
+import re
+import socket
+import subprocess
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+pytest.importorskip("ale_py")
+pytest.importorskip("cv2")
+
+from conftest import (METRICS, REPO, assert_same_final_weights, expect_usage_error, only_run_dir,  # noqa: E402
+                      read_scalars, run_script, run_unbroken_and_interrupted, torchrun)
+from ppo.ppo_atari_multigpu import Agent, Args, gradient_step, main, parse_args  # noqa: E402
+
+TINY = ["--num-envs", "2", "--num-steps", "16", "--num-minibatches", "2", "--no-cuda"]
+TWO_PROCESSES = torchrun("--standalone", "--nproc-per-node", "2")
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def hyperparameters(run_dir) -> str:
+    """The `|param|value|` table a run logged to TensorBoard."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    accumulator = EventAccumulator(str(run_dir))
+    accumulator.Reload()
+    return accumulator.Tensors("hyperparameters/text_summary")[0].tensor_proto.string_val[0].decode()
+
+
+# ---------------------------------------------------------------------------------------------------
+# No loss of sample efficiency: the update of N ranks is the update of one process
+# ---------------------------------------------------------------------------------------------------
+
+MINIBATCH_SIZE = 64
+# A gradient norm cap the test's gradients never reach: clipping would hide a gradient that is twice
+# too large, and so would Adam's first step, whose size hardly depends on the gradient's.
+ARGS = Args(max_grad_norm=1e6)
+
+
+def fixed_minibatches(agent: Agent, count: int) -> list[tuple[torch.Tensor, ...]]:
+    """`count` minibatches as a rollout would store them: frames, actions, and old log-probs and
+    values near the agent's own, so that some ratios are clipped; advantages with a mean far from
+    zero, so that normalizing each half by its own statistics would show."""
+    generator = torch.Generator().manual_seed(123)
+    minibatches = []
+    for _ in range(count):
+        obs = torch.randint(0, 256, (MINIBATCH_SIZE, 4, 84, 84), dtype=torch.uint8, generator=generator)
+        actions = torch.randint(0, 4, (MINIBATCH_SIZE,), generator=generator)
+        with torch.no_grad():
+            _, logprobs, _, values = agent.get_action_and_value(obs, actions)
+        logprobs = logprobs + 0.2 * torch.randn(MINIBATCH_SIZE, generator=generator)
+        values = values.flatten() + torch.randn(MINIBATCH_SIZE, generator=generator)
+        advantages = 2.0 + torch.randn(MINIBATCH_SIZE, generator=generator) * torch.linspace(0.1, 3, MINIBATCH_SIZE)
+        returns = values + advantages
+        minibatches.append((obs, actions, logprobs, values, advantages, returns))
+    return minibatches
+
+
+def train_on_fixed_minibatches(rank: int, world_size: int, port: int, out_dir) -> None:
+    """Three gradient steps of ppo_atari_multigpu.py on the fixed minibatches, rank `rank` of
+    `world_size` taking its contiguous 1/world_size of each; saves the weights and last gradients
+    to out_dir/world<world_size>_rank<rank>.pt."""
+    if world_size > 1:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
+    torch.manual_seed(0)
+    agent = Agent(num_actions=4)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=2.5e-4, eps=1e-5)
+    share = MINIBATCH_SIZE // world_size
+    for minibatch in fixed_minibatches(agent, 3):
+        gradient_step(agent, optimizer, tuple(t[rank * share:(rank + 1) * share] for t in minibatch), ARGS, world_size)
+    torch.save({"weights": {name: p.detach() for name, p in agent.named_parameters()},
+                "grads": {name: p.grad for name, p in agent.named_parameters()}},
+               out_dir / f"world{world_size}_rank{rank}.pt")
+    if world_size > 1:
+        dist.destroy_process_group()
+
+
+def test_two_ranks_on_half_minibatches_take_the_same_steps_as_one_process_on_whole_ones(tmp_path):
+    """With the same data, 2 ranks on half of each minibatch end with the same gradients and weights
+    as 1 process on the whole minibatch (to float rounding), and the 2 ranks' copies are identical."""
+    train_on_fixed_minibatches(0, 1, 0, tmp_path)
+    port = free_port()
+    workers = [mp.get_context("spawn").Process(target=train_on_fixed_minibatches, args=(rank, 2, port, tmp_path))
+               for rank in range(2)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(timeout=120)
+        assert worker.exitcode == 0
+    one, rank0, rank1 = (torch.load(tmp_path / name) for name in ("world1_rank0.pt", "world2_rank0.pt", "world2_rank1.pt"))
+
+    torch.manual_seed(0)
+    initial = dict(Agent(num_actions=4).named_parameters())
+    for name, weight in one["weights"].items():
+        assert torch.equal(rank0["weights"][name], rank1["weights"][name]), f"the ranks' copies of {name} differ"
+        torch.testing.assert_close(rank0["grads"][name], one["grads"][name], rtol=1e-4, atol=1e-7)
+        torch.testing.assert_close(rank0["weights"][name], weight, rtol=1e-5, atol=1e-7)
+        # The steps were real: every tensor moved well beyond the tolerance.
+        assert (weight - initial[name]).abs().max() > 1e-5, name
+
+
+# ---------------------------------------------------------------------------------------------------
+# Training under torchrun
+# ---------------------------------------------------------------------------------------------------
+
+
+def test_two_processes_train_and_only_rank_0_logs_the_worlds_figures(tmp_path):
+    result = run_script("ppo_atari_multigpu.py", "--total-timesteps", "768", "--seed", "2", *TINY, cwd=tmp_path,
+                        launcher=TWO_PROCESSES)
+    progress = [line for line in result.stdout.splitlines() if line.startswith("step")]
+    assert progress and progress[-1].startswith("step       768/768")
+    run_dir = only_run_dir(tmp_path)  # one run directory: rank 1 wrote nothing
+    table = hyperparameters(run_dir)
+    assert "|world_size|2|" in table and "|batch_size|32|" in table and "|local_batch_size|16|" in table
+    scalars = read_scalars(run_dir)
+    for tag in METRICS:
+        assert scalars.get(tag), f"{tag} missing"
+    # 24 iterations of 32 world steps each, logged at the world's step counts.
+    assert [step for step, _ in scalars["charts/SPS"]] == list(range(32, 769, 32))
+
+
+def test_an_interrupted_group_resumes_to_the_same_weights_and_evaluates_in_one_process(tmp_path):
+    """Ctrl-C stops both ranks after the same iteration; rank 0 writes one checkpoint with both
+    ranks' games and generators; the resumed group ends bit-identical to an unbroken one."""
+    flags = ["--seed", "3", "--total-timesteps", "320", "--save-model", *TINY]
+    # torchrun itself reports the Ctrl-C it got by exiting 1, after its workers have finished.
+    unbroken, interrupted, output = run_unbroken_and_interrupted("ppo_atari_multigpu.py", flags, tmp_path,
+                                                                 launcher=TWO_PROCESSES, exit_code=1)
+    checkpoint_path = only_run_dir(interrupted) / "checkpoint.pt"
+    stopped = torch.load(checkpoint_path, weights_only=False)
+    assert 0 < stopped["global_step"] < 320, output
+    assert stopped["world_size"] == 2 and len(stopped["envs"]) == len(stopped["rng"]) == 2
+    assert f"stopped at step {stopped['global_step']:,}" in output
+
+    resumed = run_script("ppo_atari_multigpu.py", "--resume", str(checkpoint_path), cwd=interrupted,
+                         launcher=TWO_PROCESSES)
+    assert f"resuming {checkpoint_path.parent.name} at step {stopped['global_step']:,}" in resumed.stdout
+    expected, actual = assert_same_final_weights(unbroken, checkpoint_path, 320)
+    for rank in range(2):
+        assert np.array_equal(expected["next_obs"][rank], actual["next_obs"][rank])
+
+    evaluation = run_script("ppo_atari_multigpu.py", "--evaluate", str(checkpoint_path), "--eval-episodes", "1",
+                            cwd=interrupted)
+    assert re.search(r"BreakoutNoFrameskip-v4: mean return [\d.]+ \+- [\d.]+ over 1 episodes", evaluation.stdout)
+
+    other_world = run_script("ppo_atari_multigpu.py", "--resume", str(checkpoint_path), cwd=interrupted, check=False)
+    assert other_world.returncode == 2
+    assert "written by 2 processes, not 1" in other_world.stderr
+
+
+def test_two_launches_on_loopback_train_as_two_nodes(tmp_path):
+    """The multi-node commands of docs/ppo_atari_multigpu.md, with both nodes on this machine."""
+    endpoint = f"127.0.0.1:{free_port()}"
+    nodes = []
+    for node_rank in range(2):
+        workdir = tmp_path / f"node{node_rank}"
+        workdir.mkdir()
+        command = torchrun("--nnodes", "2", "--node-rank", str(node_rank), "--nproc-per-node", "1",
+                           "--rdzv-endpoint", endpoint)
+        nodes.append(subprocess.Popen([*command, str(REPO / "ppo" / "ppo_atari_multigpu.py"),
+                                       "--total-timesteps", "128", *TINY], cwd=workdir, text=True,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+    outputs = [node.communicate(timeout=300)[0] for node in nodes]
+    assert [node.returncode for node in nodes] == [0, 0], outputs
+    assert "step       128/128" in outputs[0] and "step" not in outputs[1]
+    assert "|world_size|2|" in hyperparameters(only_run_dir(tmp_path / "node0"))
+    assert not (tmp_path / "node1" / "runs").exists()
+
+
+# ---------------------------------------------------------------------------------------------------
+# Errors
+# ---------------------------------------------------------------------------------------------------
+
+
+def as_rank(monkeypatch, rank: int, world_size: int, local_world_size: int | None = None) -> None:
+    """Make this process look like rank `rank` of a torchrun world; every check below fails before
+    the process group is joined, so no other process is needed."""
+    monkeypatch.setenv("RANK", str(rank))
+    monkeypatch.setenv("WORLD_SIZE", str(world_size))
+    monkeypatch.setenv("LOCAL_RANK", str(rank))
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(local_world_size or world_size))
+
+
+def test_sizes_that_do_not_split_between_the_processes(capsys, monkeypatch, workdir):
+    as_rank(monkeypatch, 0, 3)
+    expect_usage_error(capsys, lambda: main(Args(cuda=False)),
+                       "ppo_atari_multigpu.py", "--num-envs 8", "3 processes")
+    as_rank(monkeypatch, 0, 2)
+    expect_usage_error(capsys, lambda: main(Args(num_envs=2, num_steps=6, num_minibatches=4, cuda=False)),
+                       "ppo_atari_multigpu.py", "--num-minibatches 4")
+
+
+def test_device_ids_must_name_one_gpu_per_process_and_nccl_needs_cuda(capsys, monkeypatch, workdir):
+    as_rank(monkeypatch, 0, 2)
+    expect_usage_error(capsys, lambda: main(Args(device_ids=[0, 0, 1, 1])), "ppo_atari_multigpu.py",
+                       "--device-ids names 4 GPUs for the 2 processes", "--nproc-per-node 4")
+    expect_usage_error(capsys, lambda: main(Args(device_ids=[0])), "ppo_atari_multigpu.py", "names 1 GPUs")
+    expect_usage_error(capsys, lambda: main(Args(backend="nccl", cuda=False)), "ppo_atari_multigpu.py",
+                       "--backend nccl", "--no-cuda", "--backend gloo")
+    if not torch.cuda.is_available():
+        expect_usage_error(capsys, lambda: main(Args(backend="nccl")), "ppo_atari_multigpu.py",
+                           "no CUDA GPU is available", "--backend gloo")
+
+
+def test_only_rank_0_prints_the_error(capsys, monkeypatch, workdir):
+    as_rank(monkeypatch, 1, 3)
+    with pytest.raises(SystemExit) as stop:
+        main(Args(cuda=False))
+    assert stop.value.code == 2 and capsys.readouterr().err == ""
+
+
+def test_under_torchrun_the_error_is_one_line_from_rank_0_and_the_workers_exit_2(tmp_path):
+    result = run_script("ppo_atari_multigpu.py", "--num-envs", "3", "--no-cuda", cwd=tmp_path,
+                        launcher=TWO_PROCESSES, check=False)
+    assert result.returncode != 0
+    ours = [line for line in result.stderr.splitlines() if "ppo_atari_multigpu.py: error:" in line]
+    assert ours == ["ppo_atari_multigpu.py: error: --num-envs 3 does not split evenly between 2 processes: "
+                    "make it a multiple of 2 or start another number of processes"]
+    assert result.stderr.count("exitcode  : 2") == 2  # torchrun's report: both workers exited 2
+
+
+def test_evaluation_is_refused_under_torchrun_and_other_scripts_checkpoints(capsys, monkeypatch, workdir):
+    main(Args(total_timesteps=32, save_model=True, num_envs=2, num_steps=16, num_minibatches=2, cuda=False))
+    checkpoint_path = str(only_run_dir(workdir) / "checkpoint.pt")
+    as_rank(monkeypatch, 0, 2)
+    expect_usage_error(capsys, lambda: main(parse_args(["--evaluate", checkpoint_path])), "ppo_atari_multigpu.py",
+                       "--evaluate plays in one process", f"python ppo/ppo_atari_multigpu.py --evaluate {checkpoint_path}")
+    checkpoint = torch.load(checkpoint_path, weights_only=False)
+    checkpoint["variant"] = "ppo_atari"
+    torch.save(checkpoint, "atari.pt")
+    expect_usage_error(capsys, lambda: parse_args(["--resume", "atari.pt"]), "ppo_atari_multigpu.py",
+                       "ppo/ppo_atari.py")
+
+
+def test_every_core_atari_and_multi_gpu_detail_is_marked_in_the_script():
+    source = (REPO / "ppo" / "ppo_atari_multigpu.py").read_text()
+    for number in range(1, 14):
+        assert f"[Core {number}:" in source, number
+    for number in range(1, 10):
+        assert f"[Atari {number}:" in source, number
+    for number in range(1, 4):
+        assert f"[Multi-GPU {number}:" in source, number
