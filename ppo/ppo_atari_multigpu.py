@@ -136,7 +136,8 @@ def fail(message: str) -> NoReturn:
 def load_checkpoint(path: str) -> dict:
     """Read a checkpoint written by this script; refuse anything else with a clear message."""
     if not os.path.isfile(path):
-        fail(f"no checkpoint at {path!r} (on a multi-node run, every node needs it at this path)")
+        several_nodes = int(os.environ.get("WORLD_SIZE", "1")) > int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        fail(f"no checkpoint at {path!r}" + (" (every node needs it, at this path)" if several_nodes else ""))
     try:
         # weights_only=False: the checkpoint holds NumPy RNG state and pickled environments, not
         # only tensors. Only load checkpoints you wrote yourself.
