@@ -44,6 +44,12 @@ def hyperparameters(run_dir) -> str:
 # ---------------------------------------------------------------------------------------------------
 
 MINIBATCH_SIZE = 64
+# How far the two ways' weights may drift apart. Adam divides each gradient by the root of its
+# running square, so where a gradient is near zero the step magnifies the rounding by which the two
+# ways' averaged gradients differ (seen: 1.3e-7 on one weight in 8,192 after 3 steps). 1e-6 is 0.4%
+# of the largest step Adam takes (the learning rate, 2.5e-4): a real difference in the update, such
+# as unaveraged gradients, shows in the gradients compared just before and far beyond this.
+WEIGHT_ATOL = 1e-6
 # A gradient norm cap the test's gradients never reach: clipping would hide a gradient that is twice
 # too large, and so would Adam's first step, whose size hardly depends on the gradient's.
 ARGS = Args(max_grad_norm=1e6)
@@ -106,7 +112,7 @@ def test_two_ranks_on_half_minibatches_take_the_same_steps_as_one_process_on_who
     for name, weight in one["weights"].items():
         assert torch.equal(rank0["weights"][name], rank1["weights"][name]), f"the ranks' copies of {name} differ"
         torch.testing.assert_close(rank0["grads"][name], one["grads"][name], rtol=1e-4, atol=1e-7)
-        torch.testing.assert_close(rank0["weights"][name], weight, rtol=1e-5, atol=1e-7)
+        torch.testing.assert_close(rank0["weights"][name], weight, rtol=1e-5, atol=WEIGHT_ATOL)
         # The steps were real: every tensor moved well beyond the tolerance.
         assert (weight - initial[name]).abs().max() > 1e-5, name
 
@@ -228,7 +234,12 @@ def test_under_torchrun_the_error_is_one_line_from_rank_0_and_the_workers_exit_2
     ours = [line for line in result.stderr.splitlines() if "ppo_atari_multigpu.py: error:" in line]
     assert ours == ["ppo_atari_multigpu.py: error: --num-envs 3 does not split evenly between 2 processes: "
                     "make it a multiple of 2 or start another number of processes"]
-    assert result.stderr.count("exitcode  : 2") == 2  # torchrun's report: both workers exited 2
+    # torchrun's report names the worker whose exit it saw first and then stops the other one, so the
+    # other may be reported with exit code 2 or with the SIGTERM (-15) it got, or not at all. What
+    # must never be there: a worker that crashed (exit code 1) or a traceback from the script.
+    exit_codes = re.findall(r"exitcode\s*:\s*(-?\d+)", result.stderr)
+    assert "2" in exit_codes and set(exit_codes) <= {"2", "-15"}, exit_codes
+    assert 'ppo_atari_multigpu.py", line' not in result.stderr, result.stderr
 
 
 def test_evaluation_is_refused_under_torchrun_and_other_scripts_checkpoints(capsys, monkeypatch, workdir):
