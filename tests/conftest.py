@@ -1,5 +1,6 @@
 """Helpers shared by the tests: running a script as a user would, and reading what it logged."""
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -43,6 +44,27 @@ def read_scalars(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
     accumulator.Reload()
     return {tag: [(event.step, event.value) for event in accumulator.Scalars(tag)]
             for tag in accumulator.Tags()["scalars"]}
+
+
+def assert_logs_every_metric(run_dir: Path, except_for: tuple[str, ...] = ()) -> dict[str, list[tuple[int, float]]]:
+    """Every metric of METRICS (but `except_for`) has at least one point in the run's TensorBoard log;
+    returns all its scalars, as read_scalars does, for further checks."""
+    scalars = read_scalars(run_dir)
+    for tag in METRICS:
+        if tag not in except_for:
+            assert scalars.get(tag), f"{tag} missing"
+    return scalars
+
+
+def assert_details_marked(script: str, counts: dict[str, int], labels: tuple[str, ...] = ()) -> None:
+    """ppo/<script> marks each numbered implementation detail, `[Core 1:` to `[Core 13:` for
+    counts={"Core": 13}, and carries each of `labels` verbatim (details without a number)."""
+    source = (REPO / "ppo" / script).read_text()
+    for kind, count in counts.items():
+        for number in range(1, count + 1):
+            assert f"[{kind} {number}:" in source, (kind, number)
+    for label in labels:
+        assert label in source, label
 
 
 def only_run_dir(workdir: Path) -> Path:
@@ -118,6 +140,44 @@ def expect_usage_error(capsys, run, script: str, *fragments: str) -> str:
     for fragment in fragments:
         assert fragment in lines[0], (fragment, lines[0])
     return lines[0]
+
+
+@contextlib.contextmanager
+def ctrl_c_during_step(env_class: type, step_number: int):
+    """Within the block, the `step_number`-th call of `env_class.step` first sends this process a
+    SIGINT, as Ctrl-C would, then steps: an in-process run sees a Ctrl-C at a step it can't predict."""
+    import signal
+
+    original_step, calls = env_class.step, 0
+
+    def step_then_interrupt(self, actions):
+        nonlocal calls
+        calls += 1
+        if calls == step_number:
+            signal.raise_signal(signal.SIGINT)
+        return original_step(self, actions)
+
+    env_class.step = step_then_interrupt
+    try:
+        yield
+    finally:
+        env_class.step = original_step
+
+
+def expect_missing_package_error(result: subprocess.CompletedProcess, script: str, *fragments: str,
+                                 only_line: bool = True) -> str:
+    """A run without one of its optional packages must end with exit code 2, no traceback, and a last
+    line `<script>: error: ...` containing every fragment (with only_line, the only line on stderr:
+    some libraries warn before the script gets to speak). Returns that line."""
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    lines = result.stderr.strip().splitlines()
+    if only_line:
+        assert len(lines) == 1, lines
+    assert lines[-1].startswith(f"{script}: error: "), lines[-1]
+    for fragment in fragments:
+        assert fragment in lines[-1], (fragment, lines[-1])
+    return lines[-1]
 
 
 def without_module(tmp_path: Path, module: str) -> dict:

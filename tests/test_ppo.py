@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import (assert_same_final_weights, METRICS, REPO, expect_usage_error, run_unbroken_and_interrupted, only_run_dir,
-                      read_scalars, run_script, without_module)
+from conftest import (METRICS, assert_details_marked, assert_logs_every_metric,
+                      assert_same_final_weights, expect_missing_package_error, expect_usage_error,
+                      only_run_dir, read_scalars, run_script, run_unbroken_and_interrupted, without_module)
 from ppo.ppo import Args, compute_gae, main, parse_args, ppo_loss
 
 
@@ -276,9 +277,7 @@ def test_tiny_run_logs_every_metric_and_the_hyperparameters(tmp_path):
     assert re.search(r"step +1,024/1,024 \| +[\d,]+ SPS \| mean return", result.stdout), result.stdout
     run_dir = only_run_dir(tmp_path)
     assert run_dir.name.startswith("CartPole-v1__ppo__1__")
-    scalars = read_scalars(run_dir)
-    for tag in METRICS:
-        assert scalars.get(tag), f"{tag} missing"
+    assert_logs_every_metric(run_dir)
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     accumulator = EventAccumulator(str(run_dir))
     accumulator.Reload()
@@ -351,12 +350,8 @@ def test_errors_end_without_a_traceback(tmp_path):
 def test_missing_video_dependency_names_the_extra(tmp_path):
     result = run_script("ppo.py", "--total-timesteps", "512", "--capture-video", *SMALL_FLAGS, cwd=tmp_path,
                         env=without_module(tmp_path, "moviepy"), check=False)
-    assert result.returncode == 2, result.stderr
-    assert "Traceback" not in result.stderr
-    assert "moviepy" in result.stderr.lower() and ".[classic-control,video]" in result.stderr
+    expect_missing_package_error(result, "ppo.py", "moviepy", ".[classic-control,video]")
 
 
 def test_every_core_detail_is_marked_in_the_script():
-    source = (REPO / "ppo" / "ppo.py").read_text()
-    for number in range(1, 14):
-        assert f"[Core {number}:" in source, number
+    assert_details_marked("ppo.py", {"Core": 13})

@@ -12,8 +12,9 @@ import torch
 pytest.importorskip("ale_py")
 pytest.importorskip("cv2")
 
-from conftest import (assert_same_final_weights, METRICS, expect_usage_error, run_unbroken_and_interrupted, only_run_dir,  # noqa: E402
-                      read_scalars, run_script, without_module)
+from conftest import (assert_details_marked, assert_logs_every_metric, assert_same_final_weights,  # noqa: E402
+                      expect_missing_package_error, expect_usage_error, only_run_dir, run_script,
+                      run_unbroken_and_interrupted, without_module)
 from ppo.ppo_atari import (Agent, Args, EpisodicLife, FireReset, main, make_env, make_envs,  # noqa: E402
                            parse_args, pickle_envs, finished_games)
 
@@ -186,9 +187,7 @@ def test_a_restored_vector_env_continues_the_very_same_games():
 def test_a_tiny_run_logs_every_metric_and_real_game_scores(workdir):
     result = main(Args(total_timesteps=1024, seed=2, **TINY_ARGS))
     assert result["global_step"] == 1024
-    scalars = read_scalars(only_run_dir(workdir))
-    for tag in METRICS:
-        assert scalars.get(tag), f"{tag} missing"
+    scalars = assert_logs_every_metric(only_run_dir(workdir))
     # Random Breakout loses its 5 lives in roughly 150-250 steps: games, not lives, are logged.
     assert all(length > 50 for _, length in scalars["charts/episodic_length"])
     assert len(scalars["charts/episodic_return"]) < 1024 / 50
@@ -269,17 +268,8 @@ def test_sizes_and_checkpoints_of_another_variant(capsys, workdir):
 def test_missing_ale_py_names_the_extra(tmp_path):
     result = run_script("ppo_atari.py", *TINY, "--total-timesteps", "32", cwd=tmp_path,
                         env=without_module(tmp_path, "ale_py"), check=False)
-    assert result.returncode == 2
-    assert "Traceback" not in result.stderr
-    assert result.stderr.strip().splitlines() == [result.stderr.strip()]
-    assert "pip install -e '.[atari]'" in result.stderr
+    expect_missing_package_error(result, "ppo_atari.py", "pip install -e '.[atari]'")
 
 
 def test_every_core_and_atari_detail_is_marked_in_the_script():
-    from conftest import REPO
-
-    source = (REPO / "ppo" / "ppo_atari.py").read_text()
-    for number in range(1, 14):
-        assert f"[Core {number}:" in source, number
-    for number in range(1, 10):
-        assert f"[Atari {number}:" in source, number
+    assert_details_marked("ppo_atari.py", {"Core": 13, "Atari": 9})

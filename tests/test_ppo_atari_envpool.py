@@ -10,8 +10,9 @@ import torch
 pytest.importorskip("envpool")
 
 import ppo.ppo_atari_envpool as script  # noqa: E402
-from conftest import (REPO, expect_usage_error, interrupt_after_first_progress_line, only_run_dir,  # noqa: E402
-                      read_scalars, run_script, without_module)
+from conftest import (REPO, assert_details_marked, expect_missing_package_error, expect_usage_error,  # noqa: E402
+                      interrupt_after_first_progress_line, only_run_dir, read_scalars, run_script,
+                      without_module)
 from ppo.ppo_atari_envpool import Args, main, make_envs  # noqa: E402
 
 TINY = ["--num-envs", "2", "--num-steps", "16", "--num-minibatches", "2", "--no-cuda"]
@@ -153,18 +154,11 @@ def test_ids_that_are_not_envpool_atari_games_point_to_the_right_script(capsys, 
 def test_missing_envpool_names_the_extra(tmp_path):
     result = run_script("ppo_atari_envpool.py", *TINY, "--total-timesteps", "32", cwd=tmp_path,
                         env=without_module(tmp_path, "envpool"), check=False)
-    assert result.returncode == 2
-    assert "Traceback" not in result.stderr
-    assert result.stderr.strip().splitlines() == [result.stderr.strip()]
-    assert "pip install -e '.[envpool]'" in result.stderr
+    expect_missing_package_error(result, "ppo_atari_envpool.py", "pip install -e '.[envpool]'")
 
 
 def test_every_core_and_atari_detail_is_marked_in_the_script():
-    source = (REPO / "ppo" / "ppo_atari_envpool.py").read_text()
-    for number in range(1, 14):
-        assert f"[Core {number}:" in source, number
-    for number in range(1, 10):
-        assert f"[Atari {number}:" in source, number
+    assert_details_marked("ppo_atari_envpool.py", {"Core": 13, "Atari": 9})
 
 
 def test_the_speed_benchmark_measures_envpool():

@@ -9,8 +9,8 @@ import torch
 pytest.importorskip("ale_py")
 pytest.importorskip("cv2")
 
-from conftest import (assert_same_final_weights, REPO, expect_usage_error, run_unbroken_and_interrupted, only_run_dir,  # noqa: E402
-                      read_scalars, run_script)
+from conftest import (assert_details_marked, assert_same_final_weights, expect_usage_error,  # noqa: E402
+                      only_run_dir, read_scalars, run_script, run_unbroken_and_interrupted)
 from ppo.ppo_atari_lstm import (Agent, Args, EnvCursor, collect_rollout, main, make_envs,  # noqa: E402
                                 replay_sequences)
 
@@ -117,7 +117,4 @@ def test_minibatches_must_hold_whole_environments(capsys, workdir):
 
 
 def test_every_core_atari_and_lstm_detail_is_marked_in_the_script():
-    source = (REPO / "ppo" / "ppo_atari_lstm.py").read_text()
-    for kind, count in (("Core", 13), ("Atari", 9), ("LSTM", 5)):
-        for number in range(1, count + 1):
-            assert f"[{kind} {number}:" in source, (kind, number)
+    assert_details_marked("ppo_atari_lstm.py", {"Core": 13, "Atari": 9, "LSTM": 5})

@@ -16,8 +16,9 @@ import torch.multiprocessing as mp
 pytest.importorskip("ale_py")
 pytest.importorskip("cv2")
 
-from conftest import (METRICS, REPO, assert_same_final_weights, expect_usage_error, only_run_dir,  # noqa: E402
-                      read_scalars, run_script, run_unbroken_and_interrupted, torchrun)
+from conftest import (REPO, assert_details_marked, assert_logs_every_metric,  # noqa: E402
+                      assert_same_final_weights, expect_usage_error, only_run_dir, run_script,
+                      run_unbroken_and_interrupted, torchrun)
 from ppo.ppo_atari_multigpu import Agent, Args, gradient_step, main, parse_args  # noqa: E402
 
 TINY = ["--num-envs", "2", "--num-steps", "16", "--num-minibatches", "2", "--no-cuda"]
@@ -130,9 +131,7 @@ def test_two_processes_train_and_only_rank_0_logs_the_worlds_figures(tmp_path):
     run_dir = only_run_dir(tmp_path)  # one run directory: rank 1 wrote nothing
     table = hyperparameters(run_dir)
     assert "|world_size|2|" in table and "|batch_size|32|" in table and "|local_batch_size|16|" in table
-    scalars = read_scalars(run_dir)
-    for tag in METRICS:
-        assert scalars.get(tag), f"{tag} missing"
+    scalars = assert_logs_every_metric(run_dir)
     # 24 iterations of 32 world steps each, logged at the world's step counts.
     assert [step for step, _ in scalars["charts/SPS"]] == list(range(32, 769, 32))
 
@@ -256,10 +255,4 @@ def test_evaluation_is_refused_under_torchrun_and_other_scripts_checkpoints(caps
 
 
 def test_every_core_atari_and_multi_gpu_detail_is_marked_in_the_script():
-    source = (REPO / "ppo" / "ppo_atari_multigpu.py").read_text()
-    for number in range(1, 14):
-        assert f"[Core {number}:" in source, number
-    for number in range(1, 10):
-        assert f"[Atari {number}:" in source, number
-    for number in range(1, 4):
-        assert f"[Multi-GPU {number}:" in source, number
+    assert_details_marked("ppo_atari_multigpu.py", {"Core": 13, "Atari": 9, "Multi-GPU": 3})

@@ -4,7 +4,6 @@ MuJoCo, exact resumption after Ctrl-C, evaluation, and the errors for input the 
 
 import os
 import re
-import signal
 from pathlib import Path
 
 import gymnasium as gym
@@ -12,7 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import METRICS, REPO, expect_usage_error, only_run_dir, read_scalars, run_script, without_module
+from conftest import (assert_details_marked, assert_logs_every_metric, ctrl_c_during_step,
+                      expect_missing_package_error, expect_usage_error, only_run_dir, read_scalars,
+                      run_script, without_module)
 from ppo import ppo_continuous_action as script
 from ppo.ppo_continuous_action import Agent, Args, RewardScaler, RunningMeanStd, main, parse_args
 
@@ -164,9 +165,7 @@ def test_tiny_run_on_hopper_logs_every_metric(tmp_path, mujoco):
     assert re.search(r"step +256/256 \| +[\d,]+ SPS \| mean return", result.stdout), result.stdout
     run_dir = only_run_dir(tmp_path)
     assert run_dir.name.startswith("Hopper-v4__ppo_continuous_action__1__")
-    scalars = read_scalars(run_dir)
-    for tag in METRICS:
-        assert scalars.get(tag), f"{tag} missing"
+    scalars = assert_logs_every_metric(run_dir)
     assert [step for step, _ in scalars["charts/SPS"]] == [64, 128, 192, 256]
 
 
@@ -216,7 +215,7 @@ def test_evaluation_prints_each_episode_and_the_mean(trained_hopper, workdir, ca
     assert float(match.group(1)) == pytest.approx(np.mean(result["episode_returns"]), abs=0.01)
 
 
-def test_interrupted_and_resumed_run_ends_exactly_like_an_unbroken_one(workdir, monkeypatch, mujoco):
+def test_interrupted_and_resumed_run_ends_exactly_like_an_unbroken_one(workdir, mujoco):
     """MuJoCo environments are saved with their physics and random generators, the agent with its
     observation statistics, the loop with its reward statistics: a run stopped by Ctrl-C and resumed
     ends bit for bit where an unbroken run ends."""
@@ -227,18 +226,9 @@ def test_interrupted_and_resumed_run_ends_exactly_like_an_unbroken_one(workdir, 
     unbroken = main(args)
 
     # Ctrl-C during the 100th step, in the second iteration: that iteration finishes, then the run stops.
-    original_step, calls = gym.vector.SyncVectorEnv.step, []
-
-    def step_then_interrupt(self, actions):
-        calls.append(1)
-        if len(calls) == 100:
-            signal.raise_signal(signal.SIGINT)
-        return original_step(self, actions)
-
     os.chdir(workdir / "interrupted")
-    monkeypatch.setattr(gym.vector.SyncVectorEnv, "step", step_then_interrupt)
-    stopped = main(args)
-    monkeypatch.setattr(gym.vector.SyncVectorEnv, "step", original_step)
+    with ctrl_c_during_step(gym.vector.SyncVectorEnv, 100):
+        stopped = main(args)
     assert stopped["interrupted"] and stopped["global_step"] == 128
     checkpoint_path = only_run_dir(workdir / "interrupted") / "checkpoint.pt"
     assert torch.load(checkpoint_path, weights_only=False)["envs"] is not None
@@ -302,17 +292,10 @@ def test_checkpoints_of_another_variant_are_refused(capsys, workdir):
 def test_missing_mujoco_names_the_extra(tmp_path):
     result = run_script(SCRIPT, "--total-timesteps", "256", *SMALL_FLAGS, cwd=tmp_path,
                         env=without_module(tmp_path, "mujoco"), check=False)
-    assert result.returncode == 2, result.stderr
-    assert "Traceback" not in result.stderr
     # (gymnasium may warn first that Hopper-v4 has a newer version; the error is the last line)
-    error = result.stderr.strip().splitlines()[-1]
+    error = expect_missing_package_error(result, SCRIPT, 'pip install -e ".[mujoco]"', only_line=False)
     assert error.startswith(f"{SCRIPT}: error: Hopper-v4 needs MuJoCo")
-    assert 'pip install -e ".[mujoco]"' in error
 
 
 def test_every_detail_is_marked_in_the_script():
-    source = (REPO / "ppo" / SCRIPT).read_text()
-    for number in range(1, 14):
-        assert f"[Core {number}:" in source, number
-    for number in range(1, 10):
-        assert f"[Continuous {number}:" in source, number
+    assert_details_marked(SCRIPT, {"Core": 13, "Continuous": 9})

@@ -4,13 +4,13 @@ short run end to end on a real game, exact resumption after Ctrl-C, evaluation, 
 
 import os
 import re
-import signal
 
 import numpy as np
 import pytest
 import torch
 
-from conftest import METRICS, REPO, expect_usage_error, only_run_dir, read_scalars, run_script
+from conftest import (assert_details_marked, assert_logs_every_metric, ctrl_c_during_step,
+                      expect_usage_error, only_run_dir, read_scalars, run_script)
 from ppo import ppo_procgen as script
 from ppo.ppo_procgen import Agent, Args, main, parse_args
 
@@ -123,8 +123,7 @@ def test_episodes_end_within_the_step_and_score_the_real_game_reward(workdir, mo
     assert {value for _, value in scalars["charts/episodic_return"]} == {EPISODE_LENGTH - 1 + FINAL_REWARD}
     assert {value for _, value in scalars["charts/episodic_length"]} == {EPISODE_LENGTH}
     assert len(scalars["charts/episodic_return"]) == 4 * (32 // EPISODE_LENGTH)
-    for tag in METRICS:
-        assert scalars.get(tag), f"{tag} missing"
+    assert_logs_every_metric(only_run_dir(workdir))
 
 
 def test_capture_video_writes_the_first_games_scheduled_episodes(workdir, monkeypatch):
@@ -151,10 +150,8 @@ def test_tiny_run_on_starpilot_then_evaluate(tmp_path, monkeypatch, capsys, proc
     assert result.stderr.strip() == ""  # nothing from the retired gym package that procgen imports
     run_dir = only_run_dir(tmp_path)
     assert run_dir.name.startswith("starpilot__ppo_procgen__1__")
-    scalars = read_scalars(run_dir)
-    for tag in METRICS:
-        if tag not in ("charts/episodic_return", "charts/episodic_length"):  # no episode may end in 32 steps
-            assert scalars.get(tag), f"{tag} missing"
+    # no episode may end in 32 steps
+    assert_logs_every_metric(run_dir, except_for=("charts/episodic_return", "charts/episodic_length"))
 
 
     monkeypatch.chdir(tmp_path)
@@ -164,7 +161,7 @@ def test_tiny_run_on_starpilot_then_evaluate(tmp_path, monkeypatch, capsys, proc
     assert match and float(match.group(1)) == pytest.approx(np.mean(evaluation["episode_returns"]), abs=0.01)
 
 
-def test_interrupted_and_resumed_run_ends_exactly_like_an_unbroken_one(workdir, monkeypatch, procgen):
+def test_interrupted_and_resumed_run_ends_exactly_like_an_unbroken_one(workdir, procgen):
     """The games' states go into the checkpoint (procgen can save them), so a run stopped by Ctrl-C
     and resumed ends bit for bit where an unbroken run ends."""
     args = Args(env_id="bigfish", seed=3, total_timesteps=192, save_model=True, **SMALL)
@@ -174,18 +171,9 @@ def test_interrupted_and_resumed_run_ends_exactly_like_an_unbroken_one(workdir, 
     unbroken = main(args)
 
     # Ctrl-C during the 20th step, in the second iteration: that iteration finishes, then the run stops.
-    original_step, calls = script.ProcgenVectorEnv.step, []
-
-    def step_then_interrupt(self, actions):
-        calls.append(1)
-        if len(calls) == 20:
-            signal.raise_signal(signal.SIGINT)
-        return original_step(self, actions)
-
     os.chdir(workdir / "interrupted")
-    monkeypatch.setattr(script.ProcgenVectorEnv, "step", step_then_interrupt)
-    stopped = main(args)
-    monkeypatch.setattr(script.ProcgenVectorEnv, "step", original_step)
+    with ctrl_c_during_step(script.ProcgenVectorEnv, 20):
+        stopped = main(args)
     assert stopped["interrupted"] and stopped["global_step"] == 128
 
     checkpoint_path = only_run_dir(workdir / "interrupted") / "checkpoint.pt"
@@ -228,7 +216,4 @@ def test_checkpoints_of_another_variant_are_refused(capsys, workdir):
 
 
 def test_every_detail_is_marked_in_the_script():
-    source = (REPO / "ppo" / SCRIPT).read_text()
-    for number in range(1, 14):
-        assert f"[Core {number}:" in source, number
-    assert "[Procgen: IMPALA CNN]" in source
+    assert_details_marked(SCRIPT, {"Core": 13}, labels=("[Procgen: IMPALA CNN]",))
