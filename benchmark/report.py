@@ -20,6 +20,8 @@ How the numbers are made:
   (numpy's, ddof=0) are then taken over seeds.
 - SPS of a run: its last `charts/SPS` point (the scripts log steps so far / time so far, so that is
   the whole run's rate). Wall time: last event time minus first event time.
+- Progress: the steps are cut into ten equal spans; for each, the mean return of the episodes that
+  ended in it, per seed, then averaged over the seeds that have one, and how many episodes that was.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ FINAL_FRACTION = 0.1        # final return: episodes in the last 10% of a run's 
 COMPLETE_MIN_TOLERANCE = 0.01  # a run within max(batch, 1% of budget) of its budget is complete
 CURVE_POINTS = 200          # points of each learning curve
 CURVE_WINDOW = 0.05         # each curve point averages the episodes of the preceding 5% of the x range
+PROGRESS_SPANS = 10         # the progress table: the mean return in each tenth of the runs' steps
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -273,6 +276,34 @@ def format_steps(steps: set[int | None]) -> str:
     return ", ".join(f"{step:,}" if step is not None else "?" for step in sorted(steps, key=lambda s: s or 0))
 
 
+def format_step_count(steps: float) -> str:
+    """A step count, short, for a table: 0, 40k, 1M, 2.5M."""
+    if steps >= 1e6:
+        return f"{steps / 1e6:.3g}M"
+    if steps >= 1e3:
+        return f"{steps / 1e3:.3g}k"
+    return f"{steps:.0f}"
+
+
+def progress(row: EnvSummary, spans: int = PROGRESS_SPANS) -> list[tuple[float, float, float, int]]:
+    """(first step, last step, mean return, episodes) for each of `spans` equal spans of the runs'
+    budget (total_timesteps, else the last step logged): per seed the mean return of the episodes that ended in the span, averaged over the seeds
+    that have one (NaN where none has), and the number of those episodes summed over the seeds."""
+    edges = np.linspace(0.0, max(run.total_timesteps or run.last_step for run in row.runs), spans + 1)
+    per_seed_means = [[] for _ in range(spans)]
+    episodes = [0] * spans
+    for run in row.runs:
+        # An episode that ended at step s belongs to the span (edges[i], edges[i + 1]] holding s.
+        span_of_episode = np.clip(np.searchsorted(edges, run.return_steps, side="left") - 1, 0, spans - 1)
+        for span in range(spans):
+            returns = run.return_values[span_of_episode == span]
+            if len(returns):
+                per_seed_means[span].append(float(returns.mean()))
+                episodes[span] += len(returns)
+    return [(edges[span], edges[span + 1], float(np.mean(means)) if means else math.nan, episodes[span])
+            for span, means in enumerate(per_seed_means)]
+
+
 def file_stem(env_id: str) -> str:
     """An env id usable as a file name (`ALE/Breakout-v5` -> `ALE_Breakout-v5`)."""
     return env_id.replace("/", "_")
@@ -351,7 +382,18 @@ def variant_markdown(variant: str, rows: list[EnvSummary], baselines: dict, runs
         lines += ["", "Runs left out:", ""]
         lines += [f"- `{run.path.relative_to(runs_dir).as_posix()}`: {reason}" for run, reason in left_out]
 
-    lines += ["", "## Learning curves", "",
+    lines += ["", "## Progress", "",
+              f"The runs' steps cut into {PROGRESS_SPANS} equal spans: the mean return of the episodes that ended "
+              "in each, per seed, averaged over the seeds (n/a: no episode ended there), and how many episodes "
+              "that was in all.", ""]
+    for row in rows:
+        lines += [f"### {row.env_id}", "", "| steps | mean return | episodes |", "| --- | --- | --- |"]
+        for first, last, mean, episodes in progress(row):
+            shown = "n/a" if math.isnan(mean) else f"{mean:.2f}"
+            lines.append(f"| {format_step_count(first)}-{format_step_count(last)} | {shown} | {episodes:,} |")
+        lines.append("")
+
+    lines += ["## Learning curves", "",
               "Mean over seeds of the episodic return (each point averages the episodes of the preceding "
               f"{CURVE_WINDOW:.0%} of the axis), with the min–max range over seeds shaded; dashed: the "
               "published mean.", ""]

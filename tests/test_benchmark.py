@@ -289,6 +289,28 @@ def test_report_uses_the_newest_complete_run_per_seed(tmp_path):
     assert "[ppo](ppo.md)" in (out / "index.md").read_text()
 
 
+def test_progress_table_averages_each_tenth_of_the_steps_per_seed_then_over_seeds(tmp_path):
+    runs = tmp_path / "runs"
+    # Seed 1: two episodes in the first tenth, none in the second, one on the border of the third.
+    write_run(runs, "CartPole-v1", "demo", 1, 100, 1000, [(10, 1.0), (100, 3.0), (300, 7.0), (1000, 50.0)])
+    # Seed 2: one episode in each of the first and third tenths, and one in the last.
+    write_run(runs, "CartPole-v1", "demo", 2, 100, 1000, [(40, 6.0), (250, 9.0), (950, 100.0)])
+    out = tmp_path / "results"
+    (row,) = report.build_report(runs, out)["demo"]
+    spans = report.progress(row)
+    assert [(first, last) for first, last, _, _ in spans[:3]] == [(0, 100), (100, 200), (200, 300)]
+    # The first tenth: seed 1's mean (1 + 3) / 2 = 2 and seed 2's 6, so (2 + 6) / 2 = 4, from 3 episodes.
+    assert spans[0][2:] == (4.0, 3)
+    assert math.isnan(spans[1][2]) and spans[1][3] == 0
+    assert spans[2][2:] == (8.0, 2)  # step 300 ends the third tenth, (200, 300]
+    assert spans[9][2:] == (75.0, 2)
+    page = (out / "demo.md").read_text()
+    progress_rows = table_rows(page, "steps")
+    assert progress_rows[0] == {"steps": "0-100", "mean return": "4.00", "episodes": "3"}
+    assert progress_rows[1]["mean return"] == "n/a"
+    assert progress_rows[9]["steps"] == "900-1k"
+
+
 @pytest.mark.parametrize("value, expected", [
     (89.99, "below"), (90.0, "within"), (100.0, "within"), (110.0, "within"), (110.01, "above"),
     (math.nan, "no data"),
