@@ -119,11 +119,10 @@ def test_episodes_end_within_the_step_and_score_the_real_game_reward(workdir, mo
 
     # In training, rewards are scaled and clipped; the logged return is still the game's own score.
     main(Args(env_id="starpilot", total_timesteps=128, **SMALL))
-    scalars = read_scalars(only_run_dir(workdir))
+    scalars = assert_logs_every_metric(only_run_dir(workdir))
     assert {value for _, value in scalars["charts/episodic_return"]} == {EPISODE_LENGTH - 1 + FINAL_REWARD}
     assert {value for _, value in scalars["charts/episodic_length"]} == {EPISODE_LENGTH}
     assert len(scalars["charts/episodic_return"]) == 4 * (32 // EPISODE_LENGTH)
-    assert_logs_every_metric(only_run_dir(workdir))
 
 
 def test_capture_video_writes_the_first_games_scheduled_episodes(workdir, monkeypatch):
