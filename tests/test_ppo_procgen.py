@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from conftest import (assert_details_marked, assert_logs_every_metric, ctrl_c_during_step,
-                      expect_usage_error, only_run_dir, read_scalars, run_script)
+                      expect_usage_error, only_run_dir, run_script)
 from ppo import ppo_procgen as script
 from ppo.ppo_procgen import Agent, Args, main, parse_args
 
