@@ -115,6 +115,21 @@ def run_unbroken_and_interrupted(script: str, flags: list[str], tmp_path: Path, 
     return unbroken, interrupted, output
 
 
+def run_unbroken_and_interrupted_in_process(main, args, workdir: Path, env_class: type,
+                                            interrupt_at_step: int) -> tuple[dict, dict, Path]:
+    """The in-process twin of run_unbroken_and_interrupted: `main(args)` runs to its end in
+    workdir/unbroken, then again in workdir/interrupted with a Ctrl-C during the `interrupt_at_step`-th
+    call of `env_class.step`. Returns both runs' results and the interrupted run's checkpoint, for a
+    test to resume that run and compare it with the unbroken one."""
+    results = {}
+    for name in ("unbroken", "interrupted"):
+        (workdir / name).mkdir()
+        os.chdir(workdir / name)
+        with ctrl_c_during_step(env_class, interrupt_at_step) if name == "interrupted" else contextlib.nullcontext():
+            results[name] = main(args)
+    return results["unbroken"], results["interrupted"], only_run_dir(workdir / "interrupted") / "checkpoint.pt"
+
+
 def assert_same_final_weights(unbroken: Path, resumed_checkpoint: Path, total_timesteps: int) -> tuple[dict, dict]:
     """The resumed run's final checkpoint must match the unbroken run's: same step count, bit-identical
     weights. Returns (unbroken, resumed) checkpoints for the script's own further checks."""

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import (assert_details_marked, assert_logs_every_metric, ctrl_c_during_step,
+from conftest import (assert_details_marked, assert_logs_every_metric,
                       expect_missing_package_error, expect_usage_error, only_run_dir, read_scalars,
-                      run_script, without_module)
+                      run_script, run_unbroken_and_interrupted_in_process, without_module)
 from ppo import ppo_continuous_action as script
 from ppo.ppo_continuous_action import Agent, Args, RewardScaler, RunningMeanStd, main, parse_args
 
@@ -220,17 +220,10 @@ def test_interrupted_and_resumed_run_ends_exactly_like_an_unbroken_one(workdir, 
     observation statistics, the loop with its reward statistics: a run stopped by Ctrl-C and resumed
     ends bit for bit where an unbroken run ends."""
     args = Args(env_id="Hopper-v4", seed=3, total_timesteps=640, save_model=True, **SMALL)
-    (workdir / "unbroken").mkdir()
-    (workdir / "interrupted").mkdir()
-    os.chdir(workdir / "unbroken")
-    unbroken = main(args)
-
     # Ctrl-C during the 100th step, in the second iteration: that iteration finishes, then the run stops.
-    os.chdir(workdir / "interrupted")
-    with ctrl_c_during_step(gym.vector.SyncVectorEnv, 100):
-        stopped = main(args)
+    unbroken, stopped, checkpoint_path = run_unbroken_and_interrupted_in_process(
+        main, args, workdir, gym.vector.SyncVectorEnv, interrupt_at_step=100)
     assert stopped["interrupted"] and stopped["global_step"] == 128
-    checkpoint_path = only_run_dir(workdir / "interrupted") / "checkpoint.pt"
     assert torch.load(checkpoint_path, weights_only=False)["envs"] is not None
 
     resumed = main(parse_args(["--resume", str(checkpoint_path)]))

@@ -2,15 +2,14 @@
 ends, the real game score in the logs) on a stand-in for procgen, then, where procgen is installed, a
 short run end to end on a real game, exact resumption after Ctrl-C, evaluation, and the errors."""
 
-import os
 import re
 
 import numpy as np
 import pytest
 import torch
 
-from conftest import (assert_details_marked, assert_logs_every_metric, ctrl_c_during_step,
-                      expect_usage_error, only_run_dir, run_script)
+from conftest import (assert_details_marked, assert_logs_every_metric,
+                      expect_usage_error, only_run_dir, run_script, run_unbroken_and_interrupted_in_process)
 from ppo import ppo_procgen as script
 from ppo.ppo_procgen import Agent, Args, main, parse_args
 
@@ -164,18 +163,11 @@ def test_interrupted_and_resumed_run_ends_exactly_like_an_unbroken_one(workdir, 
     """The games' states go into the checkpoint (procgen can save them), so a run stopped by Ctrl-C
     and resumed ends bit for bit where an unbroken run ends."""
     args = Args(env_id="bigfish", seed=3, total_timesteps=192, save_model=True, **SMALL)
-    (workdir / "unbroken").mkdir()
-    (workdir / "interrupted").mkdir()
-    os.chdir(workdir / "unbroken")
-    unbroken = main(args)
-
     # Ctrl-C during the 20th step, in the second iteration: that iteration finishes, then the run stops.
-    os.chdir(workdir / "interrupted")
-    with ctrl_c_during_step(script.ProcgenVectorEnv, 20):
-        stopped = main(args)
+    unbroken, stopped, checkpoint_path = run_unbroken_and_interrupted_in_process(
+        main, args, workdir, script.ProcgenVectorEnv, interrupt_at_step=20)
     assert stopped["interrupted"] and stopped["global_step"] == 128
 
-    checkpoint_path = only_run_dir(workdir / "interrupted") / "checkpoint.pt"
     resumed = main(parse_args(["--resume", str(checkpoint_path)]))
     assert resumed["global_step"] == unbroken["global_step"] == 192
     expected, actual = unbroken["agent"].state_dict(), resumed["agent"].state_dict()
