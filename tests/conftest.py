@@ -121,13 +121,15 @@ def run_unbroken_and_interrupted_in_process(main, args, workdir: Path, env_class
     workdir/unbroken, then again in workdir/interrupted with a Ctrl-C during the `interrupt_at_step`-th
     call of `env_class.step`. Returns both runs' results and the interrupted run's checkpoint, for a
     test to resume that run and compare it with the unbroken one."""
-    results = {}
-    for name in ("unbroken", "interrupted"):
-        (workdir / name).mkdir()
-        os.chdir(workdir / name)
-        with ctrl_c_during_step(env_class, interrupt_at_step) if name == "interrupted" else contextlib.nullcontext():
-            results[name] = main(args)
-    return results["unbroken"], results["interrupted"], only_run_dir(workdir / "interrupted") / "checkpoint.pt"
+    unbroken_dir, interrupted_dir = workdir / "unbroken", workdir / "interrupted"
+    unbroken_dir.mkdir()
+    interrupted_dir.mkdir()
+    os.chdir(unbroken_dir)
+    unbroken = main(args)
+    os.chdir(interrupted_dir)
+    with ctrl_c_during_step(env_class, interrupt_at_step):
+        interrupted = main(args)
+    return unbroken, interrupted, only_run_dir(interrupted_dir) / "checkpoint.pt"
 
 
 def assert_same_final_weights(unbroken: Path, resumed_checkpoint: Path, total_timesteps: int) -> tuple[dict, dict]:
