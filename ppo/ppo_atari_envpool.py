@@ -69,6 +69,14 @@ class Args:
     eval_episodes: int = 10
     """number of games to play with --evaluate"""
 
+    # Speed: how fast the run goes, never what it learns
+    async_envs: bool = False
+    """if toggled, split the games into two envpools: one plays its step while the network picks the other's actions"""
+    compile: bool = False
+    """if toggled, compile the policy step and the minibatch loss with torch.compile (pays on a GPU; the first iterations are slow while it compiles)"""
+    cudagraphs: bool = False
+    """if toggled, compile as --compile does and replay the policy step and minibatch loss as CUDA graphs (needs CUDA)"""
+
     # Algorithm
     env_id: str = "Breakout-v5"
     """the id of the environment: an envpool Atari game, `<Game>-v5`"""
@@ -108,7 +116,7 @@ class Args:
 
 # Settings that may differ between a run and its resumption; every other field must stay the same.
 RUNTIME_FIELDS = {"cuda", "track", "wandb_project_name", "wandb_entity", "capture_video", "save_model",
-                  "save_interval", "resume", "evaluate", "eval_episodes"}
+                  "save_interval", "resume", "evaluate", "eval_episodes", "async_envs", "compile", "cudagraphs"}
 
 
 def fail(message: str) -> NoReturn:
@@ -374,6 +382,14 @@ def ppo_loss(new_logprob: torch.Tensor, entropy: torch.Tensor, new_value: torch.
     return loss, stats
 
 
+def minibatch_loss(agent: Agent, obs: torch.Tensor, actions: torch.Tensor, old_logprob: torch.Tensor,
+                   old_value: torch.Tensor, advantages: torch.Tensor, returns: torch.Tensor,
+                   args: Args) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The network on one minibatch, then the PPO loss: the unit that --compile compiles."""
+    _, new_logprob, entropy, new_value = agent.get_action_and_value(obs, actions)
+    return ppo_loss(new_logprob, entropy, new_value.flatten(), old_logprob, old_value, advantages, returns, args)
+
+
 def explained_variance(predicted: np.ndarray, target: np.ndarray) -> float:
     """1 - Var[target - predicted] / Var[target]: 1 is a perfect value function, 0 no better than
     a constant, negative worse than one; nan when the targets do not vary."""
@@ -463,6 +479,11 @@ def main(args: Args) -> dict:
     # several times slower, spent waiting for the first.
     if "OMP_NUM_THREADS" not in os.environ:
         torch.set_num_threads(1)
+    if args.cudagraphs and device.type != "cuda":
+        fail("--cudagraphs needs a CUDA device: drop it, or run on a GPU (and without --no-cuda)")
+    if args.async_envs and args.num_envs % 2 != 0:
+        fail(f"--async-envs splits the games into two equal envpools, so --num-envs must be even, "
+             f"not {args.num_envs}")
     if args.evaluate:
         return {"episode_returns": evaluate(args, device)}
 
@@ -482,12 +503,30 @@ def main(args: Args) -> dict:
     # envpool is seeded when it is made, and its games cannot be saved: a resumed run starts new games,
     # on seeds that depend on where it resumes so that it does not replay the games it began with.
     start_step = checkpoint["global_step"] if checkpoint else 0
-    envs = make_envs(args.env_id, args.num_envs, seed=args.seed + start_step, capture_video=args.capture_video)
-    obs_shape = envs.observation_space.shape  # one game's: (4, 84, 84)
-    agent = Agent(envs.action_space.n).to(device)
+    # [Speed: asynchronous environments] With --async-envs the games are split into two envpools,
+    # each stepping on its own threads: while one pool plays a step, the network picks the actions of
+    # the other, so neither the games nor the network wait for each other. Pool k holds the games
+    # `columns[k]` of the rollout; environment i is seeded seed + i either way.
+    num_pools = 2 if args.async_envs else 1
+    pool_size = args.num_envs // num_pools
+    pools = [make_envs(args.env_id, pool_size, seed=args.seed + start_step + k * pool_size,
+                       capture_video=args.capture_video and k == 0) for k in range(num_pools)]
+    columns = [slice(k * pool_size, (k + 1) * pool_size) for k in range(num_pools)]
+    obs_shape = pools[0].observation_space.shape  # one game's: (4, 84, 84)
+    agent = Agent(pools[0].action_space.n).to(device)
     # [Core 3: The Adam optimizer's epsilon parameter] 1e-5 as in the original code, not PyTorch's 1e-8.
     # fused=True: the same Adam, in one kernel for all parameters instead of a dozen small ops each.
     optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
+
+    # [Speed: torch.compile] --compile turns the policy step and the minibatch loss (forward and
+    # backward) into a few fused kernels; [Speed: CUDA graphs] --cudagraphs also records each of them
+    # once as a CUDA graph and replays it, one launch instead of dozens, which is most of the network's
+    # time on a GPU at these batch sizes. The plain functions are the same computation.
+    policy_step, loss_on_minibatch = agent.get_action_and_value, minibatch_loss
+    if args.compile or args.cudagraphs:
+        mode = "reduce-overhead" if args.cudagraphs else "default"  # reduce-overhead = CUDA graphs
+        policy_step = torch.compile(policy_step, mode=mode)
+        loss_on_minibatch = torch.compile(loss_on_minibatch, mode=mode)
 
     if args.track:
         try:
@@ -502,13 +541,17 @@ def main(args: Args) -> dict:
         f"|{key}|{value}|" for key, value in {**asdict(args), "batch_size": batch_size,
                                               "minibatch_size": batch_size // args.num_minibatches,
                                               "num_iterations": num_iterations}.items()))
-    recorder = VideoRecorder(f"videos/{run_name}") if args.capture_video else None
+    recorder = VideoRecorder(f"videos/{run_name}") if args.capture_video else None  # the first game of pools[0]
 
     # Rollout storage, (num_steps, num_envs, ...), allocated once and refilled every iteration.
-    obs = np.zeros((args.num_steps, args.num_envs) + obs_shape, dtype=np.uint8)
-    actions = np.zeros((args.num_steps, args.num_envs), dtype=np.int64)
-    logprobs = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
-    values = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
+    # [Speed: one host transfer per step] What the network reads and writes lives on its device: the
+    # frames go there as uint8 once, log-probs and values never leave it during the rollout, and the
+    # only copy back to the host at each step is the actions the games need. What the games return,
+    # rewards and episode ends, stays in NumPy beside them.
+    obs = torch.zeros((args.num_steps, args.num_envs) + obs_shape, dtype=torch.uint8, device=device)
+    actions = torch.zeros((args.num_steps, args.num_envs), dtype=torch.long, device=device)
+    logprobs = torch.zeros((args.num_steps, args.num_envs), device=device)
+    values = torch.zeros((args.num_steps, args.num_envs), device=device)
     rewards = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
     dones = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
 
@@ -530,8 +573,32 @@ def main(args: Args) -> dict:
         print(f"resuming {run_name} at step {global_step:,} of {args.total_timesteps:,} (with new games)")
     else:
         start_iteration, global_step = 0, 0
-    next_obs, _ = envs.reset()
+    next_obs = np.concatenate([pool.reset()[0] for pool in pools])
     next_done = np.zeros(args.num_envs, dtype=bool)
+
+    def receive(pool, games: slice, step: int) -> None:
+        """Wait for `pool` to finish the step it was sent, rollout step `step` of its `games`, and
+        record what it returns: rewards, episode ends, the next observations, finished games' scores."""
+        nonlocal global_step
+        pool_obs, reward, terminations, truncations, info = pool.recv()
+        global_step += len(reward)
+        next_obs[games] = pool_obs
+        # A lost life (episodic_life) or a time-limit truncation ends the episode like a termination.
+        next_done[games] = terminations | truncations
+        rewards[step, games] = reward  # clipped
+
+        # The game is over when envpool says the game itself ended (info["terminated"], not a lost
+        # life) or the time limit cut it. envpool's reset steps add reward 0, so they do not count.
+        scores = game_score[games]  # a view: updating it updates game_score
+        scores += info["reward"]
+        game_over = info["terminated"].astype(bool) | truncations
+        if recorder and games.start == 0:
+            recorder.step(pool, game_over[0])
+        for i in np.flatnonzero(game_over):
+            writer.add_scalar("charts/episodic_return", scores[i], global_step)
+            writer.add_scalar("charts/episodic_length", info["elapsed_step"][i], global_step)
+            recent_returns.append(scores[i])
+        scores[game_over] = 0.0
 
     def write_checkpoint(iteration: int) -> None:
         cuda_rng = torch.cuda.get_rng_state_all() if device.type == "cuda" else None
@@ -552,41 +619,30 @@ def main(args: Args) -> dict:
             frac = 1.0 - (iteration - 1.0) / num_iterations
             optimizer.param_groups[0]["lr"] = frac * args.learning_rate
 
-        # Rollout: num_steps steps in every environment with the current policy. Nothing here loops
-        # over the environments: envpool steps them all in one call, and the game statistics are
-        # updated with whole-array operations.
+        # Rollout: num_steps steps in every environment with the current policy. Each pool is sent its
+        # actions and plays the step on envpool's threads; its results are received on its next turn,
+        # just before the network needs its observations again (or after the loop, for the last
+        # step). Nothing here loops over the games: envpool steps a whole pool in one call, and the
+        # game statistics are kept with whole-array operations.
         for step in range(args.num_steps):
-            global_step += args.num_envs
-            obs[step] = next_obs
-            dones[step] = next_done
-
-            with torch.inference_mode():
-                action, logprob, _, value = agent.get_action_and_value(torch.as_tensor(next_obs, device=device))
-            actions[step] = action = action.cpu().numpy()
-            logprobs[step] = logprob.cpu().numpy()
-            values[step] = value.flatten().cpu().numpy()
-
-            next_obs, reward, terminations, truncations, info = envs.step(action)
-            # A lost life (episodic_life) or a time-limit truncation ends the episode like a termination.
-            next_done = terminations | truncations
-            rewards[step] = reward  # clipped
-
-            # The game is over when envpool says the game itself ended (info["terminated"], not a lost
-            # life) or the time limit cut it. envpool's reset steps add reward 0, so they do not count.
-            game_score += info["reward"]
-            game_over = info["terminated"].astype(bool) | truncations
-            if recorder:
-                recorder.step(envs, game_over[0])
-            if game_over.any():
-                for i in np.flatnonzero(game_over):
-                    writer.add_scalar("charts/episodic_return", game_score[i], global_step)
-                    writer.add_scalar("charts/episodic_length", info["elapsed_step"][i], global_step)
-                    recent_returns.append(game_score[i])
-                game_score[game_over] = 0.0
+            for pool, games in zip(pools, columns):
+                if step > 0:
+                    receive(pool, games, step - 1)
+                obs[step, games] = torch.from_numpy(next_obs[games])
+                dones[step, games] = next_done[games]
+                if args.cudagraphs:  # the previous replay's outputs are in storage by now
+                    torch.compiler.cudagraph_mark_step_begin()
+                with torch.inference_mode():
+                    action, logprob, _, value = policy_step(obs[step, games])
+                actions[step, games], logprobs[step, games], values[step, games] = action, logprob, value.flatten()
+                pool.send(action.cpu().numpy())  # the one copy to the host
+        for pool, games in zip(pools, columns):
+            receive(pool, games, args.num_steps - 1)
 
         with torch.no_grad():
             next_value = agent.get_value(torch.as_tensor(next_obs, device=device))
-        advantages, returns = compute_gae(rewards, values, dones, next_value.cpu().numpy().flatten(), next_done,
+        host_values = values.cpu().numpy()
+        advantages, returns = compute_gae(rewards, host_values, dones, next_value.cpu().numpy().flatten(), next_done,
                                           args.gamma, args.gae_lambda)
 
         # envpool's autoreset: the step after an episode ended (a lost life or the game's end) only
@@ -595,10 +651,11 @@ def main(args: Args) -> dict:
         # 1, and they are left out of the batch: no action was taken there. GAE needs nothing more:
         # dones[t] = 1 already stops the step before it from bootstrapping, as at any episode's end.
         real = np.flatnonzero(dones.reshape(-1) == 0)
-        b_obs = torch.as_tensor(obs.reshape((-1,) + obs_shape)[real], device=device)
-        b_actions = torch.as_tensor(actions.reshape(-1)[real], device=device)
-        b_logprobs = torch.as_tensor(logprobs.reshape(-1)[real], device=device)
-        b_values = torch.as_tensor(values.reshape(-1)[real], device=device)
+        real_on_device = torch.as_tensor(real, device=device)
+        b_obs = obs.reshape((-1,) + obs_shape)[real_on_device]
+        b_actions = actions.reshape(-1)[real_on_device]
+        b_logprobs = logprobs.reshape(-1)[real_on_device]
+        b_values = values.reshape(-1)[real_on_device]
         b_advantages = torch.as_tensor(advantages.reshape(-1)[real], device=device)
         b_returns = torch.as_tensor(returns.reshape(-1)[real], device=device)
 
@@ -609,26 +666,28 @@ def main(args: Args) -> dict:
         for epoch in range(args.update_epochs):
             np.random.shuffle(b_inds)
             for mb_inds in torch.tensor_split(torch.from_numpy(b_inds).to(device), args.num_minibatches):
-                _, new_logprob, entropy, new_value = agent.get_action_and_value(b_obs[mb_inds], b_actions[mb_inds])
-                loss, stats = ppo_loss(new_logprob, entropy, new_value.flatten(), b_logprobs[mb_inds],
-                                       b_values[mb_inds], b_advantages[mb_inds], b_returns[mb_inds], args)
+                if args.cudagraphs:
+                    torch.compiler.cudagraph_mark_step_begin()
+                loss, stats = loss_on_minibatch(agent, b_obs[mb_inds], b_actions[mb_inds], b_logprobs[mb_inds],
+                                                b_values[mb_inds], b_advantages[mb_inds], b_returns[mb_inds], args)
                 optimizer.zero_grad()
                 loss.backward()
                 # [Core 11: Global gradient clipping] the norm of all gradients together is capped.
                 nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm, foreach=True)
                 optimizer.step()
-                minibatch_stats.append(stats)
+                # Stacked into a new tensor: a CUDA graph's next replay overwrites its outputs.
+                minibatch_stats.append(torch.stack(list(stats.values())))
             if args.target_kl is not None and stats["approx_kl"] > args.target_kl:
                 break
 
         # [Core 12: Debug variables] averaged over every minibatch of this update.
-        means = {key: torch.stack([s[key] for s in minibatch_stats]).mean().item() for key in minibatch_stats[0]}
+        means = dict(zip(stats.keys(), torch.stack(minibatch_stats).mean(dim=0).tolist()))
         sps = int((global_step - start_step) / (time.time() - start_time))
         writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
         for key in ("value_loss", "policy_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac"):
             writer.add_scalar(f"losses/{key}", means[key], global_step)
         writer.add_scalar("losses/explained_variance",
-                          explained_variance(values.reshape(-1)[real], returns.reshape(-1)[real]), global_step)
+                          explained_variance(host_values.reshape(-1)[real], returns.reshape(-1)[real]), global_step)
         writer.add_scalar("charts/SPS", sps, global_step)
 
         if time.time() - last_print > 2.0 or iteration == num_iterations or interrupt.requested:
@@ -644,7 +703,8 @@ def main(args: Args) -> dict:
             break
 
     interrupt.restore()
-    envs.close()
+    for pool in pools:
+        pool.close()
     writer.close()
     if args.track:
         wandb.finish()

@@ -10,9 +10,9 @@ import torch
 pytest.importorskip("envpool")
 
 import ppo.ppo_atari_envpool as script  # noqa: E402
-from conftest import (REPO, assert_details_marked, expect_missing_package_error, expect_usage_error,  # noqa: E402
-                      interrupt_after_first_progress_line, only_run_dir, read_scalars, run_script,
-                      without_module)
+from conftest import (REPO, assert_details_marked, assert_logs_every_metric,  # noqa: E402
+                      expect_missing_package_error, expect_usage_error, interrupt_after_first_progress_line,
+                      only_run_dir, read_scalars, run_script, without_module)
 from ppo.ppo_atari_envpool import Args, main, make_envs  # noqa: E402
 
 TINY = ["--num-envs", "2", "--num-steps", "16", "--num-minibatches", "2", "--no-cuda"]
@@ -80,11 +80,13 @@ def test_observations_rewards_and_unclipped_info_rewards():
     assert 44.0 in unclipped  # BeamRider's points per enemy: the training reward is 1, the score 44
 
 
-def test_logged_game_scores_are_the_sums_of_info_reward_over_whole_games(workdir, monkeypatch):
+@pytest.mark.parametrize("async_envs", [False, True], ids=["one-pool", "two-pools"])
+def test_logged_game_scores_are_the_sums_of_info_reward_over_whole_games(workdir, monkeypatch, async_envs):
     """Train briefly while recording every step envpool returns; recompute each game's score by hand
     (the sum of info["reward"] until the game itself ends, across lost lives) and compare with
-    charts/episodic_return."""
-    recorded = []
+    charts/episodic_return, logged at the number of steps played so far. With --async-envs the two
+    pools' steps alternate, each adding its own games' steps to the count."""
+    recorded = []  # (pool, terminated, truncated, info) in the order the training loop received them
 
     class Recording:
         def __init__(self, envs):
@@ -93,26 +95,30 @@ def test_logged_game_scores_are_the_sums_of_info_reward_over_whole_games(workdir
         def __getattr__(self, name):
             return getattr(self.envs, name)
 
-        def step(self, action):
-            result = self.envs.step(action)
-            recorded.append((result[2].copy(), result[3].copy(), {k: result[4][k].copy() for k in
-                                                                   ("reward", "terminated", "elapsed_step")}))
+        def recv(self):
+            result = self.envs.recv()
+            recorded.append((id(self), result[2].copy(), result[3].copy(),
+                             {k: result[4][k].copy() for k in ("reward", "terminated", "elapsed_step")}))
             return result
 
     make = script.make_envs
     monkeypatch.setattr(script, "make_envs", lambda *args, **kwargs: Recording(make(*args, **kwargs)))
-    main(Args(env_id="Breakout-v5", total_timesteps=1024, seed=5, **TINY_ARGS))
+    main(Args(env_id="Breakout-v5", total_timesteps=1024, seed=5, async_envs=async_envs, **TINY_ARGS))
 
-    expected, lives_lost_in_logged_games = [], 0
-    score, lost = np.zeros(2), np.zeros(2)
-    for step, (terminated, truncated, info) in enumerate(recorded):
-        score += info["reward"]
+    expected, lives_lost_in_logged_games, steps_played = [], 0, 0
+    score, lost = {}, {}
+    for pool, terminated, truncated, info in recorded:
+        score.setdefault(pool, np.zeros(len(terminated)))
+        lost.setdefault(pool, np.zeros(len(terminated)))
+        steps_played += len(terminated)
+        score[pool] += info["reward"]
         over = info["terminated"].astype(bool) | truncated
-        lost += terminated & ~over
+        lost[pool] += terminated & ~over
         for i in np.flatnonzero(over):
-            expected.append(((step + 1) * 2, score[i], info["elapsed_step"][i]))
-            lives_lost_in_logged_games += lost[i]
-        score[over], lost[over] = 0.0, 0
+            expected.append((steps_played, score[pool][i], info["elapsed_step"][i]))
+            lives_lost_in_logged_games += lost[pool][i]
+        score[pool][over], lost[pool][over] = 0.0, 0
+    assert len(score) == (2 if async_envs else 1) and steps_played == 1024
     scalars = read_scalars(only_run_dir(workdir))
     logged = [(step, value) for step, value in scalars["charts/episodic_return"]]
     assert len(expected) >= 2 and lives_lost_in_logged_games >= 4  # whole games, across lives
@@ -120,10 +126,11 @@ def test_logged_game_scores_are_the_sums_of_info_reward_over_whole_games(workdir
     assert [value for _, value in scalars["charts/episodic_length"]] == [length for _, _, length in expected]
 
 
-def test_an_interrupted_run_resumes_with_new_games_and_evaluates(tmp_path):
+@pytest.mark.parametrize("speed_flags", [[], ["--async-envs"]], ids=["one-pool", "two-pools"])
+def test_an_interrupted_run_resumes_with_new_games_and_evaluates(tmp_path, speed_flags):
     """envpool's games cannot be saved: the weights, optimizer, random generators and counters
     resume exactly, and the games start anew."""
-    flags = ["--total-timesteps", "160", "--save-model", *TINY]
+    flags = ["--total-timesteps", "160", "--save-model", *TINY, *speed_flags]
     code, output = interrupt_after_first_progress_line("ppo_atari_envpool.py", flags, cwd=tmp_path)
     assert code == 130, output
     checkpoint_path = only_run_dir(tmp_path) / "checkpoint.pt"
@@ -172,3 +179,57 @@ def test_the_speed_benchmark_measures_envpool():
     assert speed.is_envpool(make_envs("Breakout-v5", 2))
     wall, cpu = speed.raw_env_speed(script, "Breakout-v5", 2, seconds=0.2)
     assert wall > 0 and cpu > 0
+
+
+# --- Speed options: --async-envs, --compile, --cudagraphs -------------------------------------------
+
+
+def test_two_pools_play_the_same_games_as_one():
+    """--async-envs splits the games into two envpools seeded so that environment i gets seed + i, as
+    in one pool: the same actions give the same frames, rewards and episode ends."""
+    rng = np.random.default_rng(0)
+    one = make_envs("Breakout-v5", 4, seed=7)
+    halves = [make_envs("Breakout-v5", 2, seed=7), make_envs("Breakout-v5", 2, seed=9)]
+    first = [one.reset()[0], np.concatenate([half.reset()[0] for half in halves])]
+    np.testing.assert_array_equal(*first)
+    for _ in range(200):
+        action = rng.integers(one.action_space.n, size=4)
+        whole = one.step(action)
+        split = [half.step(action[2 * k:2 * k + 2]) for k, half in enumerate(halves)]
+        for part in range(4):  # obs, reward, terminated, truncated
+            np.testing.assert_array_equal(whole[part], np.concatenate([s[part] for s in split]))
+    for envs in (one, *halves):
+        envs.close()
+
+
+def test_compiled_minibatch_loss_has_the_plain_loss_and_gradients():
+    """--compile runs the same computation: on the same minibatch, the compiled loss and the gradients
+    it leads to equal the plain ones up to float rounding."""
+    torch.manual_seed(0)
+    agent = script.Agent(num_actions=4)
+    batch = (torch.randint(0, 256, (32, 4, 84, 84), dtype=torch.uint8), torch.randint(0, 4, (32,)),
+             -torch.rand(32) - 1.0, torch.randn(32), torch.randn(32), torch.randn(32))
+    results = []
+    for loss_function in (script.minibatch_loss, torch.compile(script.minibatch_loss)):
+        agent.zero_grad()
+        loss, stats = loss_function(agent, *batch, Args())
+        loss.backward()
+        results.append((loss.detach(), stats, [p.grad.clone() for p in agent.parameters()]))
+    (plain_loss, plain_stats, plain_grads), (compiled_loss, compiled_stats, compiled_grads) = results
+    torch.testing.assert_close(compiled_loss, plain_loss, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(compiled_stats, plain_stats, rtol=1e-5, atol=1e-6)
+    for compiled, plain in zip(compiled_grads, plain_grads):
+        torch.testing.assert_close(compiled, plain, rtol=1e-4, atol=1e-6)
+
+
+def test_async_envs_and_compile_train_and_log_every_metric(workdir):
+    result = main(Args(env_id="Breakout-v5", total_timesteps=256, async_envs=True, compile=True, **TINY_ARGS))
+    assert result["global_step"] == 256
+    assert_logs_every_metric(only_run_dir(workdir), except_for=("charts/episodic_return", "charts/episodic_length"))
+
+
+def test_speed_options_refuse_what_cannot_work(capsys, workdir):
+    expect_usage_error(capsys, lambda: main(Args(cudagraphs=True, **TINY_ARGS)), "ppo_atari_envpool.py",
+                       "--cudagraphs needs a CUDA device")
+    expect_usage_error(capsys, lambda: main(Args(async_envs=True, **{**TINY_ARGS, "num_envs": 3})),
+                       "ppo_atari_envpool.py", "--num-envs must be even")
