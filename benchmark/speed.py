@@ -1,22 +1,30 @@
-"""Training speed of a script against the raw speed of its environments, measured in one run.
+"""Training speed of the scripts against the raw speed of their environments, measured in one run.
 
-    python benchmark/speed.py                                  # ppo.py on CartPole-v1
-    python benchmark/speed.py --env-id Acrobot-v1 --total-timesteps 200000
-    python benchmark/speed.py --script ppo_atari_envpool.py --env-id Breakout-v5 --num-envs 8 --total-timesteps 50000
+    python benchmark/speed.py                                   # every script, speed options off and on
+    python benchmark/speed.py --scripts ppo.py                  # ppo.py on CartPole-v1
+    python benchmark/speed.py --scripts ppo_atari_envpool.py --env-id Pong-v5 --num-envs 16 \\
+        --set clip_coef=0.2 num_minibatches=8 update_epochs=3 --options plain async_envs async_envs+compile
 
-First the script's own vector environment (built by the script's `make_envs`, so with the same
-wrappers and autoreset mode) is stepped with random actions for `--raw-seconds`; then the script's
-`main()` trains in a temporary directory, in this process, after every import is done. Both phases
-are timed by the wall clock and by the CPU time of this process. The ratio of training to raw
+For each script, its own vector environment (built by the script's `make_envs`, so with the same
+wrappers) is first stepped with random actions for `--raw-seconds`: the most the training could
+reach. Then the script's `main()` trains in a temporary directory, in this process, once for each
+combination of speed options (`--async-envs`, `--compile`, `--cudagraphs`, where the script has
+them), on the CPU and, when there is one, on the GPU. One table comes out at the end.
+
+Training speed is measured after the first `--warmup-iterations` iterations, which pay for
+torch.compile's compilation and for recording CUDA graphs: the steps and the clocks are read each
+time the script logs charts/SPS, at the end of every iteration. The ratio of training to raw
 throughput is what the training loop costs beyond the environments: 1.0 would mean learning for free.
 
 Wall-clock figures are what a user sees, but they drop whenever anything else runs on the machine;
-the CPU-time figures hardly move, so on a shared machine compare those.
+CPU-time figures (the CPU time of this process, its environment threads included) hardly move, so on
+a shared machine compare those.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import os
 import sys
@@ -28,6 +36,20 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+# What each script is measured on by default: env id, number of environments (the script's default)
+# and training steps: 4 iterations of the default batch (1 to warm up, 3 measured), 40 for ppo.py,
+# whose iterations are short.
+DEFAULTS = {
+    "ppo.py": ("CartPole-v1", 4, 40 * 512),
+    "ppo_atari.py": ("BreakoutNoFrameskip-v4", 8, 4 * 1024),
+    "ppo_atari_lstm.py": ("BreakoutNoFrameskip-v4", 8, 4 * 1024),
+    "ppo_atari_envpool.py": ("Breakout-v5", 8, 4 * 1024),
+    "ppo_continuous_action.py": ("Hopper-v4", 1, 4 * 2048),
+    "ppo_procgen.py": ("starpilot", 64, 4 * 16384),
+    "ppo_atari_multigpu.py": ("BreakoutNoFrameskip-v4", 8, 4 * 1024),
+}
+SPEED_OPTIONS = ("async_envs", "compile", "cudagraphs")
 
 
 def timed(function) -> tuple[float, float]:
@@ -70,38 +92,113 @@ def raw_env_speed(script, env_id: str, num_envs: int, seconds: float) -> tuple[f
     return steps / wall, steps / cpu
 
 
-def training_speed(script, env_id: str, num_envs: int, total_timesteps: int) -> tuple[float, float]:
-    """(wall, CPU) environment steps per second of a training run with the script's defaults."""
-    args = script.Args(env_id=env_id, num_envs=num_envs, total_timesteps=total_timesteps, cuda=False)
-    previous = os.getcwd()
+def training_speed(script, args, warmup_iterations: int) -> tuple[float, float]:
+    """(wall, CPU) environment steps per second of `script.main(args)`, from the end of iteration
+    `warmup_iterations` to the end of the run. The clocks are read whenever the script logs
+    charts/SPS, which every script does once per iteration."""
+    marks = []  # (global_step, wall, CPU) at the end of each iteration
+
+    class ClockedWriter(script.SummaryWriter):
+        def add_scalar(self, tag, value, global_step=None, *rest, **options):
+            if tag == "charts/SPS":
+                marks.append((global_step, time.perf_counter(), time.process_time()))
+            return super().add_scalar(tag, value, global_step, *rest, **options)
+
+    previous_directory, previous_writer = os.getcwd(), script.SummaryWriter
     with tempfile.TemporaryDirectory() as workdir:
         os.chdir(workdir)
+        script.SummaryWriter = ClockedWriter
         try:
-            result = {}
-            wall, cpu = timed(lambda: result.update(script.main(args)))
+            script.main(args)
         finally:
-            os.chdir(previous)
-    return result["global_step"] / wall, result["global_step"] / cpu
+            script.SummaryWriter = previous_writer
+            os.chdir(previous_directory)
+    if len(marks) <= warmup_iterations + 1:
+        raise SystemExit(f"speed.py: error: {len(marks)} iterations are too few to measure after "
+                         f"{warmup_iterations} warm-up iterations: raise --total-timesteps")
+    (first_step, first_wall, first_cpu), (last_step, last_wall, last_cpu) = marks[warmup_iterations], marks[-1]
+    steps = last_step - first_step
+    return steps / (last_wall - first_wall), steps / (last_cpu - first_cpu)
+
+
+def option_sets(script, device: str, requested: list[str] | None) -> list[tuple[str, ...]]:
+    """The combinations of speed options to measure: those requested, or by default none, each option
+    the script has alone, and all of them together. --cudagraphs only on a GPU."""
+    available = [name for name in SPEED_OPTIONS if name in {f.name for f in dataclasses.fields(script.Args)}
+                 and not (name == "cudagraphs" and device != "cuda")]
+    if requested is not None:
+        sets = [tuple(part for part in item.split("+") if part != "plain") for item in requested]
+        return [options for options in sets if all(name in available for name in options)]
+    sets = [()] + [(name,) for name in available]
+    if len(available) > 1:
+        sets.append(tuple(available))
+    return sets
+
+
+def field_values(script, assignments: list[str]) -> dict:
+    """`--set name=value ...` as Args fields, each value converted to the type of the field's default."""
+    defaults = {f.name: f.default for f in dataclasses.fields(script.Args)}
+    values = {}
+    for assignment in assignments:
+        name, _, text = assignment.partition("=")
+        if name not in defaults:
+            raise SystemExit(f"speed.py: error: {script.__name__} has no setting {name!r} (from --set {assignment})")
+        kind = type(defaults[name])
+        values[name] = text.lower() in ("1", "true", "yes") if kind is bool else kind(text)
+    return values
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--script", default="ppo.py", help="script in ppo/ (default: ppo.py)")
-    parser.add_argument("--env-id", default="CartPole-v1")
-    parser.add_argument("--num-envs", type=int, default=4)
-    parser.add_argument("--total-timesteps", type=int, default=200_000)
-    parser.add_argument("--raw-seconds", type=float, default=10.0)
+    parser.add_argument("--scripts", nargs="+", default=list(DEFAULTS), metavar="SCRIPT",
+                        help="scripts in ppo/ to measure (default: all of them)")
+    parser.add_argument("--env-id", help="environment to measure on (default: each script's own, see DEFAULTS)")
+    parser.add_argument("--num-envs", type=int, help="number of environments (default: each script's own)")
+    parser.add_argument("--total-timesteps", type=int, help="training steps per measurement (default: a few iterations)")
+    parser.add_argument("--set", nargs="+", default=[], metavar="NAME=VALUE",
+                        help="other settings of the scripts' Args, e.g. --set num_minibatches=8 clip_coef=0.2")
+    parser.add_argument("--options", nargs="+", metavar="OPTIONS",
+                        help="speed options to measure, e.g. plain async_envs compile+cudagraphs "
+                             "(default: none, each alone, all together)")
+    parser.add_argument("--devices", nargs="+", choices=["cpu", "cuda"],
+                        help="where to train (default: cpu, and cuda when there is a GPU)")
+    parser.add_argument("--raw-seconds", type=float, default=10.0, help="how long to step the raw environments")
+    parser.add_argument("--warmup-iterations", type=int, default=1,
+                        help="iterations left out of the training speed (compilation, CUDA-graph recording)")
     args = parser.parse_args()
 
-    script = importlib.import_module(f"ppo.{args.script.removesuffix('.py')}")
-    raw_wall, raw_cpu = raw_env_speed(script, args.env_id, args.num_envs, args.raw_seconds)
-    train_wall, train_cpu = training_speed(script, args.env_id, args.num_envs, args.total_timesteps)
-    print()
-    print("| script | env | envs | clock | raw env SPS | training SPS | ratio |")
-    print("|---|---|---|---|---|---|---|")
-    for clock, raw, train in (("wall", raw_wall, train_wall), ("CPU", raw_cpu, train_cpu)):
-        print(f"| {args.script} | {args.env_id} | {args.num_envs} | {clock} | {raw:,.0f} | {train:,.0f} | "
-              f"{train / raw:.3f} |")
+    import torch
+
+    devices = args.devices or (["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"])
+    if "cuda" in devices and not torch.cuda.is_available():
+        raise SystemExit("speed.py: error: --devices cuda, but PyTorch sees no CUDA device")
+    device_name = torch.cuda.get_device_name() if "cuda" in devices else "no GPU"
+    rows = []
+    for script_file in args.scripts:
+        if script_file not in DEFAULTS:
+            raise SystemExit(f"speed.py: error: unknown script {script_file!r}: pick from {', '.join(DEFAULTS)}")
+        script = importlib.import_module(f"ppo.{script_file.removesuffix('.py')}")
+        default_env, default_num_envs, default_timesteps = DEFAULTS[script_file]
+        env_id, num_envs = args.env_id or default_env, args.num_envs or default_num_envs
+        settings = field_values(script, args.set)
+        raw_wall, raw_cpu = raw_env_speed(script, env_id, num_envs, args.raw_seconds)
+        for device in devices:
+            for options in option_sets(script, device, args.options):
+                run_args = script.Args(env_id=env_id, num_envs=num_envs, cuda=device == "cuda",
+                                       total_timesteps=args.total_timesteps or default_timesteps,
+                                       **settings, **{name: True for name in options})
+                print(f"{script_file} on {env_id}, {num_envs} envs, {device}, "
+                      f"options: {'+'.join(options) or 'plain'}", flush=True)
+                train_wall, train_cpu = training_speed(script, run_args, args.warmup_iterations)
+                rows.append((script_file, env_id, num_envs, device, "+".join(options) or "plain",
+                             raw_wall, train_wall, raw_cpu, train_cpu))
+
+    print(f"\n{time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPU cores, {device_name}, torch {torch.__version__}\n")
+    print("| script | env | envs | device | options | raw env SPS | training SPS | ratio | CPU-time ratio |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for script_file, env_id, num_envs, device, options, raw_wall, train_wall, raw_cpu, train_cpu in rows:
+        print(f"| {script_file} | {env_id} | {num_envs} | {device} | {options} | {raw_wall:,.0f} | "
+              f"{train_wall:,.0f} | {train_wall / raw_wall:.3f} | {train_cpu / raw_cpu:.3f} |")
 
 
 if __name__ == "__main__":

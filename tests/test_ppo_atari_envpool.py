@@ -10,7 +10,7 @@ import torch
 pytest.importorskip("envpool")
 
 import ppo.ppo_atari_envpool as script  # noqa: E402
-from conftest import (REPO, assert_details_marked, assert_logs_every_metric,  # noqa: E402
+from conftest import (assert_details_marked, assert_logs_every_metric,  # noqa: E402
                       expect_missing_package_error, expect_usage_error, interrupt_after_first_progress_line,
                       only_run_dir, read_scalars, run_script, without_module)
 from ppo.ppo_atari_envpool import Args, main, make_envs  # noqa: E402
@@ -171,11 +171,8 @@ def test_every_core_and_atari_detail_is_marked_in_the_script():
 def test_the_speed_benchmark_measures_envpool():
     """benchmark/speed.py's raw measurement copes with envpool's API: seeded when made, reset()
     without a seed, and an action_space that is one game's."""
-    import importlib.util
+    from benchmark import speed
 
-    spec = importlib.util.spec_from_file_location("speed", REPO / "benchmark" / "speed.py")
-    speed = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(speed)
     assert speed.is_envpool(make_envs("Breakout-v5", 2))
     wall, cpu = speed.raw_env_speed(script, "Breakout-v5", 2, seconds=0.2)
     assert wall > 0 and cpu > 0
