@@ -573,7 +573,11 @@ def main(args: Args) -> dict:
         print(f"resuming {run_name} at step {global_step:,} of {args.total_timesteps:,} (with new games)")
     else:
         start_iteration, global_step = 0, 0
-    next_obs = np.concatenate([pool.reset()[0] for pool in pools])
+    # The games' latest observations, waiting for the network. On a GPU machine they are kept in
+    # page-locked ("pinned") memory, which the GPU copies from directly and without blocking.
+    next_obs_pinned = torch.zeros((args.num_envs,) + obs_shape, dtype=torch.uint8, pin_memory=device.type == "cuda")
+    next_obs = next_obs_pinned.numpy()  # the same memory, for NumPy
+    next_obs[:] = np.concatenate([pool.reset()[0] for pool in pools])
     next_done = np.zeros(args.num_envs, dtype=bool)
 
     def receive(pool, games: slice, step: int) -> None:
@@ -628,7 +632,9 @@ def main(args: Args) -> dict:
             for pool, games in zip(pools, columns):
                 if step > 0:
                     receive(pool, games, step - 1)
-                obs[step, games] = torch.from_numpy(next_obs[games])
+                # non_blocking: the copy may overlap the network's start; it is done once action.cpu()
+                # below returns, before the next receive() overwrites next_obs.
+                obs[step, games].copy_(next_obs_pinned[games], non_blocking=True)
                 dones[step, games] = next_done[games]
                 if args.cudagraphs:  # the previous replay's outputs are in storage by now
                     torch.compiler.cudagraph_mark_step_begin()
@@ -640,7 +646,7 @@ def main(args: Args) -> dict:
             receive(pool, games, args.num_steps - 1)
 
         with torch.no_grad():
-            next_value = agent.get_value(torch.as_tensor(next_obs, device=device))
+            next_value = agent.get_value(next_obs_pinned.to(device))
         host_values = values.cpu().numpy()
         advantages, returns = compute_gae(rewards, host_values, dones, next_value.cpu().numpy().flatten(), next_done,
                                           args.gamma, args.gae_lambda)
