@@ -355,10 +355,17 @@ def sbatch(program: str, options: list[str], script: Path) -> str:
     return result.stdout.strip().splitlines()[-1].split(";")[0]
 
 
-def submit(bench: Benchmark, report_dir: Path, args: argparse.Namespace) -> int:
+def find_sbatch() -> str:
+    program = shutil.which("sbatch")
+    if program is None:
+        fail("sbatch not found: run --slurm where Slurm's commands are on PATH (a cluster's login node), "
+             "or without --slurm to run here")
+    return program
+
+
+def submit(bench: Benchmark, report_dir: Path, args: argparse.Namespace, template: str, program: str | None) -> int:
     """Write the array job (a task per run not finished earlier) and the report job that runs after
-    it, then submit both, unless --dry-run."""
-    template = read_template(args.slurm_template or SLURM_TEMPLATE)
+    it from the template, then submit both with `program` (sbatch), unless --dry-run."""
     runs = bench.runs()
     todo = [index for index, run in enumerate(runs) if args.force or not run.finished_earlier()]
     variant = runs[0].variant
@@ -391,10 +398,6 @@ def submit(bench: Benchmark, report_dir: Path, args: argparse.Namespace) -> int:
               + (f"sbatch {array_script}, then " if todo else "")
               + f"sbatch --dependency={'afterany:<its job id>,' if todo else ''}singleton {report_script}")
         return 0
-    program = shutil.which("sbatch")
-    if program is None:
-        fail("sbatch not found: run --slurm where Slurm's commands are on PATH (a cluster's login node), "
-             "or without --slurm to run here")
     jobs = []
     if todo:
         array_job = sbatch(program, [], array_script)
@@ -404,15 +407,18 @@ def submit(bench: Benchmark, report_dir: Path, args: argparse.Namespace) -> int:
     dependency = f"afterany:{jobs[0]},singleton" if todo else "singleton"
     report_job = sbatch(program, [f"--dependency={dependency}"], report_script)
     jobs.append(report_job)
-    print(f"slurm: submitted report job {report_job}, to run after the array: {shlex.join(report)}", flush=True)
-    print(f"  follow:  squeue -j {','.join(jobs)}\n"
-          f"  each run's output, as without --slurm: {bench.log_dir / variant}/<env id>__seed<S>.log "
-          f"(.done beside it when the run succeeded)\n"
-          + (f"  Slurm's output of each task: {str(array_output).replace('%A', jobs[0]).replace('%a', '<task>')}\n"
-             if todo else "")
-          + f"  the report job's output: {str(report_output).replace('%j', report_job)}\n"
-          f"  the report, when the array is done: {report_dir}/ (or by hand: {shlex.join(report)})\n"
-          f"  cancel:  scancel {' '.join(jobs)}; submitting again leaves out the runs that finished", flush=True)
+    print(f"slurm: submitted report job {report_job}, to run {'after the array' if todo else 'now'}: "
+          f"{shlex.join(report)}", flush=True)
+    hints = [f"  follow:  squeue -j {','.join(jobs)}",
+             f"  each run's output, as without --slurm: {bench.log_dir / variant}/<env id>__seed<S>.log "
+             "(.done beside it when the run succeeded)"]
+    if todo:
+        hints.append(f"  Slurm's output of each task: "
+                     f"{str(array_output).replace('%A', jobs[0]).replace('%a', '<task>')}")
+    hints += [f"  the report job's output: {str(report_output).replace('%j', report_job)}",
+              f"  the report, when the array is done: {report_dir}/ (or by hand: {shlex.join(report)})",
+              f"  cancel:  scancel {' '.join(jobs)}; submitting again leaves out the runs that finished"]
+    print("\n".join(hints), flush=True)
     return 0
 
 
@@ -467,7 +473,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                            ("--slurm-template", args.slurm_template), ("--report-dir", args.report_dir)]
                   if value is not None]
     if slurm_only and not args.slurm:
-        parser.error(f"{', '.join(slurm_only)} only go with --slurm")
+        parser.error(f"{', '.join(slurm_only)}: only with --slurm")
     if (args.gpus is not None and args.gpus < 1) or (args.cpus_per_task is not None and args.cpus_per_task < 1):
         parser.error("--gpus and --cpus-per-task must be at least 1")
     if args.task_index is not None and (args.slurm or args.quick or args.dry_run):
@@ -477,6 +483,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.slurm:
+        # What a submission needs is checked before anything is written.
+        template = read_template(args.slurm_template or SLURM_TEMPLATE)
+        program = None if args.dry_run else find_sbatch()
     if args.quick:
         bench = quick_benchmark(args.quick_dir, shared=args.slurm)
         report_dir = args.report_dir or bench.workdir / "results"
@@ -486,7 +496,7 @@ def main(argv: list[str] | None = None) -> int:
         bench = Benchmark(args.command, args.env_ids, seeds, args.workdir, args.log_dir)
         report_dir = args.report_dir or bench.workdir / "results"
     if args.slurm:
-        return submit(bench, report_dir, args)
+        return submit(bench, report_dir, args, template, program)
     runs = bench.runs()
     if args.task_index is not None:
         if not 0 <= args.task_index < len(runs):

@@ -145,6 +145,7 @@ def test_submission_prints_the_jobs_and_how_to_follow_them(tmp_path):
 def test_sbatch_not_found(tmp_path):
     result = submit_fake(tmp_path, env=bin_dir(tmp_path))
     expect_error_line(result, "run.py", "sbatch not found", "without --slurm")
+    assert not (tmp_path / SLURM_DIR).exists()  # checked before anything is written
 
 
 def test_a_refused_submission_shows_slurms_message(tmp_path):
