@@ -374,7 +374,8 @@ def submit(bench: Benchmark, report_dir: Path, args: argparse.Namespace, templat
     here = f"cd {shlex.quote(os.getcwd())}\n"
 
     array_script = slurm_dir / f"{variant}.sbatch"
-    array_output = slurm_dir / f"{variant}_%A_%a.out"
+    # Absolute, as Slurm reads a relative one from where sbatch is run, and a script may be resubmitted by hand.
+    array_output = slurm_dir.resolve() / f"{variant}_%A_%a.out"
     if todo:
         array_script.write_text(fill(template, {
             "job_name": f"ppo-benchmark-{variant}", "output": str(array_output),
@@ -386,7 +387,7 @@ def submit(bench: Benchmark, report_dir: Path, args: argparse.Namespace, templat
     else:
         print(f"slurm: all {len(runs)} run(s) finished earlier: no array job, only the report", flush=True)
     report_script = slurm_dir / f"{variant}-report.sbatch"
-    report_output = slurm_dir / f"{variant}-report_%j.out"
+    report_output = slurm_dir.resolve() / f"{variant}-report_%j.out"
     report = bench.report_command(report_dir)
     report_script.write_text(fill(template, {
         "job_name": REPORT_JOB_NAME, "output": str(report_output), "array_line": "",

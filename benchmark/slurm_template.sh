@@ -7,8 +7,9 @@
 ##
 ##   {job_name}        the job's name: ppo-benchmark-<variant> for the runs, ppo-benchmark-report for
 ##                     the report job that runs after them
-##   {output}          the file Slurm writes the job's own output to (%A the array's job id, %a the task
-##                     index; %j the report job's id); each run's output also goes to its usual log
+##   {output}          the file Slurm writes the job's own output to, an absolute path (%A the array's
+##                     job id, %a the task index; %j the report job's id); each run's output also goes
+##                     to its usual log
 ##   {array_line}      `#SBATCH --array=...`: the indices of the runs still to do (finished ones are
 ##                     left out); empty in the report job
 ##   {resource_lines}  one `#SBATCH` line per resource option: --partition, --gpus N (as --gres=gpu:N),

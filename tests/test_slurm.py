@@ -56,7 +56,7 @@ def test_job_array_has_a_task_per_run_and_the_resource_lines(tmp_path):
     script = (tmp_path / SLURM_DIR / "fake.sbatch").read_text()
     assert sbatch_lines(script) == [
         "#SBATCH --job-name=ppo-benchmark-fake",
-        f"#SBATCH --output={SLURM_DIR}/fake_%A_%a.out",
+        f"#SBATCH --output={(tmp_path / SLURM_DIR).resolve()}/fake_%A_%a.out",
         "#SBATCH --array=0-3",
         "#SBATCH --partition=gpu",
         "#SBATCH --gres=gpu:1",
@@ -77,7 +77,7 @@ def test_job_array_has_a_task_per_run_and_the_resource_lines(tmp_path):
     report = (tmp_path / SLURM_DIR / "fake-report.sbatch").read_text()
     assert sbatch_lines(report) == [  # no array, no GPU, the default CPU
         "#SBATCH --job-name=ppo-benchmark-report",
-        f"#SBATCH --output={SLURM_DIR}/fake-report_%j.out",
+        f"#SBATCH --output={(tmp_path / SLURM_DIR).resolve()}/fake-report_%j.out",
         "#SBATCH --partition=gpu",
         "#SBATCH --time=2:00:00",
     ]
