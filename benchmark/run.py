@@ -38,6 +38,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
 
 REPO = Path(__file__).resolve().parents[1]
 RUNNER = Path(__file__).resolve()
@@ -49,7 +50,7 @@ QUICK_SEEDS = 2
 QUICK_ARGS = ["--total-timesteps", "2048", "--num-steps", "64"]
 
 
-def fail(message: str):
+def fail(message: str) -> NoReturn:
     """Wrong input, or a submission Slurm refused: one line saying what to do, exit code 2."""
     print(f"run.py: error: {message}", file=sys.stderr, flush=True)
     raise SystemExit(2)
