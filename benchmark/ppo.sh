@@ -8,10 +8,15 @@
 #   bash benchmark/ppo.sh --workers 2 classic   # runs at a time (or WORKERS=2); default 1
 #   bash benchmark/ppo.sh --dry-run classic     # print the commands only
 #   bash benchmark/ppo.sh quick                 # the whole pipeline on a tiny budget, in a temp dir
+#   bash benchmark/ppo.sh --slurm classic       # submit to Slurm: a job array per family, then the report
+#   bash benchmark/ppo.sh --slurm --partition gpu --gpus 1 --cpus-per-task 4 --time 12:00:00 atari
 #
 # Runs start in benchmark/ (BENCH_WORKDIR), so their TensorBoard logs go to benchmark/runs/, apart from
 # ad-hoc runs in ./runs/. Logs and .done markers go to benchmark/logs/; running the same family again
 # skips the runs that already finished. NUM_SEEDS (default 3) and PYTHON (default python) can be set.
+# With --slurm nothing runs here: benchmark/run.py --slurm writes and submits each family's job array
+# (a task per run, the same command, log and .done marker) and a report job that runs after it;
+# --partition, --gpus, --cpus-per-task, --time and --slurm-template FILE go to it.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -52,6 +57,8 @@ COMMAND[multigpu]="torchrun --standalone --nnodes=1 --nproc_per_node=2 ppo/ppo_a
 
 list_families() {
     echo "usage: bash benchmark/ppo.sh [--workers K] [--dry-run] FAMILY [FAMILY ...] | all | quick"
+    echo "       bash benchmark/ppo.sh --slurm [--partition P] [--gpus N] [--cpus-per-task N] [--time T]"
+    echo "                             [--slurm-template FILE] [--dry-run] FAMILY [FAMILY ...] | all | quick"
     echo
     printf '  %-9s %-7s %s\n' family status "command (+ --env-id ID --seed S, seeds 1..$NUM_SEEDS)"
     for family in "${FAMILIES[@]}"; do
@@ -63,12 +70,20 @@ list_families() {
 }
 
 dry_run=()
+use_slurm=0
+slurm=()
 selected=()
 while [[ $# -gt 0 ]]; do
     case $1 in
         --workers) WORKERS=$2; shift 2 ;;
         --workers=*) WORKERS=${1#*=}; shift ;;
         --dry-run) dry_run=(--dry-run); shift ;;
+        --slurm) use_slurm=1; slurm+=(--slurm); shift ;;
+        # run.py checks these options and says what is wrong with them.
+        --partition|--gpus|--cpus-per-task|--time|--slurm-template)
+            if [[ $# -lt 2 ]]; then echo "ppo.sh: error: $1 needs a value" >&2; exit 2; fi
+            slurm+=("$1" "$2"); shift 2 ;;
+        --partition=*|--gpus=*|--cpus-per-task=*|--time=*|--slurm-template=*) slurm+=("$1"); shift ;;
         -h|--help) list_families; exit 0 ;;
         all) selected+=("${FAMILIES[@]}"); shift ;;
         *) selected+=("$1"); shift ;;
@@ -88,11 +103,20 @@ for family in "${selected[@]}"; do
     fi
 done
 
+# run.py's exit code 2 means wrong input, or Slurm refusing a job: it would be the same for the next
+# family, so stop there, with that code.
+run() {
+    local code=0
+    "$PYTHON" benchmark/run.py "$@" || code=$?
+    if [[ $code -eq 2 ]]; then exit 2; fi
+    return $code
+}
+
 ran=0
 failed=()
 for family in "${selected[@]}"; do
     if [[ $family == quick ]]; then
-        "$PYTHON" benchmark/run.py --quick --workers "$WORKERS" || failed+=(quick)
+        run --quick --workers "$WORKERS" "${slurm[@]}" "${dry_run[@]}" || failed+=(quick)
         continue
     fi
     if [[ ! -f ${SCRIPT[$family]} ]]; then
@@ -100,10 +124,13 @@ for family in "${selected[@]}"; do
         continue
     fi
     echo "== $family: ${COMMAND[$family]} on ${ENVS[$family]}, $NUM_SEEDS seeds, $WORKERS at a time"
+    # With --slurm, each family's report job writes the report of everything under $BENCH_WORKDIR/runs.
+    report_dir=()
+    if [[ $use_slurm -eq 1 ]]; then report_dir=(--report-dir docs/results); fi
     # shellcheck disable=SC2086  # ENVS holds several ids on purpose
-    if "$PYTHON" benchmark/run.py --env-ids ${ENVS[$family]} --command "${COMMAND[$family]}" \
+    if run --env-ids ${ENVS[$family]} --command "${COMMAND[$family]}" \
         --num-seeds "$NUM_SEEDS" --workers "$WORKERS" --workdir "$BENCH_WORKDIR" \
-        --log-dir benchmark/logs "${dry_run[@]}"; then
+        --log-dir benchmark/logs "${slurm[@]}" "${report_dir[@]}" "${dry_run[@]}"; then
         ran=1
     else
         failed+=("$family")
@@ -111,7 +138,10 @@ for family in "${selected[@]}"; do
     fi
 done
 
-if [[ $ran -eq 1 && ${#dry_run[@]} -eq 0 ]]; then
+if [[ $ran -eq 1 && $use_slurm -eq 1 ]]; then
+    echo "== report: by the report job above once its array is done, or by hand:"
+    echo "   $PYTHON benchmark/report.py --runs-dir $BENCH_WORKDIR/runs --out-dir docs/results"
+elif [[ $ran -eq 1 && ${#dry_run[@]} -eq 0 ]]; then
     echo "== report"
     "$PYTHON" benchmark/report.py --runs-dir "$BENCH_WORKDIR/runs" --out-dir docs/results || failed+=(report)
 fi

@@ -4,6 +4,7 @@
         --command "python ppo/ppo.py --total-timesteps 500000" --num-seeds 3 --workers 2
     python benchmark/run.py ... --dry-run          # print the commands, run nothing
     python benchmark/run.py --quick                # the whole pipeline on a tiny budget, in a temp dir
+    python benchmark/run.py ... --slurm --partition gpu --gpus 1 --time 12:00:00   # on a Slurm cluster
 
 Each run is `<command> --env-id ID --seed S`, started in --workdir (default: the current directory,
 so its TensorBoard logs land in ./runs/) with OMP_NUM_THREADS=1, since parallel runs would otherwise
@@ -14,6 +15,12 @@ So an interrupted benchmark is resumed by running the same command again.
 
 Paths to scripts in the command are relative to where run.py is started (normally the repository
 root), also with --workdir. Standard library only, so it works before anything else is installed.
+
+With --slurm the runs are not started here: they are submitted as one Slurm job array, a task per
+run not finished earlier, and a report job that runs after the array (benchmark/slurm_template.sh is
+the job scripts' template). Each task calls this runner with `--task-index N`, which does run N
+exactly as a run here: same command, working directory, log and .done marker. So runs done by Slurm
+and runs done here skip each other, and benchmark/report.py reads both alike.
 """
 
 from __future__ import annotations
@@ -21,7 +28,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -29,13 +38,22 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
 
 REPO = Path(__file__).resolve().parents[1]
+RUNNER = Path(__file__).resolve()
+REPORT = REPO / "benchmark" / "report.py"
 
 # The quick mode: the whole pipeline on a budget small enough for CI.
 QUICK_ENV_IDS = ["CartPole-v1", "Acrobot-v1"]
 QUICK_SEEDS = 2
 QUICK_ARGS = ["--total-timesteps", "2048", "--num-steps", "64"]
+
+
+def fail(message: str) -> NoReturn:
+    """Wrong input, or a submission Slurm refused: one line saying what to do, exit code 2."""
+    print(f"run.py: error: {message}", file=sys.stderr, flush=True)
+    raise SystemExit(2)
 
 
 @dataclass
@@ -106,7 +124,7 @@ def plan_runs(command: str, env_ids: list[str], seeds: list[int], log_dir: Path)
     """Every run to do, environment by environment, seed by seed."""
     base = shlex.split(command)
     if not base:
-        raise SystemExit("run.py: error: --command is empty")
+        fail("--command is empty: give the command to run, e.g. \"python ppo/ppo.py\"")
     variant = variant_name(base)
     runs = []
     for env_id in env_ids:
@@ -202,27 +220,54 @@ def run_all(runs: list[Run], workers: int, workdir: Path, force: bool = False) -
     return counts
 
 
-def quick(workers: int, quick_dir: Path | None) -> int:
-    """Runner, logs, report and plots for ppo.py on two small environments, in a temporary directory."""
-    workdir = quick_dir or Path(tempfile.mkdtemp(prefix="ppo-benchmark-quick-"))
-    workdir.mkdir(parents=True, exist_ok=True)
+@dataclass
+class Benchmark:
+    """What one invocation of the runner does: `command` on every env id and seed, each run started in
+    `workdir` and logged under `log_dir`."""
+
+    command: str
+    env_ids: list[str]
+    seeds: list[int]  # consecutive, from the first
+    workdir: Path
+    log_dir: Path
+
+    def runs(self) -> list[Run]:
+        return plan_runs(self.command, self.env_ids, self.seeds, self.log_dir)
+
+    def runner_args(self) -> list[str]:
+        """The arguments of this runner that plan exactly these runs (what a Slurm task is given)."""
+        return ["--env-ids", *self.env_ids, "--command", self.command, "--num-seeds", str(len(self.seeds)),
+                "--start-seed", str(self.seeds[0]), "--workdir", str(self.workdir), "--log-dir", str(self.log_dir)]
+
+    def report_command(self, out_dir: Path) -> list[str]:
+        return [sys.executable, str(REPORT), "--runs-dir", str(self.workdir / "runs"), "--out-dir", str(out_dir)]
+
+
+def quick_benchmark(quick_dir: Path | None, shared: bool) -> Benchmark:
+    """ppo.py on two small environments, in quick_dir or a new temporary directory. `shared`: the runs
+    will be Slurm tasks, maybe on other machines, which do not see this one's /tmp; the directory is
+    then made under the repository's benchmark/logs/, which every node running its scripts sees."""
+    if quick_dir is None:
+        parent = REPO / "benchmark" / "logs" if shared else None
+        if parent is not None:
+            parent.mkdir(parents=True, exist_ok=True)
+        quick_dir = Path(tempfile.mkdtemp(prefix="ppo-benchmark-quick-", dir=parent))
+    quick_dir.mkdir(parents=True, exist_ok=True)
     command = shlex.join(["python", str(REPO / "ppo" / "ppo.py"), *QUICK_ARGS])
-    print(f"quick benchmark in {workdir}: {command}", flush=True)
-    runs = plan_runs(command, QUICK_ENV_IDS, list(range(1, QUICK_SEEDS + 1)), workdir / "logs")
-    counts = run_all(runs, workers, workdir)
-    print(summary_line(counts), flush=True)
-    if counts["failed"]:
-        return 1
-    report = subprocess.run([sys.executable, str(REPO / "benchmark" / "report.py"),
-                             "--runs-dir", str(workdir / "runs"), "--out-dir", str(workdir / "results")])
-    if report.returncode != 0:
-        return report.returncode
-    print(f"quick benchmark done: report in {workdir / 'results'}", flush=True)
-    return 0
+    return Benchmark(command, QUICK_ENV_IDS, list(range(1, QUICK_SEEDS + 1)), quick_dir, quick_dir / "logs")
+
+
+def print_commands(runs: list[Run], workdir: Path, force: bool) -> None:
+    """--dry-run: each run as a shell line, marked when it would be skipped."""
+    for run in runs:
+        state = "  # finished earlier, would be skipped" if run.finished_earlier() and not force else ""
+        where = "" if workdir == Path(".") else f"(cd {shlex.quote(str(workdir))} && "
+        print(f"{where}{shlex.join(run.argv)}{')' if where else ''} > {run.log_path} 2>&1{state}")
 
 
 def stop_on_sigterm(signum, frame):
-    """Treat `kill` like Ctrl-C, so the runs this runner started are stopped too."""
+    """Treat `kill` like Ctrl-C, so the runs this runner started are stopped too. Slurm, too, sends
+    SIGTERM to a task that reaches its time limit or is cancelled."""
     raise KeyboardInterrupt
 
 
@@ -230,6 +275,158 @@ def summary_line(counts: dict[str, int]) -> str:
     total = sum(counts.values())
     return (f"{total} run(s): {counts['ok']} ran ok, {counts['skipped']} skipped (finished earlier), "
             f"{counts['failed']} failed")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Slurm: the same runs as the tasks of one job array, then a report job
+# ---------------------------------------------------------------------------------------------------
+
+SLURM_TEMPLATE = REPO / "benchmark" / "slurm_template.sh"
+PLACEHOLDERS = ("job_name", "output", "array_line", "resource_lines", "command")
+# Every report job has this name and `--dependency=singleton`: Slurm runs them one at a time, so the
+# reports of families submitted together never write the same files at once.
+REPORT_JOB_NAME = "ppo-benchmark-report"
+
+
+def array_spec(indices: list[int]) -> str:
+    """Slurm's --array value for these task indices, consecutive ones folded: [0, 1, 2, 5] -> 0-2,5."""
+    parts: list[str] = []
+    first = last = indices[0]
+    for index in indices[1:] + [None]:
+        if index is not None and index == last + 1:
+            last = index
+            continue
+        parts.append(str(first) if first == last else f"{first}-{last}")
+        first = last = index
+    return ",".join(parts)
+
+
+def resource_lines(args: argparse.Namespace, report_job: bool) -> str:
+    """The #SBATCH lines of the resource options; the report job needs no GPU and one CPU."""
+    options = [("partition", args.partition)]
+    if not report_job:
+        # --gres=gpu:N rather than --gpus=N: it works with every select plugin and Slurm version.
+        options += [("gres", f"gpu:{args.gpus}" if args.gpus else None), ("cpus-per-task", args.cpus_per_task or 1)]
+    options.append(("time", args.time))
+    return "\n".join(f"#SBATCH --{name}={value}" for name, value in options if value is not None)
+
+
+def read_template(path: Path) -> str:
+    """The template without its `##` notes; a template that lacks a placeholder is refused."""
+    try:
+        text = path.read_text()
+    except OSError as error:
+        fail(f"cannot read the Slurm template {path} ({error.strerror}): give an existing file to --slurm-template")
+    body = "".join(line for line in text.splitlines(keepends=True) if not line.startswith("##"))
+    missing = [f"{{{name}}}" for name in PLACEHOLDERS if f"{{{name}}}" not in body]
+    if missing:
+        fail(f"the Slurm template {path} lacks {', '.join(missing)}: keep every placeholder of "
+             f"{SLURM_TEMPLATE} in it (an option you do not pass leaves its line empty)")
+    return body
+
+
+def fill(template: str, values: dict[str, str]) -> str:
+    """The template with the runner's placeholders filled. Only those names are replaced, so the braces
+    of a site's own shell code (`${HOME}`) stay as they are."""
+    return re.sub(r"\{(" + "|".join(PLACEHOLDERS) + r")\}", lambda match: values[match.group(1)], template)
+
+
+def task_command(bench: Benchmark, runs: list[Run], force: bool) -> str:
+    """The array job's command: this runner, told which run to do by the task index. The runs are
+    listed above it in comments, so that the script says what each task does."""
+    runner = [sys.executable, str(RUNNER), *bench.runner_args(), *(["--force"] if force else [])]
+    listing = [f"#   {index}: {run.label}: {shlex.join(run.argv)} > {run.log_path}" for index, run in enumerate(runs)]
+    return "\n".join([
+        f"# Task N does run N, started in {bench.workdir}, exactly as run.py without --slurm does it",
+        "# (same command, log and .done marker), and skips it if it finished earlier:",
+        *listing,
+        f"cd {shlex.quote(os.getcwd())}",
+        f'exec {shlex.join(runner)} --task-index "$SLURM_ARRAY_TASK_ID"',
+    ])
+
+
+def sbatch(program: str, options: list[str], script: Path) -> str:
+    """Submit one script; returns the job id. A refusal ends the runner with Slurm's own message."""
+    result = subprocess.run([program, "--parsable", *options, str(script)], capture_output=True, text=True)
+    if result.returncode != 0:
+        message = " ".join(line.strip() for line in (result.stderr or result.stdout).splitlines() if line.strip())
+        fail(f"sbatch refused {script}: {message or f'exit code {result.returncode}'}; "
+             "fix the options or the template and submit again")
+    # --parsable prints `id` or `id;cluster` as its last line.
+    return result.stdout.strip().splitlines()[-1].split(";")[0]
+
+
+def find_sbatch() -> str:
+    program = shutil.which("sbatch")
+    if program is None:
+        fail("sbatch not found: run --slurm where Slurm's commands are on PATH (a cluster's login node), "
+             "or without --slurm to run here")
+    return program
+
+
+def submit(bench: Benchmark, report_dir: Path, args: argparse.Namespace, template: str, program: str | None) -> int:
+    """Write the array job (a task per run not finished earlier) and the report job that runs after
+    it from the template, then submit both with `program` (sbatch), unless --dry-run."""
+    runs = bench.runs()
+    todo = [index for index, run in enumerate(runs) if args.force or not run.finished_earlier()]
+    variant = runs[0].variant
+    slurm_dir = bench.log_dir / "slurm"
+    slurm_dir.mkdir(parents=True, exist_ok=True)
+    here = f"cd {shlex.quote(os.getcwd())}\n"
+
+    array_script = slurm_dir / f"{variant}.sbatch"
+    # Absolute, as Slurm reads a relative one from where sbatch is run, and a script may be resubmitted by hand.
+    array_output = slurm_dir.resolve() / f"{variant}_%A_%a.out"
+    if todo:
+        array_script.write_text(fill(template, {
+            "job_name": f"ppo-benchmark-{variant}", "output": str(array_output),
+            "array_line": f"#SBATCH --array={array_spec(todo)}",
+            "resource_lines": resource_lines(args, report_job=False),
+            "command": task_command(bench, runs, args.force)}))
+        print(f"slurm: wrote {array_script}: {len(todo)} task(s), --array={array_spec(todo)}; "
+              f"{len(runs) - len(todo)} of {len(runs)} run(s) finished earlier and are left out", flush=True)
+    else:
+        print(f"slurm: all {len(runs)} run(s) finished earlier: no array job, only the report", flush=True)
+    report_script = slurm_dir / f"{variant}-report.sbatch"
+    report_output = slurm_dir.resolve() / f"{variant}-report_%j.out"
+    report = bench.report_command(report_dir)
+    report_script.write_text(fill(template, {
+        "job_name": REPORT_JOB_NAME, "output": str(report_output), "array_line": "",
+        "resource_lines": resource_lines(args, report_job=True), "command": here + f"exec {shlex.join(report)}"}))
+    print(f"slurm: wrote {report_script}: the report into {report_dir}", flush=True)
+
+    if args.dry_run:
+        print("dry run: nothing submitted. To submit by hand: "
+              + (f"sbatch {array_script}, then " if todo else "")
+              + f"sbatch --dependency={'afterany:<its job id>,' if todo else ''}singleton {report_script}")
+        return 0
+    jobs = []
+    if todo:
+        array_job = sbatch(program, [], array_script)
+        jobs.append(array_job)
+        print(f"slurm: submitted job array {array_job} ({len(todo)} task(s) of {variant})", flush=True)
+    # afterany, not afterok: like the local runner, report on what finished even if a run failed.
+    dependency = f"afterany:{jobs[0]},singleton" if todo else "singleton"
+    report_job = sbatch(program, [f"--dependency={dependency}"], report_script)
+    jobs.append(report_job)
+    print(f"slurm: submitted report job {report_job}, to run {'after the array' if todo else 'now'}: "
+          f"{shlex.join(report)}", flush=True)
+    hints = [f"  follow:  squeue -j {','.join(jobs)}",
+             f"  each run's output, as without --slurm: {bench.log_dir / variant}/<env id>__seed<S>.log "
+             "(.done beside it when the run succeeded)"]
+    if todo:
+        hints.append(f"  Slurm's output of each task: "
+                     f"{str(array_output).replace('%A', jobs[0]).replace('%a', '<task>')}")
+    hints += [f"  the report job's output: {str(report_output).replace('%j', report_job)}",
+              f"  the report, when the array is done: {report_dir}/ (or by hand: {shlex.join(report)})",
+              f"  cancel:  scancel {' '.join(jobs)}; submitting again leaves out the runs that finished"]
+    print("\n".join(hints), flush=True)
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------------
+# Command line
+# ---------------------------------------------------------------------------------------------------
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -246,44 +443,86 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--workdir", type=Path, default=Path("."),
                         help="directory the runs start in, so their runs/ lands there (default .)")
     parser.add_argument("--force", action="store_true", help="rerun runs that finished earlier too")
-    parser.add_argument("--dry-run", action="store_true", help="print the commands and run nothing")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print the commands and run nothing (with --slurm: write the job scripts, submit nothing)")
     parser.add_argument("--quick", action="store_true",
                         help="run the whole pipeline (runs, report, plots) with ppo.py on "
                         f"{' and '.join(QUICK_ENV_IDS)}, {QUICK_SEEDS} seeds, {' '.join(QUICK_ARGS)}, "
                         "in a temporary directory")
     parser.add_argument("--quick-dir", type=Path, help="with --quick: use this directory instead of a temporary one")
+    slurm = parser.add_argument_group("Slurm", "submit the runs as a job array instead of running them here")
+    slurm.add_argument("--slurm", action="store_true",
+                       help="write a job array (a task per run not finished earlier) and a report job after it, "
+                       "submit both with sbatch, print the job ids")
+    slurm.add_argument("--partition", help="the partition (default: the cluster's default)")
+    slurm.add_argument("--gpus", type=int, help="GPUs per run (#SBATCH --gres=gpu:N; default none)")
+    slurm.add_argument("--cpus-per-task", type=int, help="CPUs per run (default 1)")
+    slurm.add_argument("--time", help="time limit per run, in Slurm's format, e.g. 12:00:00 (default: the partition's)")
+    slurm.add_argument("--slurm-template", type=Path,
+                       help=f"the job script template (default {SLURM_TEMPLATE.relative_to(REPO)}): copy it and edit it for your site")
+    slurm.add_argument("--report-dir", type=Path,
+                       help="where the report job writes the report (default WORKDIR/results; with --quick QUICK_DIR/results)")
+    slurm.add_argument("--task-index", type=int, metavar="N",
+                       help="do run N of the plan (env ids in order, seeds within each), as run here; what "
+                       "each array task calls with $SLURM_ARRAY_TASK_ID")
     args = parser.parse_args(argv)
     if args.workers < 1 or args.num_seeds < 1:
         parser.error("--workers and --num-seeds must be at least 1")
     if not args.quick and (not args.env_ids or not args.command):
         parser.error("--env-ids and --command are required (or use --quick)")
+    slurm_only = [flag for flag, value in [("--partition", args.partition), ("--gpus", args.gpus),
+                                           ("--cpus-per-task", args.cpus_per_task), ("--time", args.time),
+                                           ("--slurm-template", args.slurm_template), ("--report-dir", args.report_dir)]
+                  if value is not None]
+    if slurm_only and not args.slurm:
+        parser.error(f"{', '.join(slurm_only)}: only with --slurm")
+    if (args.gpus is not None and args.gpus < 1) or (args.cpus_per_task is not None and args.cpus_per_task < 1):
+        parser.error("--gpus and --cpus-per-task must be at least 1")
+    if args.task_index is not None and (args.slurm or args.quick or args.dry_run):
+        parser.error("--task-index does one run here: it does not go with --slurm, --quick or --dry-run")
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.slurm:
+        # What a submission needs is checked before anything is written.
+        template = read_template(args.slurm_template or SLURM_TEMPLATE)
+        program = None if args.dry_run else find_sbatch()
     if args.quick:
-        signal.signal(signal.SIGTERM, stop_on_sigterm)
-        try:
-            return quick(args.workers, args.quick_dir)
-        except KeyboardInterrupt:
-            return 130
-    seeds = list(range(args.start_seed, args.start_seed + args.num_seeds))
-    runs = plan_runs(args.command, args.env_ids, seeds, args.log_dir)
+        bench = quick_benchmark(args.quick_dir, shared=args.slurm)
+        report_dir = args.report_dir or bench.workdir / "results"
+        print(f"quick benchmark in {bench.workdir}: {bench.command}", flush=True)
+    else:
+        seeds = list(range(args.start_seed, args.start_seed + args.num_seeds))
+        bench = Benchmark(args.command, args.env_ids, seeds, args.workdir, args.log_dir)
+        report_dir = args.report_dir or bench.workdir / "results"
+    if args.slurm:
+        return submit(bench, report_dir, args, template, program)
+    runs = bench.runs()
+    if args.task_index is not None:
+        if not 0 <= args.task_index < len(runs):
+            fail(f"--task-index {args.task_index} is out of range: this benchmark has runs 0 to {len(runs) - 1}")
+        runs = [runs[args.task_index]]
     if args.dry_run:
-        for run in runs:
-            state = "  # finished earlier, would be skipped" if run.finished_earlier() and not args.force else ""
-            where = "" if args.workdir == Path(".") else f"(cd {shlex.quote(str(args.workdir))} && "
-            print(f"{where}{shlex.join(run.argv)}{')' if where else ''} > {run.log_path} 2>&1{state}")
+        print_commands(runs, bench.workdir, args.force)
         return 0
-    args.workdir.mkdir(parents=True, exist_ok=True)
+    bench.workdir.mkdir(parents=True, exist_ok=True)
     signal.signal(signal.SIGTERM, stop_on_sigterm)
     try:
-        counts = run_all(runs, args.workers, args.workdir, args.force)
+        counts = run_all(runs, args.workers, bench.workdir, args.force)
     except KeyboardInterrupt:
         return 130
     print(summary_line(counts), flush=True)
-    return 1 if counts["failed"] else 0
+    if counts["failed"]:
+        return 1
+    if args.quick:
+        # The quick mode is the whole pipeline: the report and its plots too.
+        report = subprocess.run(bench.report_command(report_dir))
+        if report.returncode != 0:
+            return report.returncode
+        print(f"quick benchmark done: report in {report_dir}", flush=True)
+    return 0
 
 
 if __name__ == "__main__":

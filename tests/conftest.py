@@ -183,9 +183,16 @@ def ctrl_c_during_step(env_class: type, step_number: int):
 
 def expect_missing_package_error(result: subprocess.CompletedProcess, script: str, *fragments: str,
                                  only_line: bool = True) -> str:
-    """A run without one of its optional packages must end with exit code 2, no traceback, and a last
-    line `<script>: error: ...` containing every fragment (with only_line, the only line on stderr:
-    some libraries warn before the script gets to speak). Returns that line."""
+    """A run without one of its optional packages must end as expect_error_line says (only_line=False:
+    some libraries warn before the script gets to speak). Returns the error line."""
+    return expect_error_line(result, script, *fragments, only_line=only_line)
+
+
+def expect_error_line(result: subprocess.CompletedProcess, script: str, *fragments: str,
+                      only_line: bool = True) -> str:
+    """A finished command must have ended with exit code 2, no traceback, and a last line
+    `<script>: error: ...` containing every fragment (with only_line, the only line on stderr).
+    Returns that line."""
     assert result.returncode == 2, result.stderr
     assert "Traceback" not in result.stderr, result.stderr
     lines = result.stderr.strip().splitlines()
@@ -204,3 +211,65 @@ def without_module(tmp_path: Path, module: str) -> dict:
     blocker.mkdir(parents=True)
     (blocker / "__init__.py").write_text(f"raise ImportError('{module} is blocked by this test')\n")
     return {"PYTHONPATH": str(tmp_path / "blocked")}
+
+
+# ---------------------------------------------------------------------------------------------------
+# The benchmark tools (tests/test_benchmark.py, tests/test_slurm.py)
+# ---------------------------------------------------------------------------------------------------
+
+
+def run_tool(tool: str, *args: str, cwd: Path, timeout: float = 120, env: dict | None = None
+             ) -> subprocess.CompletedProcess:
+    """Run `benchmark/<tool>` (python for .py, bash for .sh) in cwd; never raises on a non-zero exit."""
+    interpreter = ["bash"] if tool.endswith(".sh") else [sys.executable]
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHON": sys.executable, **(env or {})}
+    return subprocess.run([*interpreter, str(REPO / "benchmark" / tool), *args], cwd=cwd, env=full_env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def table_rows(markdown: str, first_header: str) -> list[dict[str, str]]:
+    """The rows of the markdown table whose first header cell is `first_header`, as dicts."""
+    lines = markdown.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"| {first_header} |"))
+    header = [cell.strip() for cell in lines[start].strip("|").split("|")]
+    rows = []
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        rows.append(dict(zip(header, (cell.strip() for cell in line.strip("|").split("|")))))
+    return rows
+
+
+# A stand-in for a PPO script, for the runner: fast, and no training. It notes each call in calls.txt
+# of the directory it runs in, and fails when a file fail-seed-<seed> is there.
+FAKE_SCRIPT = """\
+import argparse, os, sys
+parser = argparse.ArgumentParser()
+parser.add_argument("--env-id")
+parser.add_argument("--seed", type=int)
+parser.add_argument("--extra", default="")
+args = parser.parse_args()
+with open("calls.txt", "a") as calls:
+    calls.write(f"{args.env_id} {args.seed}\\n")
+print(f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}")
+if os.path.exists(f"fail-seed-{args.seed}"):
+    print("failing on purpose", file=sys.stderr)
+    sys.exit(3)
+"""
+
+
+def calls(workdir: Path) -> list[str]:
+    """The (env id, seed) calls of FAKE_SCRIPT in workdir, sorted."""
+    path = workdir / "calls.txt"
+    return sorted(path.read_text().splitlines()) if path.exists() else []
+
+
+@pytest.fixture(scope="session")
+def quick_dir(tmp_path_factory) -> Path:
+    """The quick benchmark run here, once per session: its logs, runs and report (the local runs the
+    Slurm test compares its own with)."""
+    workdir = tmp_path_factory.mktemp("quick")
+    result = run_tool("run.py", "--quick", "--quick-dir", str(workdir), "--workers", "1", cwd=workdir, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "4 run(s): 4 ran ok, 0 skipped (finished earlier), 0 failed" in result.stdout
+    return workdir

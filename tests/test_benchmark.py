@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from benchmark import report
-from conftest import REPO, read_scalars
+from conftest import FAKE_SCRIPT, REPO, calls, read_scalars, run_tool, table_rows
 
 SEED_DOCUMENT = REPO.parent / "shared" / "seeds" / "000_858a261d7ff62938.txt"
 
@@ -44,52 +44,9 @@ PUBLISHED = [
 ]
 
 
-def run_tool(tool: str, *args: str, cwd: Path, timeout: float = 120, env: dict | None = None
-             ) -> subprocess.CompletedProcess:
-    """Run `benchmark/<tool>` (python for .py, bash for .sh) in cwd; never raises on a non-zero exit."""
-    interpreter = ["bash"] if tool.endswith(".sh") else [sys.executable]
-    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHON": sys.executable, **(env or {})}
-    return subprocess.run([*interpreter, str(REPO / "benchmark" / tool), *args], cwd=cwd, env=full_env,
-                          capture_output=True, text=True, timeout=timeout)
-
-
-def table_rows(markdown: str, first_header: str) -> list[dict[str, str]]:
-    """The rows of the markdown table whose first header cell is `first_header`, as dicts."""
-    lines = markdown.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith(f"| {first_header} |"))
-    header = [cell.strip() for cell in lines[start].strip("|").split("|")]
-    rows = []
-    for line in lines[start + 2:]:
-        if not line.startswith("|"):
-            break
-        rows.append(dict(zip(header, (cell.strip() for cell in line.strip("|").split("|")))))
-    return rows
-
-
 # ---------------------------------------------------------------------------------------------------
 # The runner, with a stand-in script: fast, and no training
 # ---------------------------------------------------------------------------------------------------
-
-FAKE_SCRIPT = """\
-import argparse, os, sys
-parser = argparse.ArgumentParser()
-parser.add_argument("--env-id")
-parser.add_argument("--seed", type=int)
-parser.add_argument("--extra", default="")
-args = parser.parse_args()
-with open("calls.txt", "a") as calls:
-    calls.write(f"{args.env_id} {args.seed}\\n")
-print(f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}")
-if os.path.exists(f"fail-seed-{args.seed}"):
-    print("failing on purpose", file=sys.stderr)
-    sys.exit(3)
-"""
-
-
-def calls(workdir: Path) -> list[str]:
-    path = workdir / "calls.txt"
-    return sorted(path.read_text().splitlines()) if path.exists() else []
-
 
 def test_runner_dry_run_prints_every_command_and_runs_nothing(tmp_path):
     (tmp_path / "fake.py").write_text(FAKE_SCRIPT)
@@ -379,17 +336,6 @@ def test_ppo_sh_refuses_an_unknown_family():
 # ---------------------------------------------------------------------------------------------------
 # Quick mode: the real pipeline, ppo.py on CartPole-v1 and Acrobot-v1, 2 seeds, 2048 steps
 # ---------------------------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def quick_dir(tmp_path_factory) -> Path:
-    workdir = tmp_path_factory.mktemp("quick")
-    started = time.time()
-    result = run_tool("run.py", "--quick", "--quick-dir", str(workdir), "--workers", "1", cwd=workdir, timeout=300)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert "4 run(s): 4 ran ok, 0 skipped (finished earlier), 0 failed" in result.stdout
-    assert time.time() - started < 60
-    return workdir
 
 
 def test_quick_mode_keeps_logs_and_markers(quick_dir):

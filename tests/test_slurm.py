@@ -1,0 +1,281 @@
+"""The benchmark on Slurm: the job scripts `benchmark/run.py --slurm` writes, what their tasks do, the
+errors, and the quick benchmark submitted to a real one-node Slurm cluster on this machine (skipped,
+with the reason, where Slurm is not installed: `apt-get install slurm-wlm munge`)."""
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import FAKE_SCRIPT, REPO, calls, expect_error_line, run_tool
+from slurm_cluster import OneNodeCluster, missing_programs
+
+# The stand-in script on two environments (one with a slash in its id) and two seeds: four tasks.
+FAKE_ARGS = ["--env-ids", "A-v1", "ALE/B-v5", "--command", "python fake.py --extra x", "--num-seeds", "2"]
+FAKE_RUNS = [("A-v1", "A-v1", 1), ("A-v1", "A-v1", 2), ("ALE/B-v5", "ALE_B-v5", 1), ("ALE/B-v5", "ALE_B-v5", 2)]
+SLURM_DIR = Path("benchmark") / "logs" / "slurm"
+
+
+def sbatch_lines(script: str) -> list[str]:
+    return [line for line in script.splitlines() if line.startswith("#SBATCH")]
+
+
+def bin_dir(tmp_path: Path, **programs: str) -> dict:
+    """Environment variables whose PATH has only the shell tools ppo.sh and the stand-ins use, and these
+    stand-in programs ({name: shell script}): no real Slurm command is found."""
+    directory = tmp_path / "bin"
+    directory.mkdir(exist_ok=True)
+    for tool in ("dirname", "wc"):
+        (directory / tool).symlink_to(shutil.which(tool))
+    for name, text in programs.items():
+        (directory / name).write_text(text)
+        (directory / name).chmod(0o755)
+    return {"PATH": str(directory)}
+
+
+def submit_fake(tmp_path: Path, *options: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    (tmp_path / "fake.py").write_text(FAKE_SCRIPT)
+    return run_tool("run.py", *FAKE_ARGS, "--slurm", *options, cwd=tmp_path, env=env)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The job scripts, without Slurm
+# ---------------------------------------------------------------------------------------------------
+
+
+def test_job_array_has_a_task_per_run_and_the_resource_lines(tmp_path):
+    result = submit_fake(tmp_path, "--dry-run", "--partition", "gpu", "--gpus", "1", "--cpus-per-task", "4",
+                         "--time", "2:00:00")
+    assert result.returncode == 0, result.stderr
+    assert "nothing submitted" in result.stdout and calls(tmp_path) == []
+    script = (tmp_path / SLURM_DIR / "fake.sbatch").read_text()
+    assert sbatch_lines(script) == [
+        "#SBATCH --job-name=ppo-benchmark-fake",
+        f"#SBATCH --output={(tmp_path / SLURM_DIR).resolve()}/fake_%A_%a.out",
+        "#SBATCH --array=0-3",
+        "#SBATCH --partition=gpu",
+        "#SBATCH --gres=gpu:1",
+        "#SBATCH --cpus-per-task=4",
+        "#SBATCH --time=2:00:00",
+    ]
+    # The script lists each task's command, in task order, and runs the runner for its own index.
+    listed = [line for line in script.splitlines() if line.startswith("#   ")]
+    assert len(listed) == len(FAKE_RUNS)
+    for index, (line, (env_id, file_name, seed)) in enumerate(zip(listed, FAKE_RUNS)):
+        assert line.startswith(f"#   {index}: fake {env_id} seed {seed}: ")
+        assert line.endswith(f"fake.py --extra x --env-id {env_id} --seed {seed} "
+                             f"> benchmark/logs/fake/{file_name}__seed{seed}.log")
+    assert script.splitlines()[-2] == f"cd {tmp_path}"
+    assert script.splitlines()[-1].endswith('--task-index "$SLURM_ARRAY_TASK_ID"')
+    assert "##" not in script and "{" not in script  # the template's notes and placeholders are gone
+
+    report = (tmp_path / SLURM_DIR / "fake-report.sbatch").read_text()
+    assert sbatch_lines(report) == [  # no array, no GPU, the default CPU
+        "#SBATCH --job-name=ppo-benchmark-report",
+        f"#SBATCH --output={(tmp_path / SLURM_DIR).resolve()}/fake-report_%j.out",
+        "#SBATCH --partition=gpu",
+        "#SBATCH --time=2:00:00",
+    ]
+    assert report.splitlines()[-1].endswith("benchmark/report.py --runs-dir runs --out-dir results")
+
+
+def test_each_task_does_its_run_as_the_local_runner_and_finished_runs_are_left_out(tmp_path):
+    assert submit_fake(tmp_path, "--dry-run").returncode == 0
+    script = tmp_path / SLURM_DIR / "fake.sbatch"
+    elsewhere = tmp_path / "elsewhere"  # Slurm may start the job anywhere: the script goes back itself
+    elsewhere.mkdir()
+    for task in ("1", "3"):
+        task_run = subprocess.run(["bash", str(script)], cwd=elsewhere, capture_output=True, text=True,
+                                  env={**os.environ, "SLURM_ARRAY_TASK_ID": task}, timeout=60)
+        assert task_run.returncode == 0, task_run.stdout + task_run.stderr
+        assert "1 run(s): 1 ran ok" in task_run.stdout
+    assert calls(tmp_path) == ["A-v1 2", "ALE/B-v5 2"]
+    logs = tmp_path / "benchmark" / "logs" / "fake"
+    for name in ("A-v1__seed2", "ALE_B-v5__seed2"):
+        assert (logs / f"{name}.done").is_file()
+        assert "OMP_NUM_THREADS=1" in (logs / f"{name}.log").read_text()
+
+    # The local runner takes the tasks' runs for its own: it does only the other two.
+    (tmp_path / "calls.txt").unlink()
+    local = run_tool("run.py", *FAKE_ARGS, cwd=tmp_path)
+    assert "4 run(s): 2 ran ok, 2 skipped (finished earlier), 0 failed" in local.stdout
+    assert calls(tmp_path) == ["A-v1 1", "ALE/B-v5 1"]
+
+    # A task whose run finished meanwhile skips it; a new submission leaves finished runs out.
+    (tmp_path / "calls.txt").unlink()
+    (logs / "A-v1__seed1.done").unlink()
+    again = subprocess.run(["bash", str(script)], cwd=elsewhere, capture_output=True, text=True,
+                           env={**os.environ, "SLURM_ARRAY_TASK_ID": "3"}, timeout=60)
+    assert again.returncode == 0 and "[skip]" in again.stdout and calls(tmp_path) == []
+    resubmitted = submit_fake(tmp_path, "--dry-run")
+    assert "1 task(s), --array=0; 3 of 4 run(s) finished earlier" in resubmitted.stdout
+    assert "#SBATCH --array=0" in script.read_text().splitlines()
+
+
+def test_a_site_template_keeps_its_own_lines(tmp_path):
+    template = (REPO / "benchmark" / "slurm_template.sh").read_text()
+    site = template.replace("set -euo pipefail", "#SBATCH --account=rl-lab\nset -euo pipefail\necho ${HOME}")
+    (tmp_path / "site.sh").write_text(site)
+    assert submit_fake(tmp_path, "--dry-run", "--slurm-template", "site.sh").returncode == 0
+    script = (tmp_path / SLURM_DIR / "fake.sbatch").read_text()
+    assert "#SBATCH --account=rl-lab" in sbatch_lines(script) and "echo ${HOME}" in script
+
+
+def test_submission_prints_the_jobs_and_how_to_follow_them(tmp_path):
+    # A stand-in sbatch: notes its arguments, answers job ids 41, then 42, as --parsable does.
+    fake_sbatch = ('#!/bin/sh\necho "$@" >> "$(dirname "$0")/calls"\n'
+                   'echo "$((40 + $(wc -l < "$(dirname "$0")/calls")));cluster"\n')
+    result = submit_fake(tmp_path, env=bin_dir(tmp_path, sbatch=fake_sbatch))
+    assert result.returncode == 0, result.stderr
+    submitted = (tmp_path / "bin" / "calls").read_text().splitlines()
+    assert submitted == [f"--parsable {SLURM_DIR}/fake.sbatch",
+                         f"--parsable --dependency=afterany:41,singleton {SLURM_DIR}/fake-report.sbatch"]
+    assert "submitted job array 41 (4 task(s) of fake)" in result.stdout
+    assert "submitted report job 42" in result.stdout
+    for hint in ("squeue -j 41,42", "benchmark/logs/fake/<env id>__seed<S>.log", f"{SLURM_DIR}/fake_41_<task>.out",
+                 f"{SLURM_DIR}/fake-report_42.out", "report.py --runs-dir runs --out-dir results", "scancel 41 42"):
+        assert hint in result.stdout, hint
+
+
+def test_sbatch_not_found(tmp_path):
+    result = submit_fake(tmp_path, env=bin_dir(tmp_path))
+    expect_error_line(result, "run.py", "sbatch not found", "without --slurm")
+    assert not (tmp_path / SLURM_DIR).exists()  # checked before anything is written
+
+
+def test_a_refused_submission_shows_slurms_message(tmp_path):
+    refuse = ("#!/bin/sh\necho 'sbatch: error: Batch job submission failed: Invalid partition name specified' >&2\n"
+              "exit 1\n")
+    result = submit_fake(tmp_path, "--partition", "nope", env=bin_dir(tmp_path, sbatch=refuse))
+    expect_error_line(result, "run.py", "sbatch refused", "Invalid partition name specified")
+
+
+def test_a_template_without_the_placeholders_is_refused(tmp_path):
+    # A placeholder that is only named in a `##` note does not count.
+    (tmp_path / "bad.sh").write_text("#!/bin/bash\n## {array_line} {output}\n#SBATCH --job-name={job_name}\n{command}\n")
+    result = submit_fake(tmp_path, "--dry-run", "--slurm-template", "bad.sh")
+    line = expect_error_line(result, "run.py", "bad.sh lacks {output}, {array_line}, {resource_lines}")
+    assert "{job_name}" not in line and "{command}" not in line
+    assert not (tmp_path / SLURM_DIR).exists()
+
+
+@pytest.mark.parametrize("options, fragment", [
+    (["--partition", "gpu"], "--partition: only with --slurm"),
+    (["--task-index", "4"], "--task-index 4 is out of range: this benchmark has runs 0 to 3"),
+])
+def test_wrong_slurm_options(tmp_path, options, fragment):
+    (tmp_path / "fake.py").write_text(FAKE_SCRIPT)
+    result = run_tool("run.py", *FAKE_ARGS, *options, cwd=tmp_path)
+    expect_error_line(result, "run.py", fragment, only_line=False)  # argparse prints its usage first
+
+
+def test_ppo_sh_slurm_dry_run_of_a_family(tmp_path):
+    """From a checkout in tmp_path (the repository's files linked in), so nothing is written into it."""
+    (tmp_path / "benchmark").mkdir()
+    for name in ("ppo.sh", "run.py"):
+        (tmp_path / "benchmark" / name).symlink_to(REPO / "benchmark" / name)
+    (tmp_path / "ppo").symlink_to(REPO / "ppo")
+    result = subprocess.run(["bash", "benchmark/ppo.sh", "--slurm", "--dry-run", "--partition", "cpu", "classic"],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                            env={**os.environ, "PYTHON": sys.executable})
+    assert result.returncode == 0, result.stderr
+    script = (tmp_path / SLURM_DIR / "ppo.sbatch").read_text()
+    assert "#SBATCH --array=0-8" in sbatch_lines(script) and "#SBATCH --partition=cpu" in sbatch_lines(script)
+    assert len([line for line in script.splitlines() if line.startswith("#   ")]) == 9
+    assert "--workdir benchmark --log-dir benchmark/logs" in script
+    report = (tmp_path / SLURM_DIR / "ppo-report.sbatch").read_text()
+    assert report.splitlines()[-1].endswith("--runs-dir benchmark/runs --out-dir docs/results")
+    assert "== report: by the report job above once its array is done" in result.stdout
+
+    # Without sbatch, ppo.sh stops with run.py's error and its exit code 2.
+    missing = subprocess.run([shutil.which("bash"), "benchmark/ppo.sh", "--slurm", "classic", "mujoco"], cwd=tmp_path,
+                             capture_output=True, text=True, timeout=60,
+                             env={**os.environ, "PYTHON": sys.executable, **bin_dir(tmp_path)})
+    assert missing.returncode == 2 and "run.py: error: sbatch not found" in missing.stderr
+    assert "== mujoco" not in missing.stdout
+
+
+# ---------------------------------------------------------------------------------------------------
+# The quick benchmark on a real one-node Slurm cluster
+# ---------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def slurm_cluster(tmp_path_factory):
+    missing = missing_programs()
+    if missing:
+        pytest.skip(f"Slurm is not installed ({', '.join(missing)} missing): apt-get install slurm-wlm munge")
+    if os.geteuid() != 0:
+        pytest.skip("the one-node Slurm cluster runs slurmd as root, to start jobs: run the tests as root")
+    cluster = OneNodeCluster(tmp_path_factory.mktemp("slurm"))
+    cluster.start()
+    yield cluster
+    cluster.stop()
+
+
+def wait_for_jobs(cluster: OneNodeCluster, job_ids: list[str], limit: float = 300) -> None:
+    """Until none of the jobs is pending or running (a bound, so a stuck job fails the test)."""
+    env = {**os.environ, **cluster.environment()}
+    deadline = time.time() + limit
+    while time.time() < deadline:
+        queue = subprocess.run(["squeue", "-h", "-j", ",".join(job_ids)], env=env, capture_output=True, text=True)
+        if queue.returncode == 0 and not queue.stdout.strip():
+            return
+        time.sleep(1)
+    pytest.fail(f"jobs {job_ids} still queued after {limit:.0f}s:\n{queue.stdout}{cluster.log_tails()}")
+
+
+def measured(page: str) -> list[list[str]]:
+    """The table rows of a report page without what depends on the machine and the moment: the SPS,
+    wall time and run name columns (a run's name ends in its start time)."""
+    rows, keep = [], None
+    for line in page.splitlines():
+        if not line.startswith("|"):
+            keep = None
+            continue
+        cells = [cell.strip() for cell in line.strip("|").split("|")]
+        if keep is None:  # a table's header
+            keep = [i for i, cell in enumerate(cells) if "SPS" not in cell and "wall time" not in cell and cell != "run"]
+        rows.append([cells[i] for i in keep])
+    return rows
+
+
+def test_quick_benchmark_on_a_one_node_slurm_cluster(slurm_cluster, quick_dir, tmp_path):
+    result = run_tool("run.py", "--quick", "--slurm", "--quick-dir", str(tmp_path), "--cpus-per-task", "1",
+                      cwd=tmp_path, env=slurm_cluster.environment())
+    assert result.returncode == 0, result.stdout + result.stderr
+    array_job = re.search(r"submitted job array (\d+) \(4 task\(s\) of ppo\)", result.stdout).group(1)
+    report_job = re.search(r"submitted report job (\d+)", result.stdout).group(1)
+    wait_for_jobs(slurm_cluster, [array_job, report_job])
+
+    # Every task did its run, with the log and marker of a local run.
+    for task in range(4):
+        output = (tmp_path / "logs" / "slurm" / f"ppo_{array_job}_{task}.out").read_text()
+        assert "1 run(s): 1 ran ok, 0 skipped (finished earlier), 0 failed" in output, output
+    for env_id in ("CartPole-v1", "Acrobot-v1"):
+        for seed in (1, 2):
+            log = tmp_path / "logs" / "ppo" / f"{env_id}__seed{seed}.log"
+            assert "# exit code 0" in log.read_text()
+            assert log.with_suffix(".done").is_file()
+    assert len(list((tmp_path / "runs").iterdir())) == 4
+
+    # The report job wrote the report the local quick run writes, with the same numbers.
+    report_output = (tmp_path / "logs" / "slurm" / f"ppo-report_{report_job}.out").read_text()
+    assert "CartPole-v1" in report_output, report_output
+    slurm_results, local_results = tmp_path / "results", quick_dir / "results"
+    files = sorted(path.relative_to(slurm_results) for path in slurm_results.rglob("*"))
+    assert files == sorted(path.relative_to(local_results) for path in local_results.rglob("*"))
+    assert measured((slurm_results / "ppo.md").read_text()) == measured((local_results / "ppo.md").read_text())
+
+    # Submitted again, every run is left out: only the report job runs.
+    again = run_tool("run.py", "--quick", "--slurm", "--quick-dir", str(tmp_path), cwd=tmp_path,
+                     env=slurm_cluster.environment())
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "all 4 run(s) finished earlier: no array job, only the report" in again.stdout
+    assert "submitted job array" not in again.stdout
+    wait_for_jobs(slurm_cluster, [re.search(r"submitted report job (\d+)", again.stdout).group(1)])
