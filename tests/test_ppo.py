@@ -363,7 +363,7 @@ def test_compiled_minibatch_loss_equals_the_plain_one():
     """--compile changes how the loss is computed, not what: on the same minibatch the compiled
     loss, statistics and gradients are the plain ones within float tolerance."""
     torch.manual_seed(0)
-    agent, size = Agent(4, 2), 64
+    agent, size = Agent(4, 2), 32  # the size of a minibatch of SMALL: one graph to compile
     obs, actions = torch.randn(size, 4), torch.randint(0, 2, (size,))
     with torch.no_grad():
         _, logprob, _, value = agent.get_action_and_value(obs, actions)

@@ -265,7 +265,7 @@ def test_compiled_minibatch_loss_equals_the_plain_one():
     """--compile changes how the loss is computed, not what: on the same minibatch the compiled
     loss, statistics and gradients (the log std's included) are the plain ones within float tolerance."""
     torch.manual_seed(0)
-    agent, size = Agent(11, 3), 64
+    agent, size = Agent(11, 3), 32  # the size of a minibatch of SMALL: one graph to compile
     obs = torch.randn(size, 11)
     with torch.no_grad():
         actions, logprob, _, value = agent.get_action_and_value(obs)
