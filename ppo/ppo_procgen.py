@@ -78,6 +78,12 @@ class Args:
     eval_episodes: int = 10
     """number of episodes to play with --evaluate"""
 
+    # Speed: how fast the run goes, never what it learns
+    compile: bool = False
+    """if toggled, compile the policy step and the minibatch loss with torch.compile (pays on a GPU; the first iterations are slow while it compiles)"""
+    cudagraphs: bool = False
+    """if toggled, compile as --compile does and replay the policy step and minibatch loss as CUDA graphs (needs CUDA)"""
+
     # Algorithm
     env_id: str = "starpilot"
     """the Procgen game: bigfish, bossfight, caveflyer, chaser, climber, coinrun, dodgeball, fruitbot,
@@ -126,7 +132,7 @@ class Args:
 
 # Settings that may differ between a run and its resumption; every other field must stay the same.
 RUNTIME_FIELDS = {"cuda", "track", "wandb_project_name", "wandb_entity", "capture_video", "save_model",
-                  "save_interval", "resume", "evaluate", "eval_episodes"}
+                  "save_interval", "resume", "evaluate", "eval_episodes", "compile", "cudagraphs"}
 
 
 def fail(message: str) -> NoReturn:
@@ -496,6 +502,14 @@ def ppo_loss(new_logprob: torch.Tensor, entropy: torch.Tensor, new_value: torch.
     return loss, stats
 
 
+def minibatch_loss(agent: Agent, obs: torch.Tensor, actions: torch.Tensor, old_logprob: torch.Tensor,
+                   old_value: torch.Tensor, advantages: torch.Tensor, returns: torch.Tensor,
+                   args: Args) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The network on one minibatch, then the PPO loss: the unit --compile compiles."""
+    _, new_logprob, entropy, new_value = agent.get_action_and_value(obs, actions)
+    return ppo_loss(new_logprob, entropy, new_value.flatten(), old_logprob, old_value, advantages, returns, args)
+
+
 def explained_variance(predicted: np.ndarray, target: np.ndarray) -> float:
     """1 - Var[target - predicted] / Var[target]: 1 is a perfect value function, 0 no better than
     a constant, negative worse than one; nan when the targets do not vary."""
@@ -578,6 +592,8 @@ def main(args: Args) -> dict:
     minibatch_size = batch_size // args.num_minibatches
     num_iterations = args.total_timesteps // batch_size
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    if args.cudagraphs and device.type != "cuda":
+        fail("--cudagraphs needs a CUDA device: drop it, or run on a GPU (and without --no-cuda)")
     if args.evaluate:
         return {"episode_returns": evaluate(args, device)}
 
@@ -605,6 +621,14 @@ def main(args: Args) -> dict:
     # fused=True: the same Adam, in one kernel for all parameters instead of a dozen small ops each.
     optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
 
+    # [Speed: torch.compile] the policy step of the rollout and the loss of the update, fused into
+    # fewer, larger kernels: on a GPU that cuts the per-operation launch cost that dominates here.
+    policy_step, loss_on_minibatch = agent.get_action_and_value, minibatch_loss
+    if args.compile or args.cudagraphs:
+        mode = "reduce-overhead" if args.cudagraphs else "default"  # reduce-overhead = CUDA graphs
+        policy_step = torch.compile(policy_step, mode=mode)
+        loss_on_minibatch = torch.compile(loss_on_minibatch, mode=mode)
+
     if args.track:
         try:
             import wandb
@@ -619,13 +643,15 @@ def main(args: Args) -> dict:
                                               "minibatch_size": minibatch_size,
                                               "num_iterations": num_iterations}.items()))
 
-    # Rollout storage, (num_steps, num_envs, ...), refilled every iteration. It is kept in NumPy,
-    # beside the games (images as uint8: 200 MB at the default sizes, four times that as floats), and
-    # the whole batch moves to the training device once per iteration.
-    obs = np.zeros((args.num_steps, args.num_envs) + obs_shape, dtype=np.uint8)
-    actions = np.zeros((args.num_steps, args.num_envs), dtype=np.int64)
-    logprobs = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
-    values = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
+    # Rollout storage, (num_steps, num_envs, ...), refilled every iteration. What the network reads and
+    # writes lives on the training device, allocated once: the images as they come, uint8 (200 MB at
+    # the default sizes, four times that as floats; the network scales them), the actions, their
+    # log-probabilities and the values. Rewards and episode ends come from the games as NumPy and stay
+    # there until GAE.
+    obs = torch.zeros((args.num_steps, args.num_envs) + obs_shape, dtype=torch.uint8, device=device)
+    actions = torch.zeros((args.num_steps, args.num_envs), dtype=torch.int64, device=device)
+    logprobs = torch.zeros((args.num_steps, args.num_envs), dtype=torch.float32, device=device)
+    values = torch.zeros((args.num_steps, args.num_envs), dtype=torch.float32, device=device)
     rewards = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
     dones = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
 
@@ -688,16 +714,18 @@ def main(args: Args) -> dict:
         # Rollout: num_steps steps in every game with the current policy.
         for step in range(args.num_steps):
             global_step += args.num_envs
-            obs[step] = next_obs
+            obs[step] = torch.as_tensor(next_obs, device=device)  # uint8 on its way to the device
             dones[step] = next_done
 
             with torch.inference_mode():
-                action, logprob, _, value = agent.get_action_and_value(torch.as_tensor(next_obs, device=device))
-            actions[step] = action = action.cpu().numpy()
-            logprobs[step] = logprob.cpu().numpy()
-            values[step] = value.flatten().cpu().numpy()
-
-            next_obs, reward, terminations, truncations, _ = envs.step(action)
+                if args.cudagraphs:
+                    torch.compiler.cudagraph_mark_step_begin()
+                action, logprob, _, value = policy_step(obs[step])
+                # Copied into the storage at once: a CUDA graph's next replay overwrites its outputs.
+                actions[step], logprobs[step], values[step] = action, logprob, value.flatten()
+            # [Speed: one host transfer per step] the action is the only thing the rollout brings
+            # back from the device; log-probabilities and values stay there, in the storage.
+            next_obs, reward, terminations, truncations, _ = envs.step(action.cpu().numpy())
             next_done = np.logical_or(terminations, truncations)
             # Rewards scaled by the std of the discounted return, then clipped to [-reward_clip, reward_clip].
             rewards[step] = np.clip(reward_scaler.scale(reward, next_done), -args.reward_clip, args.reward_clip)
@@ -713,14 +741,16 @@ def main(args: Args) -> dict:
 
         with torch.no_grad():
             next_value = agent.get_value(torch.as_tensor(next_obs, device=device))
-        advantages, returns = compute_gae(rewards, values, dones, next_value.cpu().numpy().flatten(), next_done,
-                                          args.gamma, args.gae_lambda)
+        # GAE runs in NumPy beside the rewards: the values come to the host once per iteration.
+        values_host = values.cpu().numpy()
+        advantages, returns = compute_gae(rewards, values_host, dones, next_value.cpu().numpy().flatten(),
+                                          next_done, args.gamma, args.gae_lambda)
 
         # Flatten the rollout into one batch of num_envs x num_steps transitions.
-        b_obs = torch.as_tensor(obs.reshape((-1,) + obs_shape), device=device)
-        b_actions = torch.as_tensor(actions.reshape(-1), device=device)
-        b_logprobs = torch.as_tensor(logprobs.reshape(-1), device=device)
-        b_values = torch.as_tensor(values.reshape(-1), device=device)
+        b_obs = obs.reshape((-1,) + obs_shape)
+        b_actions = actions.reshape(-1)
+        b_logprobs = logprobs.reshape(-1)
+        b_values = values.reshape(-1)
         b_advantages = torch.as_tensor(advantages.reshape(-1), device=device)
         b_returns = torch.as_tensor(returns.reshape(-1), device=device)
 
@@ -732,15 +762,17 @@ def main(args: Args) -> dict:
             epoch_inds = torch.from_numpy(b_inds).to(device)
             for start in range(0, batch_size, minibatch_size):
                 mb_inds = epoch_inds[start:start + minibatch_size]
-                _, new_logprob, entropy, new_value = agent.get_action_and_value(b_obs[mb_inds], b_actions[mb_inds])
-                loss, stats = ppo_loss(new_logprob, entropy, new_value.flatten(), b_logprobs[mb_inds],
-                                       b_values[mb_inds], b_advantages[mb_inds], b_returns[mb_inds], args)
+                if args.cudagraphs:
+                    torch.compiler.cudagraph_mark_step_begin()
+                loss, stats = loss_on_minibatch(agent, b_obs[mb_inds], b_actions[mb_inds], b_logprobs[mb_inds],
+                                                b_values[mb_inds], b_advantages[mb_inds], b_returns[mb_inds], args)
                 optimizer.zero_grad()
                 loss.backward()
                 # [Core 11: Global gradient clipping] the norm of all gradients together is capped.
                 nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm, foreach=True)
                 optimizer.step()
-                minibatch_stats.append(stats)
+                # [Speed: CUDA graphs] the next replay overwrites this one's outputs: keep copies.
+                minibatch_stats.append({key: value.clone() for key, value in stats.items()} if args.cudagraphs else stats)
             if args.target_kl is not None and stats["approx_kl"] > args.target_kl:
                 break
 
@@ -750,7 +782,7 @@ def main(args: Args) -> dict:
         writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
         for key in ("value_loss", "policy_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac"):
             writer.add_scalar(f"losses/{key}", means[key], global_step)
-        writer.add_scalar("losses/explained_variance", explained_variance(values, returns), global_step)
+        writer.add_scalar("losses/explained_variance", explained_variance(values_host, returns), global_step)
         writer.add_scalar("charts/SPS", sps, global_step)
 
         if time.time() - last_print > 2.0 or iteration == num_iterations or interrupt.requested:

@@ -273,3 +273,31 @@ def quick_dir(tmp_path_factory) -> Path:
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "4 run(s): 4 ran ok, 0 skipped (finished earlier), 0 failed" in result.stdout
     return workdir
+
+
+# ---------------------------------------------------------------------------------------------------
+# The speed options (issue 12)
+# ---------------------------------------------------------------------------------------------------
+
+
+def assert_compiled_loss_matches_plain(minibatch_loss, agent, *data) -> dict:
+    """`torch.compile(minibatch_loss)` on the same agent and minibatch gives the plain function's
+    loss, statistics and gradients within float tolerance (compiled kernels fuse and reorder float
+    operations, so bit equality is not expected). Returns the plain statistics for further checks."""
+    import torch
+
+    results = []
+    for loss_function in (minibatch_loss, torch.compile(minibatch_loss)):
+        agent.zero_grad()
+        loss, stats = loss_function(agent, *data)
+        loss.backward()
+        results.append((loss.detach(), stats, {name: p.grad.clone() for name, p in agent.named_parameters()}))
+    (plain_loss, plain_stats, plain_grads), (compiled_loss, compiled_stats, compiled_grads) = results
+    torch.testing.assert_close(compiled_loss, plain_loss, rtol=1e-5, atol=1e-6)
+    for key, value in plain_stats.items():
+        torch.testing.assert_close(compiled_stats[key], value, rtol=1e-5, atol=1e-6, msg=key)
+    assert plain_grads.keys() == compiled_grads.keys()
+    for name, grad in plain_grads.items():
+        assert grad.abs().sum() > 0, name  # every parameter takes part in the loss
+        torch.testing.assert_close(compiled_grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+    return plain_stats

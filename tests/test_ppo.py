@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import (METRICS, assert_details_marked, assert_logs_every_metric,
+from conftest import (METRICS, assert_compiled_loss_matches_plain, assert_details_marked, assert_logs_every_metric,
                       assert_same_final_weights, expect_missing_package_error, expect_usage_error,
-                      only_run_dir, read_scalars, run_script, run_unbroken_and_interrupted, without_module)
-from ppo.ppo import Args, compute_gae, main, parse_args, ppo_loss
+                      only_run_dir, read_scalars, run_script, run_unbroken_and_interrupted,
+                      run_unbroken_and_interrupted_in_process, without_module)
+from ppo.ppo import Agent, Args, compute_gae, main, minibatch_loss, parse_args, ppo_loss
 
 
 # A small, fast configuration: 2 envs x 32 steps, 2 minibatches.
@@ -351,6 +352,50 @@ def test_missing_video_dependency_names_the_extra(tmp_path):
     result = run_script("ppo.py", "--total-timesteps", "512", "--capture-video", *SMALL_FLAGS, cwd=tmp_path,
                         env=without_module(tmp_path, "moviepy"), check=False)
     expect_missing_package_error(result, "ppo.py", "moviepy", ".[classic-control,video]")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Speed options: --compile, --cudagraphs
+# ---------------------------------------------------------------------------------------------------
+
+
+def test_compiled_minibatch_loss_equals_the_plain_one():
+    """--compile changes how the loss is computed, not what: on the same minibatch the compiled
+    loss, statistics and gradients are the plain ones within float tolerance."""
+    torch.manual_seed(0)
+    agent, size = Agent(4, 2), 32  # the size of a minibatch of SMALL: one graph to compile
+    obs, actions = torch.randn(size, 4), torch.randint(0, 2, (size,))
+    with torch.no_grad():
+        _, logprob, _, value = agent.get_action_and_value(obs, actions)
+    # The policy and value as they were before a few updates: some ratios leave the clip range.
+    old_logprob, old_value = logprob + 0.3 * torch.randn(size), value.flatten() + 0.3 * torch.randn(size)
+    stats = assert_compiled_loss_matches_plain(minibatch_loss, agent, obs, actions, old_logprob, old_value,
+                                               torch.randn(size), torch.randn(size), Args())
+    assert 0 < stats["clipfrac"] < 1  # both branches of the clipped objective took part
+
+
+def test_compiled_run_logs_every_metric_and_resumes_exactly(workdir):
+    """A run with --compile trains and logs as the plain one does, and stopped by Ctrl-C and resumed
+    (the checkpoint keeps --compile) it ends with the weights of an unbroken --compile run."""
+    args = Args(env_id="CartPole-v1", seed=3, total_timesteps=320, save_model=True, compile=True, **SMALL)
+    # Ctrl-C during the 40th vector step, in the second iteration: that iteration finishes, then the run stops.
+    unbroken, stopped, checkpoint_path = run_unbroken_and_interrupted_in_process(
+        main, args, workdir, gym.vector.SyncVectorEnv, interrupt_at_step=40)
+    assert stopped["interrupted"] and stopped["global_step"] == 128
+    assert_logs_every_metric(only_run_dir(workdir / "unbroken"))
+
+    resumed_args = parse_args(["--resume", str(checkpoint_path)])
+    assert resumed_args.compile
+    resumed = main(resumed_args)
+    assert resumed["global_step"] == unbroken["global_step"] == 320
+    expected, actual = unbroken["agent"].state_dict(), resumed["agent"].state_dict()
+    for name, tensor in expected.items():
+        assert torch.equal(tensor, actual[name]), name
+
+
+def test_cudagraphs_without_a_gpu_is_a_one_line_error(capsys, workdir):
+    expect_usage_error(capsys, lambda: main(Args(total_timesteps=128, cudagraphs=True, **SMALL)), "ppo.py",
+                       "--cudagraphs needs a CUDA device")
 
 
 def test_every_core_detail_is_marked_in_the_script():

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import (assert_details_marked, assert_logs_every_metric,
+from conftest import (assert_compiled_loss_matches_plain, assert_details_marked, assert_logs_every_metric,
                       expect_missing_package_error, expect_usage_error, only_run_dir, read_scalars,
                       run_script, run_unbroken_and_interrupted_in_process, without_module)
 from ppo import ppo_continuous_action as script
-from ppo.ppo_continuous_action import Agent, Args, RewardScaler, RunningMeanStd, main, parse_args
+from ppo.ppo_continuous_action import Agent, Args, RewardScaler, RunningMeanStd, main, minibatch_loss, parse_args
 
 SCRIPT = "ppo_continuous_action.py"
 
@@ -254,6 +254,53 @@ def test_saved_mujoco_environments_continue_the_same_episodes(mujoco):
             original, restored = envs.step(action), copy.step(action)
             for a, b in zip(original[:4], restored[:4]):
                 np.testing.assert_array_equal(a, b)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Speed options: --compile, --cudagraphs
+# ---------------------------------------------------------------------------------------------------
+
+
+def test_compiled_minibatch_loss_equals_the_plain_one():
+    """--compile changes how the loss is computed, not what: on the same minibatch the compiled
+    loss, statistics and gradients (the log std's included) are the plain ones within float tolerance."""
+    torch.manual_seed(0)
+    agent, size = Agent(11, 3), 32  # the size of a minibatch of SMALL: one graph to compile
+    obs = torch.randn(size, 11)
+    with torch.no_grad():
+        actions, logprob, _, value = agent.get_action_and_value(obs)
+    # The policy and value as they were before a few updates: some ratios leave the clip range.
+    old_logprob, old_value = logprob + 0.3 * torch.randn(size), value.flatten() + 0.3 * torch.randn(size)
+    stats = assert_compiled_loss_matches_plain(minibatch_loss, agent, obs, actions, old_logprob, old_value,
+                                               torch.randn(size), torch.randn(size), Args(ent_coef=0.01))
+    assert 0 < stats["clipfrac"] < 1  # both branches of the clipped objective took part
+
+
+def test_compiled_run_logs_every_metric_and_resumes_exactly(workdir, mujoco):
+    """A run with --compile trains and logs as the plain one does, and stopped by Ctrl-C and resumed
+    (the checkpoint keeps --compile) it ends bit for bit where an unbroken --compile run ends."""
+    args = Args(env_id="Hopper-v4", seed=3, total_timesteps=320, save_model=True, compile=True, **SMALL)
+    unbroken, stopped, checkpoint_path = run_unbroken_and_interrupted_in_process(
+        main, args, workdir, gym.vector.SyncVectorEnv, interrupt_at_step=100)
+    assert stopped["interrupted"] and stopped["global_step"] == 128
+    assert_logs_every_metric(only_run_dir(workdir / "unbroken"))
+
+    resumed_args = parse_args(["--resume", str(checkpoint_path)])
+    assert resumed_args.compile
+    resumed = main(resumed_args)
+    assert resumed["global_step"] == unbroken["global_step"] == 320
+    expected, actual = unbroken["agent"].state_dict(), resumed["agent"].state_dict()
+    for name, tensor in expected.items():
+        if name == "_extra_state":  # the observation statistics
+            for key in ("mean", "var", "count"):
+                np.testing.assert_array_equal(actual[name][key], tensor[key])
+        else:
+            assert torch.equal(tensor, actual[name]), name
+
+
+def test_cudagraphs_without_a_gpu_is_a_one_line_error(capsys, workdir):
+    expect_usage_error(capsys, lambda: main(Args(env_id="TightBounds-v0", total_timesteps=128, cudagraphs=True,
+                                                 **SMALL)), SCRIPT, "--cudagraphs needs a CUDA device")
 
 
 # ---------------------------------------------------------------------------------------------------

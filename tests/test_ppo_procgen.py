@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import (assert_details_marked, assert_logs_every_metric,
+from conftest import (assert_compiled_loss_matches_plain, assert_details_marked, assert_logs_every_metric,
                       expect_usage_error, only_run_dir, run_script, run_unbroken_and_interrupted_in_process)
 from ppo import ppo_procgen as script
-from ppo.ppo_procgen import Agent, Args, main, parse_args
+from ppo.ppo_procgen import Agent, Args, main, minibatch_loss, parse_args
 
 SCRIPT = "ppo_procgen.py"
 
@@ -175,6 +175,53 @@ def test_interrupted_and_resumed_run_ends_exactly_like_an_unbroken_one(workdir, 
         assert torch.equal(tensor, actual[name]), name
     assert resumed["reward_scaler"].return_rms.var == unbroken["reward_scaler"].return_rms.var
     assert resumed["recent_returns"] == unbroken["recent_returns"]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Speed options: --compile, --cudagraphs
+# ---------------------------------------------------------------------------------------------------
+
+
+def test_compiled_minibatch_loss_equals_the_plain_one():
+    """--compile changes how the loss is computed, not what: on the same minibatch of uint8 frames the
+    compiled loss, statistics and gradients (convolutions included) are the plain ones within float
+    tolerance."""
+    torch.manual_seed(0)
+    agent, size = Agent((64, 64, 3), 15), 32  # the size of a minibatch of SMALL: one graph to compile
+    obs = torch.randint(0, 256, (size, 64, 64, 3), dtype=torch.uint8)
+    with torch.no_grad():
+        actions, logprob, _, value = agent.get_action_and_value(obs)
+    # The policy and value as they were before a few updates: some ratios leave the clip range.
+    old_logprob, old_value = logprob + 0.3 * torch.randn(size), value.flatten() + 0.3 * torch.randn(size)
+    stats = assert_compiled_loss_matches_plain(minibatch_loss, agent, obs, actions, old_logprob, old_value,
+                                               torch.randn(size), torch.randn(size), Args())
+    assert 0 < stats["clipfrac"] < 1  # both branches of the clipped objective took part
+
+
+def test_compiled_run_logs_every_metric_and_resumes_exactly(workdir, monkeypatch):
+    """A run with --compile (on the stand-in games) trains and logs as the plain one does, and stopped
+    by Ctrl-C and resumed (the checkpoint keeps --compile) it ends bit for bit where an unbroken
+    --compile run ends."""
+    monkeypatch.setattr(script, "ProcgenGym3Env", FakeGames)
+    args = Args(env_id="starpilot", seed=3, total_timesteps=192, save_model=True, compile=True, **SMALL)
+    unbroken, stopped, checkpoint_path = run_unbroken_and_interrupted_in_process(
+        main, args, workdir, script.ProcgenVectorEnv, interrupt_at_step=20)
+    assert stopped["interrupted"] and stopped["global_step"] == 128
+    assert_logs_every_metric(only_run_dir(workdir / "unbroken"))
+
+    resumed_args = parse_args(["--resume", str(checkpoint_path)])
+    assert resumed_args.compile
+    resumed = main(resumed_args)
+    assert resumed["global_step"] == unbroken["global_step"] == 192
+    expected, actual = unbroken["agent"].state_dict(), resumed["agent"].state_dict()
+    for name, tensor in expected.items():
+        assert torch.equal(tensor, actual[name]), name
+
+
+def test_cudagraphs_without_a_gpu_is_a_one_line_error(capsys, workdir, monkeypatch):
+    monkeypatch.setattr(script, "ProcgenGym3Env", FakeGames)
+    expect_usage_error(capsys, lambda: main(Args(total_timesteps=128, cudagraphs=True, **SMALL)), SCRIPT,
+                       "--cudagraphs needs a CUDA device")
 
 
 # ---------------------------------------------------------------------------------------------------
