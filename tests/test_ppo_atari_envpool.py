@@ -10,9 +10,10 @@ import torch
 pytest.importorskip("envpool")
 
 import ppo.ppo_atari_envpool as script  # noqa: E402
-from conftest import (assert_details_marked, assert_logs_every_metric,  # noqa: E402
-                      expect_missing_package_error, expect_usage_error, interrupt_after_first_progress_line,
-                      only_run_dir, read_scalars, run_script, without_module)
+from conftest import (assert_compiled_loss_matches_plain, assert_details_marked,  # noqa: E402
+                      assert_logs_every_metric, expect_missing_package_error, expect_usage_error,
+                      interrupt_after_first_progress_line, only_run_dir, read_scalars, run_script,
+                      without_module)
 from ppo.ppo_atari_envpool import Args, main, make_envs  # noqa: E402
 
 TINY = ["--num-envs", "2", "--num-steps", "16", "--num-minibatches", "2", "--no-cuda"]
@@ -203,20 +204,9 @@ def test_compiled_minibatch_loss_has_the_plain_loss_and_gradients():
     """--compile runs the same computation: on the same minibatch, the compiled loss and the gradients
     it leads to equal the plain ones up to float rounding."""
     torch.manual_seed(0)
-    agent = script.Agent(num_actions=4)
     batch = (torch.randint(0, 256, (32, 4, 84, 84), dtype=torch.uint8), torch.randint(0, 4, (32,)),
              -torch.rand(32) - 1.0, torch.randn(32), torch.randn(32), torch.randn(32))
-    results = []
-    for loss_function in (script.minibatch_loss, torch.compile(script.minibatch_loss)):
-        agent.zero_grad()
-        loss, stats = loss_function(agent, *batch, Args())
-        loss.backward()
-        results.append((loss.detach(), stats, [p.grad.clone() for p in agent.parameters()]))
-    (plain_loss, plain_stats, plain_grads), (compiled_loss, compiled_stats, compiled_grads) = results
-    torch.testing.assert_close(compiled_loss, plain_loss, rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(compiled_stats, plain_stats, rtol=1e-5, atol=1e-6)
-    for compiled, plain in zip(compiled_grads, plain_grads):
-        torch.testing.assert_close(compiled, plain, rtol=1e-4, atol=1e-6)
+    assert_compiled_loss_matches_plain(script.minibatch_loss, script.Agent(num_actions=4), *batch, Args())
 
 
 def test_async_envs_and_compile_train_and_log_every_metric(workdir):
