@@ -292,7 +292,13 @@ class SavableGame(gym.Wrapper):
     or a later run may not have."""
 
     def save_game(self) -> bytes | None:
-        """The game's full state, for restore_game; None where that is impossible (video recording)."""
+        """The game's full state, for restore_game; None for the game whose video is being recorded:
+        the recorder is not saved, so a resumed run starts new games."""
+        env = self.env
+        while isinstance(env, gym.Wrapper):
+            if isinstance(env, gym.wrappers.RecordVideo):
+                return None
+            env = env.env
         try:
             return cloudpickle.dumps((self, self.unwrapped.ale.cloneState(include_rng=True),
                                       self.unwrapped.np_random.bit_generator.state))

@@ -267,6 +267,20 @@ def test_async_envs_play_the_same_games_as_sync_envs_and_save_them_alike():
         workers.close()
 
 
+@pytest.mark.parametrize("async_envs", [False, True], ids=["sync", "async"])
+def test_games_recorded_on_video_are_not_saved_and_the_worker_writes_the_video(tmp_path, async_envs):
+    """The video recorder is not part of a checkpoint (a resumed run starts new games), in this
+    process as in a worker process, where RecordVideo writes its files itself."""
+    envs = make_envs("BreakoutNoFrameskip-v4", 2, capture_video=True, video_folder=str(tmp_path / "videos"),
+                     async_envs=async_envs)
+    envs.reset(seed=0)
+    for _ in range(20):
+        envs.step(np.ones(2, dtype=np.int64))
+    assert pickle_envs(envs) is None
+    envs.close()  # ends the recording of the unfinished game: the file is written now
+    assert list((tmp_path / "videos").glob("*.mp4"))
+
+
 def test_an_async_run_interrupted_and_resumed_ends_as_an_unbroken_sync_run(tmp_path):
     """Ctrl-C reaches the workers too (the whole process group): they ignore it, the main process
     saves their games, and the run resumes, with or without --async-envs, to the very weights of a
