@@ -497,9 +497,10 @@ class Agent(nn.Module):
 
 @dataclass
 class Rollout:
-    """One rollout: arrays of (num_steps, num_envs, ...), and the LSTM state it started from. [Speed:
-    one host transfer per step] What the network reads or writes is on the training device (frames
-    as uint8, actions, log-probs, values, LSTM state); rewards and dones, from the games, on the host."""
+    """One rollout: arrays of (num_steps, num_envs, ...), and the LSTM state it started from.
+    [Speed: one host transfer per step] What the network reads or writes is on the training device
+    (frames as uint8, actions, log-probs, values, LSTM state); rewards and dones, from the games, on
+    the host."""
 
     obs: torch.Tensor
     actions: torch.Tensor
@@ -540,7 +541,8 @@ def collect_rollout(agent: Agent, envs: gym.vector.VectorEnv, cursor: EnvCursor,
         obs[step] = torch.as_tensor(cursor.obs, device=device)
         dones[step] = cursor.done
         if cudagraphs:
-            torch.compiler.cudagraph_mark_step_begin()  # the outputs are copied before the next call
+            # [Speed: CUDA graphs] a replay's outputs live until the next replay: they are copied first.
+            torch.compiler.cudagraph_mark_step_begin()
         with torch.inference_mode():
             action, logprob, _, value, lstm_state = policy_step(
                 obs[step], cursor.lstm_state, torch.as_tensor(cursor.done, dtype=torch.float32, device=device))

@@ -828,10 +828,10 @@ def main(args: Args) -> dict:
                                                   "local_minibatch_size": local_minibatch_size,
                                                   "num_iterations": num_iterations}.items()))
 
-    # This rank's rollout storage, (num_steps, local_num_envs, ...), refilled every iteration. [Speed:
-    # one host transfer per step] What the network reads or writes lives on the training device:
-    # frames (uint8 until the network scales them), actions, log-probs and values. Rewards and dones
-    # come from the games, on the host, and go to the device once per iteration.
+    # This rank's rollout storage, (num_steps, local_num_envs, ...), refilled every iteration.
+    # [Speed: one host transfer per step] What the network reads or writes lives on the training
+    # device: frames (uint8 until the network scales them), actions, log-probs and values. Rewards and
+    # dones come from the games, on the host, and go to the device once per iteration.
     obs = torch.zeros((args.num_steps, local_num_envs) + obs_shape, dtype=torch.uint8, device=device)
     actions = torch.zeros((args.num_steps, local_num_envs), dtype=torch.long, device=device)
     logprobs = torch.zeros((args.num_steps, local_num_envs), device=device)
@@ -895,7 +895,8 @@ def main(args: Args) -> dict:
             dones[step] = next_done
 
             if args.cudagraphs:
-                torch.compiler.cudagraph_mark_step_begin()  # the outputs are copied before the next call
+                # [Speed: CUDA graphs] a replay's outputs live until the next replay: they are copied first.
+                torch.compiler.cudagraph_mark_step_begin()
             with torch.inference_mode():
                 action, logprob, _, value = policy_step(obs[step])
             actions[step], logprobs[step], values[step] = action, logprob, value.flatten()
