@@ -669,7 +669,8 @@ def main(args: Args) -> dict:
     # Rollout storage, (num_steps, num_envs, ...), refilled every iteration.
     # [Speed: one host transfer per step] What the network reads or writes lives on the training
     # device: frames (uint8 until the network scales them), actions, log-probs and values. Rewards and
-    # dones come from the games, on the host, and go to the device once per iteration.
+    # dones come from the games and stay on the host for GAE, whose results go to the device once per
+    # iteration.
     obs = torch.zeros((args.num_steps, args.num_envs) + obs_shape, dtype=torch.uint8, device=device)
     actions = torch.zeros((args.num_steps, args.num_envs), dtype=torch.long, device=device)
     logprobs = torch.zeros((args.num_steps, args.num_envs), device=device)
