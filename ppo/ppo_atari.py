@@ -344,7 +344,7 @@ def check_env_id(env_id: str) -> None:
 
 
 def make_envs(env_id: str, num_envs: int, capture_video: bool = False, video_folder: str = "videos",
-              saved_envs: list[bytes] | None = None, async_envs: bool = False) -> gym.vector.VectorEnv:
+              saved_envs: list[bytes] | bytes | None = None, async_envs: bool = False) -> gym.vector.VectorEnv:
     """Build the vector of preprocessed games, checking that this script can train on them; from
     `saved_envs` (pickle_envs), the very games that were saved.
 
@@ -359,6 +359,9 @@ def make_envs(env_id: str, num_envs: int, capture_video: bool = False, video_fol
     so their frames are the same as in this process: only the time differs.
     """
     check_env_id(env_id)
+    if isinstance(saved_envs, bytes):  # a checkpoint from before SavableGame: all games in one pickle
+        saved_envs = [cloudpickle.dumps((SavableGame(env), emulator_state, rng_state))
+                      for env, emulator_state, rng_state in pickle.loads(saved_envs)]
     if saved_envs is not None:
         env_fns = [functools.partial(restore_game, saved_game) for saved_game in saved_envs]
     else:
