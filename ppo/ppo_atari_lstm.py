@@ -12,6 +12,7 @@ The 13 core details are marked `[Core N: ...]`, the 9 Atari details `[Atari N: .
 details `[LSTM N: ...]`; docs/ppo_atari_lstm.md lists them all.
 """
 
+import functools
 import os
 import pickle
 import random
@@ -22,6 +23,7 @@ from collections import deque
 from dataclasses import asdict, dataclass, fields, replace
 from typing import NoReturn
 
+import cloudpickle
 import gymnasium as gym
 import numpy as np
 import torch
@@ -69,6 +71,14 @@ class Args:
     eval_episodes: int = 10
     """number of games to play with --evaluate"""
 
+    # Speed: how fast the run goes, never what it learns
+    compile: bool = False
+    """if toggled, compile the policy step and the minibatch loss with torch.compile (pays on a GPU; the first iterations are slow while it compiles)"""
+    cudagraphs: bool = False
+    """if toggled, compile as --compile does and replay the policy step and minibatch loss as CUDA graphs (needs CUDA)"""
+    async_envs: bool = False
+    """if toggled, step each game in its own worker process, all games at once, instead of one after another in this process"""
+
     # Algorithm
     env_id: str = "BreakoutNoFrameskip-v4"
     """the id of the environment: an ale-py game, `<Game>NoFrameskip-v4` or `ALE/<Game>-v5`"""
@@ -108,7 +118,7 @@ class Args:
 
 # Settings that may differ between a run and its resumption; every other field must stay the same.
 RUNTIME_FIELDS = {"cuda", "track", "wandb_project_name", "wandb_entity", "capture_video", "save_model",
-                  "save_interval", "resume", "evaluate", "eval_episodes"}
+                  "save_interval", "resume", "evaluate", "eval_episodes", "compile", "cudagraphs", "async_envs"}
 
 
 def fail(message: str) -> NoReturn:
@@ -265,9 +275,55 @@ def make_env(env_id: str, idx: int, capture_video: bool, video_folder: str):
         # [Atari 7: FrameStack] with 1 frame: the LSTM remembers the earlier frames instead of a stack
         # of 4. The wrapper only adds the channel axis, (1, 84, 84), so the network is ppo_atari.py's.
         env = gym.wrappers.FrameStackObservation(env, stack_size=1)
-        return env
+        return SavableGame(env)
 
     return thunk
+
+
+class SavableGame(gym.Wrapper):
+    """The outermost wrapper: it saves the game it wraps, where the game runs. With --async-envs that
+    is a worker process, which `envs.call("save_game")` reaches as it reaches this process's games.
+
+    Pickling alone is not enough: ale-py's AtariEnv pickles only its constructor arguments, so an
+    unpickled game is a fresh one, at its first frame. The emulator's state (with its random
+    generator) and the environment's own generator (the no-op counts) are saved beside the wrapper
+    stack, which pickles whole (frame stack, lives, running game statistics). cloudpickle, not pickle:
+    it also carries the wrapper classes when they live in a script's __main__, which a worker process
+    or a later run may not have."""
+
+    def save_game(self) -> bytes | None:
+        """The game's full state, for restore_game; None for the game whose video is being recorded:
+        the recorder is not saved, so a resumed run starts new games."""
+        env = self.env
+        while isinstance(env, gym.Wrapper):
+            if isinstance(env, gym.wrappers.RecordVideo):
+                return None
+            env = env.env
+        try:
+            return cloudpickle.dumps((self, self.unwrapped.ale.cloneState(include_rng=True),
+                                      self.unwrapped.np_random.bit_generator.state))
+        except (pickle.PicklingError, TypeError, AttributeError):
+            return None
+
+
+def restore_game(saved_game: bytes) -> gym.Env:
+    """The wrapper stack of SavableGame.save_game, with its emulator put back where it was."""
+    env, emulator_state, rng_state = pickle.loads(saved_game)
+    env.unwrapped.ale.restoreState(emulator_state)
+    env.unwrapped.np_random.bit_generator.state = rng_state
+    return env
+
+
+def in_worker(make_game) -> gym.Env:
+    """Build a game in a worker process of --async-envs. Ctrl-C reaches every process of the terminal's
+    group, but it is the main process's to handle (finish the iteration, save): the worker ignores it.
+    OpenCV, which resizes the frames, runs on one thread: the other workers have the other cores."""
+    import cv2  # installed with ale-py (the atari extra); AtariPreprocessing imports it too
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    cv2.setNumThreads(1)
+    ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Error)  # no banner for every game made
+    return make_game()
 
 
 def check_env_id(env_id: str) -> None:
@@ -289,51 +345,52 @@ def check_env_id(env_id: str) -> None:
 
 
 def make_envs(env_id: str, num_envs: int, capture_video: bool = False, video_folder: str = "videos",
-              saved_envs: bytes | None = None) -> gym.vector.SyncVectorEnv:
-    """Build the vector of preprocessed games, checking that this script can train on them.
+              saved_envs: list[bytes] | bytes | None = None, async_envs: bool = False) -> gym.vector.VectorEnv:
+    """Build the vector of preprocessed games, checking that this script can train on them; from
+    `saved_envs` (pickle_envs), the very games that were saved.
 
     [Core 1: Vectorized architecture] One learner steps `num_envs` copies of the game in lock step,
     so each rollout holds num_envs x num_steps transitions.
 
     Autoreset: SAME_STEP, as in ppo.py: the step that ends an episode (here also a lost life) resets
     it, so every stored step is a real transition.
+
+    [Speed: asynchronous environments] With async_envs each game runs in its own worker process and
+    all of them step at once; the frames come back through shared memory. The games, their seeds and
+    so their frames are the same as in this process: only the time differs.
     """
     check_env_id(env_id)
+    if isinstance(saved_envs, bytes):  # a checkpoint from before SavableGame: all games in one pickle
+        saved_envs = [cloudpickle.dumps((SavableGame(env), emulator_state, rng_state))
+                      for env, emulator_state, rng_state in pickle.loads(saved_envs)]
     if saved_envs is not None:
-        env_fns = [lambda env=env: env for env in unpickle_envs(saved_envs)]
+        env_fns = [functools.partial(restore_game, saved_game) for saved_game in saved_envs]
     else:
         env_fns = [make_env(env_id, i, capture_video, video_folder) for i in range(num_envs)]
-    envs = gym.vector.SyncVectorEnv(env_fns, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    if async_envs:
+        # forkserver: the workers start from a clean process, not a copy of this one with its threads.
+        # AsyncVectorEnv builds one game here too, for the spaces: keep this process's Ctrl-C handler.
+        sigint_handler = signal.getsignal(signal.SIGINT)
+        envs = gym.vector.AsyncVectorEnv([functools.partial(in_worker, make_game) for make_game in env_fns],
+                                         shared_memory=True, context="forkserver",
+                                         autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+        signal.signal(signal.SIGINT, sigint_handler)
+    else:
+        envs = gym.vector.SyncVectorEnv(env_fns, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     if not isinstance(envs.single_action_space, gym.spaces.Discrete):
         kind = type(envs.single_action_space).__name__
+        envs.close()
         fail(f"{env_id} has a {kind} action space but ppo_atari_lstm.py needs Discrete actions: "
              f"use ppo/ppo_continuous_action.py for Box actions")
     return envs
 
 
-def pickle_envs(envs: gym.vector.SyncVectorEnv) -> bytes | None:
-    """The games' full state, so a resumed run continues the very same games; None where that is
-    impossible (video recording).
-
-    Pickling alone is not enough: ale-py's AtariEnv pickles only its constructor arguments, so an
-    unpickled game is a fresh one, at its first frame. The emulator's state (with its random
-    generator) and the environment's own generator (the no-op counts) are saved beside each wrapper
-    stack, which pickles whole (frame stack, lives, running game statistics)."""
-    try:
-        return pickle.dumps([(env, env.unwrapped.ale.cloneState(include_rng=True),
-                              env.unwrapped.np_random.bit_generator.state) for env in envs.envs])
-    except (pickle.PicklingError, TypeError, AttributeError):
-        return None
-
-
-def unpickle_envs(saved_envs: bytes) -> list[gym.Env]:
-    """The wrapper stacks of pickle_envs, with each emulator put back where it was."""
-    envs = []
-    for env, emulator_state, rng_state in pickle.loads(saved_envs):
-        env.unwrapped.ale.restoreState(emulator_state)
-        env.unwrapped.np_random.bit_generator.state = rng_state
-        envs.append(env)
-    return envs
+def pickle_envs(envs: gym.vector.VectorEnv) -> list[bytes] | None:
+    """Every game's full state (SavableGame.save_game), so a resumed run continues the very same
+    games; None where that is impossible (video recording). The same for sync and async envs, so a
+    run saved with --async-envs may resume without it, and the other way round."""
+    saved_games = list(envs.call("save_game"))
+    return None if any(saved_game is None for saved_game in saved_games) else saved_games
 
 
 def finished_games(infos: dict) -> list[tuple[int, float, int]]:
@@ -443,12 +500,15 @@ class Agent(nn.Module):
 
 @dataclass
 class Rollout:
-    """One rollout: arrays of (num_steps, num_envs, ...), and the LSTM state it started from."""
+    """One rollout: arrays of (num_steps, num_envs, ...), and the LSTM state it started from.
+    [Speed: one host transfer per step] What the network reads or writes is on the training device
+    (frames as uint8, actions, log-probs, values, LSTM state); rewards and dones, from the games, on
+    the host."""
 
-    obs: np.ndarray
-    actions: np.ndarray
-    logprobs: np.ndarray
-    values: np.ndarray
+    obs: torch.Tensor
+    actions: torch.Tensor
+    logprobs: torch.Tensor
+    values: torch.Tensor
     rewards: np.ndarray
     dones: np.ndarray  # dones[t] = 1: obs[t] is the first observation of a new episode
     initial_lstm_state: LSTMState
@@ -464,32 +524,36 @@ class EnvCursor:
     lstm_state: LSTMState
 
 
-def collect_rollout(agent: Agent, envs: gym.vector.SyncVectorEnv, cursor: EnvCursor, num_steps: int,
-                    device: torch.device) -> tuple[Rollout, list[tuple[int, float, int]]]:
+def collect_rollout(agent: Agent, envs: gym.vector.VectorEnv, cursor: EnvCursor, num_steps: int,
+                    device: torch.device, policy_step=None,
+                    cudagraphs: bool = False) -> tuple[Rollout, list[tuple[int, float, int]]]:
     """Play num_steps steps in every environment with the current policy, carrying the LSTM state
     from step to step, and advance `cursor`. Returns the rollout and the games that ended in it, as
-    (step, score, length)."""
+    (step, score, length). policy_step is agent.get_action_and_value or its compiled form."""
+    policy_step = policy_step or agent.get_action_and_value
     num_envs = cursor.obs.shape[0]
-    obs = np.zeros((num_steps,) + cursor.obs.shape, dtype=np.uint8)
-    actions = np.zeros((num_steps, num_envs), dtype=np.int64)
-    logprobs = np.zeros((num_steps, num_envs), dtype=np.float32)
-    values = np.zeros((num_steps, num_envs), dtype=np.float32)
+    obs = torch.zeros((num_steps,) + cursor.obs.shape, dtype=torch.uint8, device=device)
+    actions = torch.zeros((num_steps, num_envs), dtype=torch.long, device=device)
+    logprobs = torch.zeros((num_steps, num_envs), device=device)
+    values = torch.zeros((num_steps, num_envs), device=device)
     rewards = np.zeros((num_steps, num_envs), dtype=np.float32)
     dones = np.zeros((num_steps, num_envs), dtype=np.float32)
     initial_lstm_state = (cursor.lstm_state[0].clone(), cursor.lstm_state[1].clone())
     games = []
     for step in range(num_steps):
-        obs[step] = cursor.obs
+        obs[step] = torch.as_tensor(cursor.obs, device=device)
         dones[step] = cursor.done
+        if cudagraphs:
+            # [Speed: CUDA graphs] a replay's outputs live until the next replay: they are copied first.
+            torch.compiler.cudagraph_mark_step_begin()
         with torch.inference_mode():
-            action, logprob, _, value, cursor.lstm_state = agent.get_action_and_value(
-                torch.as_tensor(cursor.obs, device=device), cursor.lstm_state,
-                torch.as_tensor(cursor.done, dtype=torch.float32, device=device))
-        actions[step] = action = action.cpu().numpy()
-        logprobs[step] = logprob.cpu().numpy()
-        values[step] = value.flatten().cpu().numpy()
+            action, logprob, _, value, lstm_state = policy_step(
+                obs[step], cursor.lstm_state, torch.as_tensor(cursor.done, dtype=torch.float32, device=device))
+        actions[step], logprobs[step], values[step] = action, logprob, value.flatten()
+        cursor.lstm_state = (lstm_state[0].clone(), lstm_state[1].clone())
 
-        cursor.obs, reward, terminations, truncations, infos = envs.step(action)
+        # The step's one transfer to the host: the actions, which the games need.
+        cursor.obs, reward, terminations, truncations, infos = envs.step(action.cpu().numpy())
         # A lost life (EpisodicLife) or a time-limit truncation ends the episode like a termination.
         cursor.done = np.logical_or(terminations, truncations)
         rewards[step] = reward  # clipped
@@ -581,6 +645,17 @@ def ppo_loss(new_logprob: torch.Tensor, entropy: torch.Tensor, new_value: torch.
     return loss, stats
 
 
+def minibatch_loss(agent: Agent, obs: torch.Tensor, dones: torch.Tensor, actions: torch.Tensor,
+                   old_logprob: torch.Tensor, old_value: torch.Tensor, advantages: torch.Tensor,
+                   returns: torch.Tensor, initial_lstm_state: LSTMState,
+                   args: Args) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The network on one minibatch, then the PPO loss: the unit --compile compiles. Every tensor is
+    (num_steps, E) columns of the rollout, initial_lstm_state the state of those E environments."""
+    new_logprob, entropy, new_value = replay_sequences(agent, obs, dones, actions, initial_lstm_state)
+    return ppo_loss(new_logprob.flatten(), entropy.flatten(), new_value.flatten(), old_logprob.flatten(),
+                    old_value.flatten(), advantages.flatten(), returns.flatten(), args)
+
+
 def explained_variance(predicted: np.ndarray, target: np.ndarray) -> float:
     """1 - Var[target - predicted] / Var[target]: 1 is a perfect value function, 0 no better than
     a constant, negative worse than one; nan when the targets do not vary."""
@@ -666,6 +741,8 @@ def main(args: Args) -> dict:
     envs_per_minibatch = args.num_envs // args.num_minibatches
     num_iterations = args.total_timesteps // batch_size
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    if args.cudagraphs and device.type != "cuda":
+        fail("--cudagraphs needs a CUDA device: drop it, or run on a GPU (and without --no-cuda)")
     # One PyTorch thread unless OMP_NUM_THREADS asks for more: the environments share the cores with
     # the network, and on the 2-core machine of docs/ppo_atari.md a second thread made training
     # several times slower, spent waiting for the first.
@@ -689,11 +766,18 @@ def main(args: Args) -> dict:
     torch.backends.cudnn.deterministic = args.torch_deterministic
 
     envs = make_envs(args.env_id, args.num_envs, args.capture_video, f"videos/{run_name}",
-                     saved_envs=checkpoint["envs"] if checkpoint else None)
+                     saved_envs=checkpoint["envs"] if checkpoint else None, async_envs=args.async_envs)
     agent = Agent(envs.single_action_space.n).to(device)
     # [Core 3: The Adam optimizer's epsilon parameter] 1e-5 as in the original code, not PyTorch's 1e-8.
     # fused=True: the same Adam, in one kernel for all parameters instead of a dozen small ops each.
     optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
+    # [Speed: torch.compile] the policy step and the minibatch loss compiled into fused kernels, so a GPU
+    # runs a few large kernels instead of waiting for Python to launch many small ones.
+    policy_step, loss_on_minibatch = agent.get_action_and_value, minibatch_loss
+    if args.compile or args.cudagraphs:
+        mode = "reduce-overhead" if args.cudagraphs else "default"  # reduce-overhead = CUDA graphs
+        policy_step = torch.compile(policy_step, mode=mode)
+        loss_on_minibatch = torch.compile(loss_on_minibatch, mode=mode)
 
     if args.track:
         try:
@@ -755,7 +839,7 @@ def main(args: Args) -> dict:
             optimizer.param_groups[0]["lr"] = frac * args.learning_rate
 
         # Rollout: num_steps steps in every environment with the current policy.
-        rollout, games = collect_rollout(agent, envs, cursor, args.num_steps, device)
+        rollout, games = collect_rollout(agent, envs, cursor, args.num_steps, device, policy_step, args.cudagraphs)
         for step, score, length in games:
             writer.add_scalar("charts/episodic_return", score, global_step + (step + 1) * args.num_envs)
             writer.add_scalar("charts/episodic_length", length, global_step + (step + 1) * args.num_envs)
@@ -765,15 +849,14 @@ def main(args: Args) -> dict:
         with torch.no_grad():
             next_value = agent.get_value(torch.as_tensor(cursor.obs, device=device), cursor.lstm_state,
                                          torch.as_tensor(cursor.done, dtype=torch.float32, device=device))
-        advantages, returns = compute_gae(rollout.rewards, rollout.values, rollout.dones,
+        # GAE runs on the host, in NumPy: one transfer of the rollout's values per iteration.
+        host_values = rollout.values.cpu().numpy()
+        advantages, returns = compute_gae(rollout.rewards, host_values, rollout.dones,
                                           next_value.cpu().numpy().flatten(), cursor.done, args.gamma, args.gae_lambda)
 
         # The batch stays (num_steps, num_envs, ...): a minibatch is a set of columns, whole sequences.
-        b_obs = torch.as_tensor(rollout.obs, device=device)
+        b_obs, b_actions, b_logprobs, b_values = rollout.obs, rollout.actions, rollout.logprobs, rollout.values
         b_dones = torch.as_tensor(rollout.dones, device=device)
-        b_actions = torch.as_tensor(rollout.actions, device=device)
-        b_logprobs = torch.as_tensor(rollout.logprobs, device=device)
-        b_values = torch.as_tensor(rollout.values, device=device)
         b_advantages = torch.as_tensor(advantages, device=device)
         b_returns = torch.as_tensor(returns, device=device)
 
@@ -788,17 +871,18 @@ def main(args: Args) -> dict:
             for start in range(0, args.num_envs, envs_per_minibatch):
                 mb_envs = torch.from_numpy(env_inds[start:start + envs_per_minibatch]).to(device)
                 mb_lstm_state = (rollout.initial_lstm_state[0][:, mb_envs], rollout.initial_lstm_state[1][:, mb_envs])
-                new_logprob, entropy, new_value = replay_sequences(
-                    agent, b_obs[:, mb_envs], b_dones[:, mb_envs], b_actions[:, mb_envs], mb_lstm_state)
-                loss, stats = ppo_loss(new_logprob.flatten(), entropy.flatten(), new_value.flatten(),
-                                       b_logprobs[:, mb_envs].flatten(), b_values[:, mb_envs].flatten(),
-                                       b_advantages[:, mb_envs].flatten(), b_returns[:, mb_envs].flatten(), args)
+                if args.cudagraphs:
+                    torch.compiler.cudagraph_mark_step_begin()
+                loss, stats = loss_on_minibatch(agent, b_obs[:, mb_envs], b_dones[:, mb_envs], b_actions[:, mb_envs],
+                                                b_logprobs[:, mb_envs], b_values[:, mb_envs], b_advantages[:, mb_envs],
+                                                b_returns[:, mb_envs], mb_lstm_state, args)
                 optimizer.zero_grad()
                 loss.backward()
                 # [Core 11: Global gradient clipping] the norm of all gradients together is capped.
                 nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm, foreach=True)
                 optimizer.step()
-                minibatch_stats.append(stats)
+                # Copies: a CUDA graph's next replay overwrites its outputs, and these are kept to the end.
+                minibatch_stats.append({key: value.clone() for key, value in stats.items()})
             if args.target_kl is not None and stats["approx_kl"] > args.target_kl:
                 break
 
@@ -809,7 +893,7 @@ def main(args: Args) -> dict:
         for key in ("value_loss", "policy_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac"):
             writer.add_scalar(f"losses/{key}", means[key], global_step)
         writer.add_scalar("losses/explained_variance",
-                          explained_variance(rollout.values.reshape(-1), returns.reshape(-1)), global_step)
+                          explained_variance(host_values.reshape(-1), returns.reshape(-1)), global_step)
         writer.add_scalar("charts/SPS", sps, global_step)
 
         if time.time() - last_print > 2.0 or iteration == num_iterations or interrupt.requested:

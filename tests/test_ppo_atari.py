@@ -13,10 +13,10 @@ pytest.importorskip("ale_py")
 pytest.importorskip("cv2")
 
 from conftest import (assert_details_marked, assert_logs_every_metric, assert_same_final_weights,  # noqa: E402
-                      expect_missing_package_error, expect_usage_error, only_run_dir, run_script,
-                      run_unbroken_and_interrupted, without_module)
+                      expect_missing_package_error, expect_usage_error, interrupt_after_first_progress_line,
+                      only_run_dir, run_script, run_unbroken_and_interrupted, without_module)
 from ppo.ppo_atari import (Agent, Args, EpisodicLife, FireReset, main, make_env, make_envs,  # noqa: E402
-                           parse_args, pickle_envs, finished_games)
+                           minibatch_loss, parse_args, pickle_envs, finished_games)
 
 TINY = ["--num-envs", "2", "--num-steps", "16", "--num-minibatches", "2", "--no-cuda"]
 TINY_ARGS = dict(num_envs=2, num_steps=16, num_minibatches=2, cuda=False)
@@ -229,6 +229,123 @@ def test_interrupted_and_resumed_run_ends_with_the_same_weights_and_evaluates(tm
     assert match, evaluation.stdout
     scores = [float(score) for score in re.findall(r"episode \d+: return ([\d.]+)", evaluation.stdout)]
     assert len(scores) == 2 and float(match.group(1)) == pytest.approx(np.mean(scores), abs=0.01)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Speed options: asynchronous environments, torch.compile, CUDA graphs
+# ---------------------------------------------------------------------------------------------------
+
+
+def test_async_envs_play_the_same_games_as_sync_envs_and_save_them_alike():
+    """ale-py is deterministic given the seeds: the games in worker processes give the same frames,
+    rewards, dones and game scores as the games in this process; and games saved from the workers
+    continue, in this process, exactly as the workers' own games do."""
+    sync, workers = make_envs("BreakoutNoFrameskip-v4", 2), make_envs("BreakoutNoFrameskip-v4", 2, async_envs=True)
+    try:
+        assert isinstance(workers, gym.vector.AsyncVectorEnv)
+        assert np.array_equal(sync.reset(seed=5)[0], workers.reset(seed=5)[0])
+        rng = np.random.default_rng(0)
+        games = 0
+        for step in range(500):
+            action = rng.integers(4, size=2)
+            expected, actual = sync.step(action), workers.step(action)
+            for a, b in zip(expected[:4], actual[:4]):
+                assert np.array_equal(a, b), step
+            assert finished_games(expected[4]) == finished_games(actual[4])
+            games += len(finished_games(expected[4]))
+        assert games > 0
+        saved = pickle_envs(workers)
+        assert isinstance(saved, list) and len(saved) == 2
+        restored = make_envs("BreakoutNoFrameskip-v4", 2, saved_envs=saved)
+        for _ in range(300):
+            action = rng.integers(4, size=2)
+            expected, actual = workers.step(action), restored.step(action)
+            for a, b in zip(expected[:4], actual[:4]):
+                assert np.array_equal(a, b)
+    finally:
+        sync.close()
+        workers.close()
+
+
+@pytest.mark.parametrize("async_envs", [False, True], ids=["sync", "async"])
+def test_games_recorded_on_video_are_not_saved_and_the_worker_writes_the_video(tmp_path, async_envs):
+    """The video recorder is not part of a checkpoint (a resumed run starts new games), in this
+    process as in a worker process, where RecordVideo writes its files itself."""
+    envs = make_envs("BreakoutNoFrameskip-v4", 2, capture_video=True, video_folder=str(tmp_path / "videos"),
+                     async_envs=async_envs)
+    envs.reset(seed=0)
+    for _ in range(20):
+        envs.step(np.ones(2, dtype=np.int64))
+    assert pickle_envs(envs) is None
+    envs.close()  # ends the recording of the unfinished game: the file is written now
+    assert list((tmp_path / "videos").glob("*.mp4"))
+
+
+def test_an_async_run_interrupted_and_resumed_ends_as_an_unbroken_sync_run(tmp_path):
+    """Ctrl-C reaches the workers too (the whole process group): they ignore it, the main process
+    saves their games, and the run resumes, with or without --async-envs, to the very weights of a
+    run that never stopped and never had worker processes."""
+    import shutil
+
+    flags = ["--seed", "3", "--total-timesteps", "160", "--save-model", *TINY]
+    unbroken, interrupted = tmp_path / "unbroken", tmp_path / "interrupted"
+    unbroken.mkdir()
+    interrupted.mkdir()
+    run_script("ppo_atari.py", *flags, cwd=unbroken)
+    code, output = interrupt_after_first_progress_line("ppo_atari.py", [*flags, "--async-envs"], cwd=interrupted)
+    assert code == 130 and "Traceback" not in output, output
+    run_dir = only_run_dir(interrupted)
+    stopped = torch.load(run_dir / "checkpoint.pt", weights_only=False)
+    assert 0 < stopped["global_step"] < 160 and stopped["args"]["async_envs"]
+    assert len(stopped["envs"]) == 2  # every worker's game was saved
+    in_sync = tmp_path / "in_sync"
+    shutil.copytree(interrupted, in_sync)
+
+    run_script("ppo_atari.py", "--resume", str(run_dir / "checkpoint.pt"), cwd=interrupted)
+    assert_same_final_weights(unbroken, run_dir / "checkpoint.pt", 160)
+    sync_checkpoint = only_run_dir(in_sync) / "checkpoint.pt"
+    run_script("ppo_atari.py", "--resume", str(sync_checkpoint), "--no-async-envs", cwd=in_sync)
+    assert_same_final_weights(unbroken, sync_checkpoint, 160)
+
+
+def test_the_compiled_minibatch_loss_gives_the_plain_loss_and_gradients():
+    torch.manual_seed(0)
+    agent = Agent(num_actions=4)
+    generator = torch.Generator().manual_seed(1)
+    obs = torch.randint(0, 256, (32, 4, 84, 84), dtype=torch.uint8, generator=generator)
+    actions = torch.randint(0, 4, (32,), generator=generator)
+    with torch.no_grad():
+        _, logprobs, _, values = agent.get_action_and_value(obs, actions)
+    minibatch = (obs, actions, logprobs + 0.2 * torch.randn(32, generator=generator),
+                 values.flatten() + torch.randn(32, generator=generator), 1.0 + torch.randn(32, generator=generator),
+                 values.flatten() + torch.randn(32, generator=generator))
+
+    def loss_and_gradients(loss_function):
+        agent.zero_grad()
+        loss, stats = loss_function(agent, *minibatch, Args())
+        loss.backward()
+        return loss.detach(), stats, {name: p.grad.clone() for name, p in agent.named_parameters()}
+
+    plain_loss, plain_stats, plain_grads = loss_and_gradients(minibatch_loss)
+    compiled_loss, compiled_stats, compiled_grads = loss_and_gradients(torch.compile(minibatch_loss))
+    torch.testing.assert_close(compiled_loss, plain_loss, rtol=1e-5, atol=1e-6)
+    assert plain_stats["clipfrac"] > 0  # the clipped branches are part of the comparison
+    for key in plain_stats:
+        torch.testing.assert_close(compiled_stats[key], plain_stats[key], rtol=1e-5, atol=1e-6)
+    for name in plain_grads:
+        torch.testing.assert_close(compiled_grads[name], plain_grads[name], rtol=1e-4, atol=1e-6)
+
+
+def test_a_compiled_run_trains_and_logs_every_metric(workdir):
+    result = main(Args(total_timesteps=64, compile=True, **TINY_ARGS))
+    assert result["global_step"] == 64
+    assert_logs_every_metric(only_run_dir(workdir), except_for=("charts/episodic_return", "charts/episodic_length"))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on a machine without CUDA")
+def test_cudagraphs_without_cuda_is_a_one_line_error(capsys, workdir):
+    expect_usage_error(capsys, lambda: main(Args(cudagraphs=True, **TINY_ARGS)), "ppo_atari.py",
+                       "--cudagraphs needs a CUDA device")
 
 
 # ---------------------------------------------------------------------------------------------------

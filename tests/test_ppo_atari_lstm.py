@@ -9,10 +9,11 @@ import torch
 pytest.importorskip("ale_py")
 pytest.importorskip("cv2")
 
-from conftest import (assert_details_marked, assert_same_final_weights, expect_usage_error,  # noqa: E402
-                      only_run_dir, read_scalars, run_script, run_unbroken_and_interrupted)
+from conftest import (assert_details_marked, assert_logs_every_metric, assert_same_final_weights,  # noqa: E402
+                      expect_usage_error, interrupt_after_first_progress_line, only_run_dir, read_scalars,
+                      run_script, run_unbroken_and_interrupted)
 from ppo.ppo_atari_lstm import (Agent, Args, EnvCursor, collect_rollout, main, make_envs,  # noqa: E402
-                                replay_sequences)
+                                minibatch_loss, replay_sequences)
 
 TINY = ["--num-envs", "2", "--num-steps", "16", "--num-minibatches", "2", "--no-cuda"]
 TINY_ARGS = dict(num_envs=2, num_steps=16, num_minibatches=2, cuda=False)
@@ -63,8 +64,8 @@ def test_the_replay_depends_on_the_saved_state_and_the_resets(rollout_and_agent)
     rollout, agent = rollout_and_agent
     _, _, from_zeros = replay(agent, rollout, [0, 1, 2, 3], initial_state=agent.initial_state(4, CPU))
     _, _, without_resets = replay(agent, rollout, [0, 1, 2, 3], dones=np.zeros_like(rollout.dones))
-    assert np.abs(from_zeros.numpy() - rollout.values).max() > 1e-3
-    assert np.abs(without_resets.numpy() - rollout.values).max() > 1e-3
+    assert (from_zeros - rollout.values).abs().max() > 1e-3
+    assert (without_resets - rollout.values).abs().max() > 1e-3
 
 
 def test_lstm_initialization_and_zero_initial_state():
@@ -107,6 +108,64 @@ def test_interrupted_and_resumed_run_ends_with_the_same_weights(tmp_path):
     evaluation = run_script("ppo_atari_lstm.py", "--evaluate", str(checkpoint_path), "--eval-episodes", "1",
                             cwd=interrupted)
     assert "BreakoutNoFrameskip-v4: mean return" in evaluation.stdout
+
+
+def test_an_async_run_interrupted_and_resumed_ends_as_an_unbroken_sync_run(tmp_path):
+    """--async-envs plays the same games as the games in one process, and its checkpoint carries
+    the workers' games: interrupted with it and resumed, the run ends as one that never stopped and
+    never had worker processes, LSTM state included."""
+    flags = ["--seed", "4", "--total-timesteps", "160", "--save-model", *TINY]
+    unbroken, interrupted = tmp_path / "unbroken", tmp_path / "interrupted"
+    unbroken.mkdir()
+    interrupted.mkdir()
+    run_script("ppo_atari_lstm.py", *flags, cwd=unbroken)
+    code, output = interrupt_after_first_progress_line("ppo_atari_lstm.py", [*flags, "--async-envs"], cwd=interrupted)
+    assert code == 130 and "Traceback" not in output, output
+    checkpoint_path = only_run_dir(interrupted) / "checkpoint.pt"
+    stopped = torch.load(checkpoint_path, weights_only=False)
+    assert 0 < stopped["global_step"] < 160 and stopped["args"]["async_envs"] and len(stopped["envs"]) == 2
+
+    run_script("ppo_atari_lstm.py", "--resume", str(checkpoint_path), cwd=interrupted)
+    expected, actual = assert_same_final_weights(unbroken, checkpoint_path, 160)
+    for expected_state, actual_state in zip(expected["next_lstm_state"], actual["next_lstm_state"]):
+        assert torch.equal(expected_state, actual_state)
+
+
+def test_the_compiled_minibatch_loss_gives_the_plain_loss_and_gradients(rollout_and_agent):
+    """On 16 steps of two columns of a real rollout, from its non-zero initial LSTM state, with
+    advantages and returns made up around the rollout's values."""
+    rollout, agent = rollout_and_agent
+    columns = torch.tensor([1, 3])
+    generator = torch.Generator().manual_seed(1)
+    values = rollout.values[:16, columns]
+    minibatch = (rollout.obs[:16, columns], torch.as_tensor(rollout.dones)[:16, columns], rollout.actions[:16, columns],
+                 rollout.logprobs[:16, columns] + 0.2 * torch.randn(16, 2, generator=generator),
+                 values + torch.randn(16, 2, generator=generator), 1.0 + torch.randn(16, 2, generator=generator),
+                 values + torch.randn(16, 2, generator=generator),
+                 tuple(state[:, columns] for state in rollout.initial_lstm_state))
+
+    def loss_and_gradients(loss_function):
+        agent.zero_grad()
+        loss, stats = loss_function(agent, *minibatch, Args())
+        loss.backward()
+        return loss.detach(), stats, {name: p.grad.clone() for name, p in agent.named_parameters()}
+
+    plain_loss, plain_stats, plain_grads = loss_and_gradients(minibatch_loss)
+    compiled_loss, compiled_stats, compiled_grads = loss_and_gradients(torch.compile(minibatch_loss))
+    torch.testing.assert_close(compiled_loss, plain_loss, rtol=1e-5, atol=1e-6)
+    for key in plain_stats:
+        torch.testing.assert_close(compiled_stats[key], plain_stats[key], rtol=1e-5, atol=1e-6)
+    for name in plain_grads:
+        torch.testing.assert_close(compiled_grads[name], plain_grads[name], rtol=1e-4, atol=1e-6)
+
+
+def test_a_compiled_run_trains_and_cudagraphs_needs_cuda(capsys, workdir):
+    result = main(Args(total_timesteps=32, compile=True, **TINY_ARGS))
+    assert result["global_step"] == 32
+    assert_logs_every_metric(only_run_dir(workdir), except_for=("charts/episodic_return", "charts/episodic_length"))
+    if not torch.cuda.is_available():
+        expect_usage_error(capsys, lambda: main(Args(cudagraphs=True, **TINY_ARGS)), "ppo_atari_lstm.py",
+                           "--cudagraphs needs a CUDA device")
 
 
 def test_minibatches_must_hold_whole_environments(capsys, workdir):

@@ -19,7 +19,7 @@ pytest.importorskip("cv2")
 from conftest import (REPO, assert_details_marked, assert_logs_every_metric,  # noqa: E402
                       assert_same_final_weights, expect_usage_error, only_run_dir, run_script,
                       run_unbroken_and_interrupted, torchrun)
-from ppo.ppo_atari_multigpu import Agent, Args, gradient_step, main, parse_args  # noqa: E402
+from ppo.ppo_atari_multigpu import Agent, Args, gradient_step, main, minibatch_loss, parse_args  # noqa: E402
 
 TINY = ["--num-envs", "2", "--num-steps", "16", "--num-minibatches", "2", "--no-cuda"]
 TWO_PROCESSES = torchrun("--standalone", "--nproc-per-node", "2")
@@ -75,18 +75,20 @@ def fixed_minibatches(agent: Agent, count: int) -> list[tuple[torch.Tensor, ...]
     return minibatches
 
 
-def train_on_fixed_minibatches(rank: int, world_size: int, port: int, out_dir) -> None:
+def train_on_fixed_minibatches(rank: int, world_size: int, port: int, out_dir, compiled: bool = False) -> None:
     """Three gradient steps of ppo_atari_multigpu.py on the fixed minibatches, rank `rank` of
-    `world_size` taking its contiguous 1/world_size of each; saves the weights and last gradients
-    to out_dir/world<world_size>_rank<rank>.pt."""
+    `world_size` taking its contiguous 1/world_size of each, with the minibatch loss compiled by
+    torch.compile if `compiled`; saves the weights and last gradients to out_dir/world<world_size>_rank<rank>.pt."""
     if world_size > 1:
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
     torch.manual_seed(0)
     agent = Agent(num_actions=4)
     optimizer = torch.optim.Adam(agent.parameters(), lr=2.5e-4, eps=1e-5)
     share = MINIBATCH_SIZE // world_size
+    loss_on_minibatch = torch.compile(minibatch_loss) if compiled else minibatch_loss
     for minibatch in fixed_minibatches(agent, 3):
-        gradient_step(agent, optimizer, tuple(t[rank * share:(rank + 1) * share] for t in minibatch), ARGS, world_size)
+        gradient_step(agent, optimizer, tuple(t[rank * share:(rank + 1) * share] for t in minibatch), ARGS, world_size,
+                      loss_on_minibatch)
     torch.save({"weights": {name: p.detach() for name, p in agent.named_parameters()},
                 "grads": {name: p.grad for name, p in agent.named_parameters()}},
                out_dir / f"world{world_size}_rank{rank}.pt")
@@ -94,12 +96,16 @@ def train_on_fixed_minibatches(rank: int, world_size: int, port: int, out_dir) -
         dist.destroy_process_group()
 
 
-def test_two_ranks_on_half_minibatches_take_the_same_steps_as_one_process_on_whole_ones(tmp_path):
+@pytest.mark.parametrize("compiled", [False, True], ids=["plain", "compiled"])
+def test_two_ranks_on_half_minibatches_take_the_same_steps_as_one_process_on_whole_ones(tmp_path, compiled):
     """With the same data, 2 ranks on half of each minibatch end with the same gradients and weights
-    as 1 process on the whole minibatch (to float rounding), and the 2 ranks' copies are identical."""
+    as 1 process on the whole minibatch (to float rounding), and the 2 ranks' copies are identical;
+    also with the ranks' minibatch loss compiled (--compile), its all-reduce of the advantages'
+    statistics included, against the plain loss of the one process."""
     train_on_fixed_minibatches(0, 1, 0, tmp_path)
     port = free_port()
-    workers = [mp.get_context("spawn").Process(target=train_on_fixed_minibatches, args=(rank, 2, port, tmp_path))
+    workers = [mp.get_context("spawn").Process(target=train_on_fixed_minibatches,
+                                               args=(rank, 2, port, tmp_path, compiled))
                for rank in range(2)]
     for worker in workers:
         worker.start()
@@ -163,6 +169,21 @@ def test_an_interrupted_group_resumes_to_the_same_weights_and_evaluates_in_one_p
     other_world = run_script("ppo_atari_multigpu.py", "--resume", str(checkpoint_path), cwd=interrupted, check=False)
     assert other_world.returncode == 2
     assert "written by 2 processes, not 1" in other_world.stderr
+
+
+def test_two_processes_train_with_async_envs(tmp_path):
+    """--async-envs under torchrun: each rank steps its games in its own worker processes."""
+    result = run_script("ppo_atari_multigpu.py", "--total-timesteps", "128", "--async-envs", *TINY, cwd=tmp_path,
+                        launcher=TWO_PROCESSES)
+    assert "step       128/128" in result.stdout
+    assert_logs_every_metric(only_run_dir(tmp_path), except_for=("charts/episodic_return", "charts/episodic_length"))
+
+
+def test_cudagraphs_without_cuda_is_a_one_line_error(capsys, workdir):
+    if torch.cuda.is_available():
+        pytest.skip("checks the error on a machine without CUDA")
+    expect_usage_error(capsys, lambda: main(Args(cudagraphs=True, cuda=False)), "ppo_atari_multigpu.py",
+                       "--cudagraphs needs a CUDA device")
 
 
 def test_two_launches_on_loopback_train_as_two_nodes(tmp_path):
