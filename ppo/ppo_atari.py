@@ -780,7 +780,7 @@ def main(args: Args) -> dict:
                 # [Core 11: Global gradient clipping] the norm of all gradients together is capped.
                 nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm, foreach=True)
                 optimizer.step()
-                # Copies: a CUDA graph's next replay overwrites its outputs, and these are kept to the end.
+                # [Speed: CUDA graphs] copies, kept to the end: a graph's next replay overwrites its outputs.
                 minibatch_stats.append({key: value.clone() for key, value in stats.items()})
             if args.target_kl is not None and stats["approx_kl"] > args.target_kl:
                 break

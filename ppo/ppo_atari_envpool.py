@@ -681,13 +681,13 @@ def main(args: Args) -> dict:
                 # [Core 11: Global gradient clipping] the norm of all gradients together is capped.
                 nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm, foreach=True)
                 optimizer.step()
-                # Stacked into a new tensor: a CUDA graph's next replay overwrites its outputs.
-                minibatch_stats.append(torch.stack(list(stats.values())))
+                # [Speed: CUDA graphs] copies, kept to the end: a graph's next replay overwrites its outputs.
+                minibatch_stats.append({key: value.clone() for key, value in stats.items()})
             if args.target_kl is not None and stats["approx_kl"] > args.target_kl:
                 break
 
         # [Core 12: Debug variables] averaged over every minibatch of this update.
-        means = dict(zip(stats.keys(), torch.stack(minibatch_stats).mean(dim=0).tolist()))
+        means = {key: torch.stack([s[key] for s in minibatch_stats]).mean().item() for key in minibatch_stats[0]}
         sps = int((global_step - start_step) / (time.time() - start_time))
         writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
         for key in ("value_loss", "policy_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac"):
