@@ -191,7 +191,7 @@ def test_unknown_games_and_settings(capsys, workdir):
     expect_usage_error(capsys, lambda: main(Args(env_id="CartPole-v1", cuda=False)), SCRIPT, "ppo/ppo.py")
     expect_usage_error(capsys, lambda: main(Args(env_id="BreakoutNoFrameskip-v4", cuda=False)), SCRIPT, "ppo/ppo_atari.py")
     expect_usage_error(capsys, lambda: main(Args(distribution_mode="medium", **SMALL, total_timesteps=128)), SCRIPT,
-                       "--distribution-mode 'medium'", "easy, hard")
+                       "--distribution-mode", "'medium'", "easy, hard")
     expect_usage_error(capsys, lambda: main(Args(num_envs=3, num_steps=5, num_minibatches=8)), SCRIPT, "15", "--num-minibatches 8")
 
 
