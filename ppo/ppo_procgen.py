@@ -316,9 +316,9 @@ def make_envs(env_id: str, num_envs: int, capture_video: bool = False, video_fol
 
 def layer_init(layer: nn.Linear, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Linear:
     """[Core 2: Orthogonal initialization of weights, constant initialization of biases]
-    Orthogonal weights, scaled by sqrt(2) for the hidden layer, 0.01 for the policy head (so the first
-    policy is close to uniform) and 1 for the value head. The convolutions keep PyTorch's default
-    initialization, as in the reference implementation."""
+    Orthogonal weights for the two heads, 0.01 for the policy (so the first policy is close to
+    uniform) and 1 for the value. The convolutions and the 256-unit dense layer keep PyTorch's default
+    initialization, as in openai/train-procgen and the reference implementation."""
     torch.nn.init.orthogonal_(layer.weight, std)
     torch.nn.init.constant_(layer.bias, bias_const)
     return layer
@@ -371,7 +371,7 @@ class Agent(nn.Module):
             *sequences,
             nn.Flatten(),
             nn.ReLU(),
-            layer_init(nn.Linear(channels * height * width, 256)),
+            nn.Linear(channels * height * width, 256),  # PyTorch's default initialization (see layer_init)
             nn.ReLU(),
         )
         self.actor = layer_init(nn.Linear(256, num_actions), std=0.01)
