@@ -64,8 +64,8 @@ class Args:
     """number of episodes to play with --evaluate"""
 
     # Algorithm
-    env_id: str = "Hopper-v4"
-    """the id of the environment"""
+    env_id: str = "HalfCheetah-v4"
+    """the id of the environment (the reference's default)"""
     total_timesteps: int = 1000000
     """total environment steps of the experiment"""
     learning_rate: float = 3e-4
@@ -376,19 +376,21 @@ class RewardScaler:
     discounted return (not of the rewards themselves, and without subtracting a mean), which keeps the
     value targets in a range the value network learns well whatever the task's reward scale.
 
-    Per environment it keeps the return discounted by gamma of the episode so far; every step adds
-    the new rewards, updates the statistics with the returns, then scales the rewards by their std.
-    A finished episode's return restarts at 0."""
+    Per environment it keeps a return discounted by gamma; every step discounts it, adds the new
+    reward, updates the statistics with the returns, then scales the rewards by their std. The rule
+    for episode ends is the reference's (gymnasium's NormalizeReward): a termination cuts the return
+    at the terminal step, whose return is its own reward alone; a time-limit truncation cuts nothing,
+    the return runs on into the next episode. One set of statistics serves all environments, as the
+    one value network learns from all of them (docs/ppo_continuous_action.md says why)."""
 
     def __init__(self, num_envs: int, gamma: float):
         self.gamma = gamma
         self.return_rms = RunningMeanStd(())
         self.discounted_return = np.zeros(num_envs)
 
-    def scale(self, reward: np.ndarray, done: np.ndarray) -> np.ndarray:
-        self.discounted_return = self.discounted_return * self.gamma + reward
+    def scale(self, reward: np.ndarray, terminated: np.ndarray) -> np.ndarray:
+        self.discounted_return = self.discounted_return * self.gamma * (1.0 - terminated) + reward
         self.return_rms.update(self.discounted_return)
-        self.discounted_return[done] = 0.0
         return reward / np.sqrt(self.return_rms.var + 1e-8)
 
     def state_dict(self) -> dict:
@@ -715,7 +717,7 @@ def main(args: Args) -> dict:
             next_done = np.logical_or(terminations, truncations)
             next_obs = agent.normalize_obs(raw_obs, update=True)
             # [Continuous 9: Reward clipping] the scaled reward is clipped to [-reward_clip, reward_clip].
-            rewards[step] = np.clip(reward_scaler.scale(reward, next_done), -args.reward_clip, args.reward_clip)
+            rewards[step] = np.clip(reward_scaler.scale(reward, terminations), -args.reward_clip, args.reward_clip)
 
             episode_return += reward  # the environment's own reward: charts/episodic_return is the task's score
             episode_length += 1
