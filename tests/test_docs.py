@@ -214,3 +214,20 @@ def test_every_page_is_in_the_nav():
     in_nav = set(re.findall(r"^\s*-\s*(?:[^:\n]+:\s*)?(\S+\.md)\s*$", config, re.MULTILINE))
     pages = {path.relative_to(REPO / "docs").as_posix() for path in (REPO / "docs").glob("**/*.md")}
     assert pages <= in_nav, f"pages missing from the nav of mkdocs.yml: {sorted(pages - in_nav)}"
+
+
+def test_docs_cite_nothing_outside_the_repository():
+    """A user's clone has the repository's tracked files and nothing beside them: every relative path
+    a page names, in a link or in code, must be one of them (docs/ once cited `../shared/FACTS.md`, a
+    file of the machine the project was built on)."""
+    tracked = set(subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True).stdout.split())
+    outside = []
+    for path in markdown_files():
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            for target in re.findall(r"(?:\]\(|`)((?:\.\./)+[^)`\s]*)", line):
+                resolved = (path.parent / unquote(target.split("#")[0])).resolve()
+                inside = resolved.is_relative_to(REPO) and (
+                    str(resolved.relative_to(REPO)) in tracked or resolved.is_dir() or not resolved.suffix)
+                if not inside:
+                    outside.append(f"{display(path)}:{number}: {target}")
+    assert not outside, "paths outside the repository:\n" + "\n".join(outside)
