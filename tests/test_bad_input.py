@@ -10,9 +10,10 @@ built in Python."""
 
 import importlib
 import typing
-from dataclasses import fields
+from dataclasses import asdict, fields
 
 import pytest
+import torch
 
 from conftest import expect_usage_error
 
@@ -122,3 +123,16 @@ def test_the_defaults_pass_the_checks(script):
     checks = module.check_args
     args = module.Args()
     checks(args, 1) if script == "ppo_atari_multigpu" else checks(args)
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_flags_given_with_resume_or_evaluate_are_checked_too(script, capsys, workdir):
+    """--resume and --evaluate read the checkpoint's settings first; the flags given beside them
+    (run-time options such as --save-interval and --eval-episodes) still meet their rules."""
+    module = load(script)
+    path = str(workdir / "checkpoint.pt")
+    torch.save({"variant": module.VARIANT, "args": asdict(module.Args())}, path)
+    for argv, name in ((["--evaluate", path, "--eval-episodes", "0"], "eval_episodes"),
+                       (["--resume", path, "--save-interval", "-1"], "save_interval")):
+        expect_usage_error(capsys, lambda: module.main(module.parse_args(argv)), f"{script}.py", flag(name), "must be")
+    assert not (workdir / "runs").exists()
