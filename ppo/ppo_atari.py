@@ -163,11 +163,33 @@ def parse_args(argv: list[str] | None = None) -> Args:
     return args
 
 
-def check_sizes(args: Args) -> None:
-    """Refuse settings that cannot make a valid run, before any environment is built."""
-    for name in ("num_envs", "num_steps", "num_minibatches", "update_epochs", "total_timesteps", "eval_episodes"):
-        if getattr(args, name) < 1:
-            fail(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+def check_args(args: Args) -> None:
+    """Refuse settings that cannot make a valid run, before any environment is built: first each flag
+    on its own (one rule per numeric or choice flag), then the sizes that must fit together."""
+    rules = [  # (field, whether its value is allowed, what it must be)
+        ("env_id", args.env_id.strip() != "", "an Atari id such as BreakoutNoFrameskip-v4"),
+        ("seed", 0 <= args.seed < 2**31, "a whole number from 0 to 2**31 - 1"),
+        ("save_interval", args.save_interval >= 0, "0 (save only at the end) or more"),
+        ("eval_episodes", args.eval_episodes >= 1, "at least 1"),
+        ("total_timesteps", args.total_timesteps >= 1, "at least 1"),
+        ("learning_rate", args.learning_rate > 0, "above 0"),
+        ("num_envs", args.num_envs >= 1, "at least 1"),
+        ("num_steps", args.num_steps >= 1, "at least 1"),
+        ("gamma", 0 <= args.gamma <= 1, "between 0 and 1"),
+        ("gae_lambda", 0 <= args.gae_lambda <= 1, "between 0 and 1"),
+        ("num_minibatches", args.num_minibatches >= 1, "at least 1"),
+        ("update_epochs", args.update_epochs >= 1, "at least 1"),
+        ("clip_coef", args.clip_coef > 0, "above 0"),
+        ("ent_coef", args.ent_coef >= 0, "0 or more"),
+        ("vf_coef", args.vf_coef >= 0, "0 or more"),
+        ("max_grad_norm", args.max_grad_norm > 0, "above 0"),
+        ("target_kl", args.target_kl is None or args.target_kl > 0, "above 0 (leave it out to never stop early)"),
+    ]
+    for name, allowed, rule in rules:
+        if not allowed:
+            default = getattr(Args(), name)
+            fail(f"--{name.replace('_', '-')} must be {rule}, got {getattr(args, name)!r}"
+                 + ("" if default is None else f": the default is {default!r}"))
     batch_size = args.num_envs * args.num_steps
     if batch_size % args.num_minibatches != 0:
         fail(f"--num-envs x --num-steps = {batch_size} does not divide into --num-minibatches "
@@ -611,7 +633,7 @@ def evaluate(args: Args, device: torch.device) -> list[float]:
 
 def main(args: Args) -> dict:
     """Train (or evaluate) as `args` says; returns a summary of the run for callers such as tests."""
-    check_sizes(args)
+    check_args(args)
     batch_size = args.num_envs * args.num_steps
     minibatch_size = batch_size // args.num_minibatches
     num_iterations = args.total_timesteps // batch_size

@@ -101,7 +101,10 @@ class Args:
     learning_rate: float = 2.5e-4
     """the learning rate of the optimizer"""
     num_envs: int = 8
-    """the number of parallel environments over all processes; each of N processes steps num_envs / N"""
+    """the number of parallel environments over ALL processes (the source documents' reading; the
+    current reference counts them per process): each of N processes steps num_envs / N, so a batch is
+    num_envs x num_steps for any N (1024 by default: 8 x 128 in 1 process, 4 x 128 in each of 2, 2 x
+    128 in each of 4)"""
     num_steps: int = 128
     """the number of steps to run in each environment per rollout"""
     anneal_lr: bool = True
@@ -183,12 +186,35 @@ def parse_args(argv: list[str] | None = None) -> Args:
     return args
 
 
-def check_sizes(args: Args, world_size: int) -> None:
-    """Refuse settings that cannot make a valid run, before any environment is built: each of the
-    world_size processes must get the same whole number of environments and of minibatch samples."""
-    for name in ("num_envs", "num_steps", "num_minibatches", "update_epochs", "total_timesteps", "eval_episodes"):
-        if getattr(args, name) < 1:
-            fail(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+def check_args(args: Args, world_size: int) -> None:
+    """Refuse settings that cannot make a valid run, before any environment is built: first each flag
+    on its own (one rule per numeric or choice flag), then the sizes that must fit together."""
+    rules = [  # (field, whether its value is allowed, what it must be)
+        ("env_id", args.env_id.strip() != "", "an Atari id such as BreakoutNoFrameskip-v4"),
+        ("seed", 0 <= args.seed < 2**31, "a whole number from 0 to 2**31 - 1"),
+        ("save_interval", args.save_interval >= 0, "0 (save only at the end) or more"),
+        ("eval_episodes", args.eval_episodes >= 1, "at least 1"),
+        ("backend", args.backend in ("gloo", "nccl"), "gloo or nccl"),
+        ("device_ids", all(i >= 0 for i in args.device_ids), "GPU numbers, 0 or more (or none)"),
+        ("total_timesteps", args.total_timesteps >= 1, "at least 1"),
+        ("learning_rate", args.learning_rate > 0, "above 0"),
+        ("num_envs", args.num_envs >= 1, "at least 1"),
+        ("num_steps", args.num_steps >= 1, "at least 1"),
+        ("gamma", 0 <= args.gamma <= 1, "between 0 and 1"),
+        ("gae_lambda", 0 <= args.gae_lambda <= 1, "between 0 and 1"),
+        ("num_minibatches", args.num_minibatches >= 1, "at least 1"),
+        ("update_epochs", args.update_epochs >= 1, "at least 1"),
+        ("clip_coef", args.clip_coef > 0, "above 0"),
+        ("ent_coef", args.ent_coef >= 0, "0 or more"),
+        ("vf_coef", args.vf_coef >= 0, "0 or more"),
+        ("max_grad_norm", args.max_grad_norm > 0, "above 0"),
+        ("target_kl", args.target_kl is None or args.target_kl > 0, "above 0 (leave it out to never stop early)"),
+    ]
+    for name, allowed, rule in rules:
+        if not allowed:
+            default = getattr(Args(), name)
+            fail(f"--{name.replace('_', '-')} must be {rule}, got {getattr(args, name)!r}"
+                 + ("" if default is None else f": the default is {default!r}"))
     if args.num_envs % world_size != 0:
         fail(f"--num-envs {args.num_envs} does not split evenly between {world_size} processes: "
              f"make it a multiple of {world_size} or start another number of processes")
@@ -746,7 +772,7 @@ def main(args: Args) -> dict:
     # between the ranks. Each rank collects and learns from its share, so its batch and minibatches
     # are 1/world_size of those of ppo_atari.py with the same settings; the number of iterations
     # and the global-step increment count the world's steps, so they stay the same.
-    check_sizes(args, world_size)
+    check_args(args, world_size)
     local_num_envs = args.num_envs // world_size
     local_batch_size = local_num_envs * args.num_steps
     local_minibatch_size = local_batch_size // args.num_minibatches

@@ -70,8 +70,8 @@ class Args:
     """if toggled, compile as --compile does and replay the policy step and minibatch loss as CUDA graphs (needs CUDA)"""
 
     # Algorithm
-    env_id: str = "Hopper-v4"
-    """the id of the environment"""
+    env_id: str = "HalfCheetah-v4"
+    """the id of the environment (the reference's default)"""
     total_timesteps: int = 1000000
     """total environment steps of the experiment"""
     learning_rate: float = 3e-4
@@ -159,11 +159,35 @@ def parse_args(argv: list[str] | None = None) -> Args:
     return args
 
 
-def check_sizes(args: Args) -> None:
-    """Refuse settings that cannot make a valid run, before any environment is built."""
-    for name in ("num_envs", "num_steps", "num_minibatches", "update_epochs", "total_timesteps", "eval_episodes"):
-        if getattr(args, name) < 1:
-            fail(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+def check_args(args: Args) -> None:
+    """Refuse settings that cannot make a valid run, before any environment is built: first each flag
+    on its own (one rule per numeric or choice flag), then the sizes that must fit together."""
+    rules = [  # (field, whether its value is allowed, what it must be)
+        ("env_id", args.env_id.strip() != "", "a MuJoCo id such as HalfCheetah-v4"),
+        ("seed", 0 <= args.seed < 2**31, "a whole number from 0 to 2**31 - 1"),
+        ("save_interval", args.save_interval >= 0, "0 (save only at the end) or more"),
+        ("eval_episodes", args.eval_episodes >= 1, "at least 1"),
+        ("total_timesteps", args.total_timesteps >= 1, "at least 1"),
+        ("learning_rate", args.learning_rate > 0, "above 0"),
+        ("num_envs", args.num_envs >= 1, "at least 1"),
+        ("num_steps", args.num_steps >= 1, "at least 1"),
+        ("gamma", 0 <= args.gamma <= 1, "between 0 and 1"),
+        ("gae_lambda", 0 <= args.gae_lambda <= 1, "between 0 and 1"),
+        ("num_minibatches", args.num_minibatches >= 1, "at least 1"),
+        ("update_epochs", args.update_epochs >= 1, "at least 1"),
+        ("clip_coef", args.clip_coef > 0, "above 0"),
+        ("ent_coef", args.ent_coef >= 0, "0 or more"),
+        ("vf_coef", args.vf_coef >= 0, "0 or more"),
+        ("max_grad_norm", args.max_grad_norm > 0, "above 0"),
+        ("target_kl", args.target_kl is None or args.target_kl > 0, "above 0 (leave it out to never stop early)"),
+        ("obs_clip", args.obs_clip > 0, "above 0"),
+        ("reward_clip", args.reward_clip > 0, "above 0"),
+    ]
+    for name, allowed, rule in rules:
+        if not allowed:
+            default = getattr(Args(), name)
+            fail(f"--{name.replace('_', '-')} must be {rule}, got {getattr(args, name)!r}"
+                 + ("" if default is None else f": the default is {default!r}"))
     batch_size = args.num_envs * args.num_steps
     if batch_size % args.num_minibatches != 0:
         fail(f"--num-envs x --num-steps = {batch_size} does not divide into --num-minibatches "
@@ -358,19 +382,21 @@ class RewardScaler:
     discounted return (not of the rewards themselves, and without subtracting a mean), which keeps the
     value targets in a range the value network learns well whatever the task's reward scale.
 
-    Per environment it keeps the return discounted by gamma of the episode so far; every step adds
-    the new rewards, updates the statistics with the returns, then scales the rewards by their std.
-    A finished episode's return restarts at 0."""
+    Per environment it keeps a return discounted by gamma; every step discounts it, adds the new
+    reward, updates the statistics with the returns, then scales the rewards by their std. The rule
+    for episode ends is the reference's (gymnasium's NormalizeReward): a termination cuts the return
+    at the terminal step, whose return is its own reward alone; a time-limit truncation cuts nothing,
+    the return runs on into the next episode. One set of statistics serves all environments, as the
+    one value network learns from all of them (docs/ppo_continuous_action.md says why)."""
 
     def __init__(self, num_envs: int, gamma: float):
         self.gamma = gamma
         self.return_rms = RunningMeanStd(())
         self.discounted_return = np.zeros(num_envs)
 
-    def scale(self, reward: np.ndarray, done: np.ndarray) -> np.ndarray:
-        self.discounted_return = self.discounted_return * self.gamma + reward
+    def scale(self, reward: np.ndarray, terminated: np.ndarray) -> np.ndarray:
+        self.discounted_return = self.discounted_return * self.gamma * (1.0 - terminated) + reward
         self.return_rms.update(self.discounted_return)
-        self.discounted_return[done] = 0.0
         return reward / np.sqrt(self.return_rms.var + 1e-8)
 
     def state_dict(self) -> dict:
@@ -577,7 +603,7 @@ def evaluate(args: Args, device: torch.device) -> list[float]:
 
 def main(args: Args) -> dict:
     """Train (or evaluate) as `args` says; returns a summary of the run for callers such as tests."""
-    check_sizes(args)
+    check_args(args)
     batch_size = args.num_envs * args.num_steps
     minibatch_size = batch_size // args.num_minibatches
     num_iterations = args.total_timesteps // batch_size
@@ -719,7 +745,7 @@ def main(args: Args) -> dict:
             next_done = np.logical_or(terminations, truncations)
             next_obs = agent.normalize_obs(raw_obs, update=True)
             # [Continuous 9: Reward clipping] the scaled reward is clipped to [-reward_clip, reward_clip].
-            rewards[step] = np.clip(reward_scaler.scale(reward, next_done), -args.reward_clip, args.reward_clip)
+            rewards[step] = np.clip(reward_scaler.scale(reward, terminations), -args.reward_clip, args.reward_clip)
 
             episode_return += reward  # the environment's own reward: charts/episodic_return is the task's score
             episode_length += 1

@@ -179,11 +179,37 @@ def parse_args(argv: list[str] | None = None) -> Args:
     return args
 
 
-def check_sizes(args: Args) -> None:
-    """Refuse settings that cannot make a valid run, before any environment is built."""
-    for name in ("num_envs", "num_steps", "num_minibatches", "update_epochs", "total_timesteps", "eval_episodes"):
-        if getattr(args, name) < 1:
-            fail(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+def check_args(args: Args) -> None:
+    """Refuse settings that cannot make a valid run, before any environment is built: first each flag
+    on its own (one rule per numeric or choice flag), then the sizes that must fit together."""
+    rules = [  # (field, whether its value is allowed, what it must be)
+        ("env_id", args.env_id.strip() != "", "a Procgen game such as starpilot"),
+        ("seed", 0 <= args.seed < 2**31, "a whole number from 0 to 2**31 - 1"),
+        ("save_interval", args.save_interval >= 0, "0 (save only at the end) or more"),
+        ("eval_episodes", args.eval_episodes >= 1, "at least 1"),
+        ("distribution_mode", args.distribution_mode in DISTRIBUTION_MODES, f"one of {', '.join(DISTRIBUTION_MODES)}"),
+        ("num_levels", args.num_levels >= 0, "0 (unlimited levels) or more"),
+        ("start_level", args.start_level >= 0, "0 or more"),
+        ("total_timesteps", args.total_timesteps >= 1, "at least 1"),
+        ("learning_rate", args.learning_rate > 0, "above 0"),
+        ("num_envs", args.num_envs >= 1, "at least 1"),
+        ("num_steps", args.num_steps >= 1, "at least 1"),
+        ("gamma", 0 <= args.gamma <= 1, "between 0 and 1"),
+        ("gae_lambda", 0 <= args.gae_lambda <= 1, "between 0 and 1"),
+        ("num_minibatches", args.num_minibatches >= 1, "at least 1"),
+        ("update_epochs", args.update_epochs >= 1, "at least 1"),
+        ("clip_coef", args.clip_coef > 0, "above 0"),
+        ("ent_coef", args.ent_coef >= 0, "0 or more"),
+        ("vf_coef", args.vf_coef >= 0, "0 or more"),
+        ("max_grad_norm", args.max_grad_norm > 0, "above 0"),
+        ("target_kl", args.target_kl is None or args.target_kl > 0, "above 0 (leave it out to never stop early)"),
+        ("reward_clip", args.reward_clip > 0, "above 0"),
+    ]
+    for name, allowed, rule in rules:
+        if not allowed:
+            default = getattr(Args(), name)
+            fail(f"--{name.replace('_', '-')} must be {rule}, got {getattr(args, name)!r}"
+                 + ("" if default is None else f": the default is {default!r}"))
     batch_size = args.num_envs * args.num_steps
     if batch_size % args.num_minibatches != 0:
         fail(f"--num-envs x --num-steps = {batch_size} does not divide into --num-minibatches "
@@ -283,10 +309,6 @@ def make_envs(env_id: str, num_envs: int, capture_video: bool = False, video_fol
                 gym.spec(env_id)
                 hint = " (a gymnasium id: use ppo/ppo.py or ppo/ppo_continuous_action.py for those)"
         fail(f"unknown Procgen game {env_id!r}{hint}: pick one of {', '.join(GAMES)}")
-    if distribution_mode not in DISTRIBUTION_MODES:
-        fail(f"unknown --distribution-mode {distribution_mode!r}: pick one of {', '.join(DISTRIBUTION_MODES)}")
-    if num_levels < 0 or start_level < 0:
-        fail("--num-levels and --start-level must be 0 or more")
     if ProcgenGym3Env is None:
         fail(f"Procgen is not installed ({PROCGEN_IMPORT_ERROR}): pip install -e \".[procgen]\"")
     return ProcgenVectorEnv(env_id, num_envs, distribution_mode, num_levels, start_level,
@@ -300,9 +322,9 @@ def make_envs(env_id: str, num_envs: int, capture_video: bool = False, video_fol
 
 def layer_init(layer: nn.Linear, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Linear:
     """[Core 2: Orthogonal initialization of weights, constant initialization of biases]
-    Orthogonal weights, scaled by sqrt(2) for the hidden layer, 0.01 for the policy head (so the first
-    policy is close to uniform) and 1 for the value head. The convolutions keep PyTorch's default
-    initialization, as in the reference implementation."""
+    Orthogonal weights for the two heads, 0.01 for the policy (so the first policy is close to
+    uniform) and 1 for the value. The convolutions and the 256-unit dense layer keep PyTorch's default
+    initialization, as in openai/train-procgen and the reference implementation."""
     torch.nn.init.orthogonal_(layer.weight, std)
     torch.nn.init.constant_(layer.bias, bias_const)
     return layer
@@ -355,7 +377,7 @@ class Agent(nn.Module):
             *sequences,
             nn.Flatten(),
             nn.ReLU(),
-            layer_init(nn.Linear(channels * height * width, 256)),
+            nn.Linear(channels * height * width, 256),  # PyTorch's default initialization (see layer_init)
             nn.ReLU(),
         )
         self.actor = layer_init(nn.Linear(256, num_actions), std=0.01)
@@ -587,7 +609,7 @@ def evaluate(args: Args, device: torch.device) -> list[float]:
 
 def main(args: Args) -> dict:
     """Train (or evaluate) as `args` says; returns a summary of the run for callers such as tests."""
-    check_sizes(args)
+    check_args(args)
     batch_size = args.num_envs * args.num_steps
     minibatch_size = batch_size // args.num_minibatches
     num_iterations = args.total_timesteps // batch_size

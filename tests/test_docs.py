@@ -109,6 +109,22 @@ def marker_lines(script: Path, kind: str, number: int) -> list[int]:
     return [i for i, line in enumerate(script.read_text().splitlines(), start=1) if pattern.search(line)]
 
 
+def named_line(script: Path, text: str) -> tuple[str, list[int]] | None:
+    """For a link whose text names a `[Speed: ...]` marker or a function or class of the script, that
+    name and the lines that carry it; None for other link texts ("here", "update", ...)."""
+    source = script.read_text().splitlines()
+    speed = re.search(r"\[Speed: [^\]]+\]", text)
+    if speed:
+        return speed.group(0), [i for i, line in enumerate(source, start=1) if speed.group(0) in line]
+    identifier = re.fullmatch(r"`(?:\w+\.)?(\w+)`", text)
+    if identifier:
+        definition = re.compile(rf"\s*(?:def|class) {identifier.group(1)}\b")
+        lines = [i for i, line in enumerate(source, start=1) if definition.match(line)]
+        if lines:  # a name the script defines: the link must land on its definition
+            return f"`{identifier.group(1)}`", lines
+    return None
+
+
 def stale_line_links(files: list[Path], kinds: list[str]) -> list[str]:
     """Problems with links to script lines: past the end of the file, or away from the detail they name."""
     problems = []
@@ -128,6 +144,11 @@ def stale_line_links(files: list[Path], kinds: list[str]) -> list[str]:
             if last > length:
                 problems.append(f"{where}: {link['target']} is past the end of {script.name} ({length} lines)")
                 continue
+            # A link that names no detail but a marker or definition must land on it.
+            named = None if link["markers"] else named_line(script, link["text"])
+            if named is not None and not any(first <= line <= last for line in named[1]):
+                problems.append(f"{where}: {link['target']} names {named[0]}, which {script.name} has on "
+                                f"line(s) {', '.join(map(str, named[1])) or 'none'}")
             for kind, number in link["markers"]:
                 lines = marker_lines(script, kind, number)
                 if not lines:
@@ -178,6 +199,8 @@ def test_line_link_check_catches_stale_links(tmp_path):
     script_lines = ["x = 1"] * 30
     script_lines[9] = "# [Core 5: Generalized Advantage Estimation]"  # line 10
     script_lines[19] = "# [Atari 2: MaxAndSkipEnv]"  # line 20
+    script_lines[4] = "# [Speed: torch.compile] compiled"  # line 5
+    script_lines[14] = "def evaluate(args):"  # line 15
     (tmp_path / "ppo" / "demo.py").write_text("\n".join(script_lines) + "\n")
     page = tmp_path / "docs" / "demo.md"
     page.write_text("\n".join([
@@ -192,13 +215,17 @@ def test_line_link_check_catches_stale_links(tmp_path):
         "| 5 | GAE | [gae](../ppo/demo.py#L25) |",                     # stale
         "[Core 7](../ppo/demo.py#L10)",                                # not marked in the script
         "[plain](../ppo/demo.py#L99)",                                 # past the end
+        "[`[Speed: torch.compile]`](../ppo/demo.py#L5)",               # ok: on the marker
+        "[`[Speed: torch.compile]`](../ppo/demo.py#L6)",               # stale
+        "[`evaluate`](../ppo/demo.py#L15)",                            # ok: on its definition
+        "[`evaluate`](../ppo/demo.py#L16)",                            # stale
         "```",
         "[Core 5](../ppo/demo.py#L1)",                                 # in a code block: ignored
         "```",
     ]) + "\n")
     problems = stale_line_links([page], list(DETAIL_KINDS))
     flagged = sorted(int(problem.split(":")[1]) for problem in problems)
-    assert flagged == [2, 4, 7, 9, 10, 11], problems
+    assert flagged == [2, 4, 7, 9, 10, 11, 13, 15], problems
 
 
 def test_index_links_every_variant_page():
@@ -214,3 +241,20 @@ def test_every_page_is_in_the_nav():
     in_nav = set(re.findall(r"^\s*-\s*(?:[^:\n]+:\s*)?(\S+\.md)\s*$", config, re.MULTILINE))
     pages = {path.relative_to(REPO / "docs").as_posix() for path in (REPO / "docs").glob("**/*.md")}
     assert pages <= in_nav, f"pages missing from the nav of mkdocs.yml: {sorted(pages - in_nav)}"
+
+
+def test_docs_cite_nothing_outside_the_repository():
+    """A user's clone has the repository's tracked files and nothing beside them: every relative path
+    a page names, in a link or in code, must be one of them (docs/ once cited `../shared/FACTS.md`, a
+    file of the machine the project was built on)."""
+    tracked = set(subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True).stdout.split())
+    outside = []
+    for path in markdown_files():
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            for target in re.findall(r"(?:\]\(|`)((?:\.\./)+[^)`\s]*)", line):
+                resolved = (path.parent / unquote(target.split("#")[0])).resolve()
+                inside = resolved.is_relative_to(REPO) and (
+                    str(resolved.relative_to(REPO)) in tracked or resolved.is_dir() or not resolved.suffix)
+                if not inside:
+                    outside.append(f"{display(path)}:{number}: {target}")
+    assert not outside, "paths outside the repository:\n" + "\n".join(outside)

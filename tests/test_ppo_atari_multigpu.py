@@ -277,3 +277,13 @@ def test_evaluation_is_refused_under_torchrun_and_other_scripts_checkpoints(caps
 
 def test_every_core_atari_and_multi_gpu_detail_is_marked_in_the_script():
     assert_details_marked("ppo_atari_multigpu.py", {"Core": 13, "Atari": 9, "Multi-GPU": 3})
+
+
+def test_help_says_num_envs_counts_all_processes(capsys):
+    """--num-envs is the world's total (the source documents' reading), not the reference's per
+    process count: --help must say so, with the batch it implies."""
+    with pytest.raises(SystemExit) as stop:
+        parse_args(["--help"])
+    assert stop.value.code == 0
+    help_text = " ".join(capsys.readouterr().out.replace("│", " ").split())
+    assert "over ALL processes" in help_text and "counts them per process" in help_text, help_text

@@ -142,17 +142,62 @@ def test_observation_statistics_travel_in_the_state_dict(tmp_path):
 
 def test_rewards_are_scaled_by_the_std_of_the_discounted_return():
     """Each reward is divided by the standard deviation of every discounted return so far, the
-    current one included; an episode's end restarts the return (not the statistics)."""
+    current one included; a termination cuts the return at the terminal step (not the statistics)."""
     scaler = RewardScaler(num_envs=1, gamma=0.9)
     rewards = [1.0, 2.0, 3.0, 4.0, 5.0]
-    dones = [False, False, True, False, False]  # an episode ends with the third reward
-    expected_returns = [1.0, 2.9, 5.61, 4.0, 8.6]  # 1, 0.9 * 1 + 2, 0.9 * 2.9 + 3, then from 0 again
-    for t, (reward, done) in enumerate(zip(rewards, dones)):
-        scaled = scaler.scale(np.array([reward]), np.array([done]))
+    terminated = [False, False, True, False, False]  # an episode ends with the third reward
+    # 1, 0.9 * 1 + 2; the terminal step's return is its reward alone; then 0.9 * 3 + 4, 0.9 * 6.7 + 5
+    expected_returns = [1.0, 2.9, 3.0, 6.7, 11.03]
+    for t, (reward, end) in enumerate(zip(rewards, terminated)):
+        scaled = scaler.scale(np.array([reward]), np.array([end]))
         if t > 0:  # (one sample has no variance; the prior's pseudo-count decides the first scale)
             std = np.std(expected_returns[:t + 1])
             assert scaled[0] == pytest.approx(reward / std, rel=1e-3)
-        assert scaler.discounted_return[0] == pytest.approx(0.0 if done else expected_returns[t])
+        assert scaler.discounted_return[0] == pytest.approx(expected_returns[t])
+
+
+class KnownRewards(gym.Env):
+    """A tiny task with known rewards: step k of an episode (k = 1, 2, ...) pays k; the episode
+    terminates after `terminate_after` steps, if given, else runs until a time limit cuts it."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+    action_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+
+    def __init__(self, terminate_after: int | None = None):
+        self.terminate_after, self.k = terminate_after, 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.k = 0
+        return np.zeros(1, np.float32), {}
+
+    def step(self, action):
+        self.k += 1
+        return np.zeros(1, np.float32), float(self.k), self.k == self.terminate_after, False, {}
+
+
+def test_the_return_is_cut_at_a_termination_and_kept_across_a_truncation():
+    """The reference's rule, on two environments stepped as the training loop steps them: one whose
+    episodes terminate after 3 steps, one cut by a 3-step time limit. Rewards 1, 2, 3, 1, 2, ..."""
+    envs = gym.vector.SyncVectorEnv(
+        [lambda: KnownRewards(terminate_after=3), lambda: gym.wrappers.TimeLimit(KnownRewards(), 3)],
+        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    envs.reset(seed=0)
+    scaler = RewardScaler(num_envs=2, gamma=0.5)
+    returns, ends = [], []
+    for _ in range(5):
+        _, reward, terminations, truncations, _ = envs.step(np.zeros((2, 1), np.float32))
+        scaler.scale(reward, terminations)
+        returns.append(scaler.discounted_return.copy())
+        ends.append((terminations.tolist(), truncations.tolist()))
+    assert ends[2] == ([True, False], [False, True])  # step 3: a termination, and a truncation
+    terminated_env = [1.0, 0.5 * 1 + 2, 3.0, 0.5 * 3 + 1, 0.5 * 2.5 + 2]  # cut at the terminal step
+    truncated_env = [1.0, 2.5, 0.5 * 2.5 + 3, 0.5 * 4.25 + 1, 0.5 * 3.125 + 2]  # runs on across the cut
+    np.testing.assert_allclose(np.array(returns), np.array([terminated_env, truncated_env]).T)
+    # One set of statistics for both environments: every return of both entered it.
+    all_returns = np.array(returns).ravel()
+    assert scaler.return_rms.count == pytest.approx(len(all_returns) + 1e-4)
+    assert scaler.return_rms.mean == pytest.approx(all_returns.mean(), rel=1e-4)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -161,7 +206,7 @@ def test_rewards_are_scaled_by_the_std_of_the_discounted_return():
 
 
 def test_tiny_run_on_hopper_logs_every_metric(tmp_path, mujoco):
-    result = run_script(SCRIPT, *SMALL_FLAGS, "--total-timesteps", "256", cwd=tmp_path)
+    result = run_script(SCRIPT, "--env-id", "Hopper-v4", *SMALL_FLAGS, "--total-timesteps", "256", cwd=tmp_path)
     assert re.search(r"step +256/256 \| +[\d,]+ SPS \| mean return", result.stdout), result.stdout
     run_dir = only_run_dir(tmp_path)
     assert run_dir.name.startswith("Hopper-v4__ppo_continuous_action__1__")
@@ -330,7 +375,7 @@ def test_checkpoints_of_another_variant_are_refused(capsys, workdir):
 
 
 def test_missing_mujoco_names_the_extra(tmp_path):
-    result = run_script(SCRIPT, "--total-timesteps", "256", *SMALL_FLAGS, cwd=tmp_path,
+    result = run_script(SCRIPT, "--env-id", "Hopper-v4", "--total-timesteps", "256", *SMALL_FLAGS, cwd=tmp_path,
                         env=without_module(tmp_path, "mujoco"), check=False)
     # (gymnasium may warn first that Hopper-v4 has a newer version; the error is the last line)
     error = expect_missing_package_error(result, SCRIPT, 'pip install -e ".[mujoco]"', only_line=False)

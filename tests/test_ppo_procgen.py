@@ -66,6 +66,24 @@ def test_the_first_policy_is_close_to_uniform():
     assert torch.allclose(entropy, torch.full((8,), float(np.log(15))), atol=1e-2)
 
 
+def test_initialization_matches_the_reference():
+    """The heads are orthogonal (gain 0.01 for the policy, 1 for the value) with zero biases; the
+    256-unit dense layer keeps PyTorch's default, uniform weights and biases within 1/sqrt(fan_in),
+    as in openai/train-procgen and the reference implementation."""
+    torch.manual_seed(0)
+    agent = Agent((64, 64, 3), 15)
+    dense = agent.network[-2]
+    bound = 1 / np.sqrt(dense.in_features)
+    assert dense.weight.abs().max() <= bound and dense.bias.abs().max() <= bound
+    assert dense.bias.abs().max() > bound / 2  # not the zero biases of layer_init
+    # An orthogonal layer with gain 1 would reach far beyond the bound; the default init stays inside.
+    assert dense.weight.std() < bound
+    for head, gain in ((agent.actor, 0.01), (agent.critic, 1.0)):
+        weight = head.weight
+        assert torch.allclose(weight @ weight.T, gain**2 * torch.eye(weight.shape[0]), atol=1e-6)
+        assert torch.all(head.bias == 0)
+
+
 # ---------------------------------------------------------------------------------------------------
 # The adapter and the logged score, on a stand-in for procgen
 # ---------------------------------------------------------------------------------------------------
@@ -238,7 +256,7 @@ def test_unknown_games_and_settings(capsys, workdir):
     expect_usage_error(capsys, lambda: main(Args(env_id="CartPole-v1", cuda=False)), SCRIPT, "ppo/ppo.py")
     expect_usage_error(capsys, lambda: main(Args(env_id="BreakoutNoFrameskip-v4", cuda=False)), SCRIPT, "ppo/ppo_atari.py")
     expect_usage_error(capsys, lambda: main(Args(distribution_mode="medium", **SMALL, total_timesteps=128)), SCRIPT,
-                       "--distribution-mode 'medium'", "easy, hard")
+                       "--distribution-mode", "'medium'", "easy, hard")
     expect_usage_error(capsys, lambda: main(Args(num_envs=3, num_steps=5, num_minibatches=8)), SCRIPT, "15", "--num-minibatches 8")
 
 

@@ -1,0 +1,138 @@
+"""Bad input, typed as a new user would, in all seven scripts: for every numeric and choice flag, values
+that `check_args` must refuse with one line `<script>.py: error: ...` and exit code 2, before any
+environment is built. One table for all scripts, so a script cannot silently miss a rule, and a check
+that every such field of each script's Args has a row, so a new field cannot arrive unchecked.
+
+Each case runs in process (parse_args, then main) and stops in check_args, so the whole table takes a
+few seconds. Flags that tyro itself refuses while parsing (a choice outside a Literal) get its own
+usage message, also with exit code 2 and no traceback; check_args refuses the same values when Args is
+built in Python."""
+
+import importlib
+import typing
+from dataclasses import asdict, fields
+
+import pytest
+import torch
+
+from conftest import expect_usage_error
+
+SCRIPTS = ["ppo", "ppo_atari", "ppo_atari_lstm", "ppo_atari_envpool", "ppo_continuous_action", "ppo_procgen",
+           "ppo_atari_multigpu"]
+
+# Values every script must refuse, as they are typed on the command line.
+COMMON = {
+    "env_id": [""],
+    "seed": ["-1", str(2**31)],
+    "save_interval": ["-1"],
+    "eval_episodes": ["0", "-3"],
+    "total_timesteps": ["0"],
+    "learning_rate": ["0", "-2.5e-4", "nan"],
+    "num_envs": ["0"],
+    "num_steps": ["0"],
+    "gamma": ["-0.1", "1.5"],
+    "gae_lambda": ["-0.1", "1.01"],
+    "num_minibatches": ["0"],
+    "update_epochs": ["0"],
+    "clip_coef": ["0", "-0.2"],
+    "ent_coef": ["-0.01"],
+    "vf_coef": ["-0.5"],
+    "max_grad_norm": ["0", "-1"],
+    "target_kl": ["0", "-0.01"],
+}
+# The flags only some scripts have.
+SPECIFIC = {
+    "ppo_continuous_action": {"obs_clip": ["0", "-10"], "reward_clip": ["0", "-10"]},
+    "ppo_procgen": {"distribution_mode": ["medium", ""], "num_levels": ["-1"], "start_level": ["-1"],
+                    "reward_clip": ["0"]},
+    "ppo_atari_multigpu": {"device_ids": ["-1"]},
+}
+# Choice flags that tyro refuses itself (Literal types): refused in Python by check_args too.
+PARSED_BY_TYRO = {"ppo_atari_multigpu": {"backend": "mpi"}}
+# Free text that needs no rule: names, and checkpoint paths (load_checkpoint refuses a bad one).
+FREE_TEXT = {"exp_name", "wandb_project_name", "wandb_entity", "resume", "evaluate"}
+
+
+def table(script: str) -> dict[str, list[str]]:
+    return {**COMMON, **SPECIFIC.get(script, {})}
+
+
+CASES = [(script, name, value) for script in SCRIPTS for name, values in table(script).items() for value in values]
+
+
+def load(script: str):
+    return importlib.import_module(f"ppo.{script}")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def import_every_script():
+    """Import the scripts first: a library's import-time warnings (envpool 1.0 imports gym, which
+    prints a notice) must not land in the stderr a test reads."""
+    for script in SCRIPTS:
+        load(script)
+
+
+def flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+@pytest.mark.parametrize("script,name,value", CASES, ids=[f"{s}-{n}={v!r}" for s, n, v in CASES])
+def test_a_bad_value_stops_with_one_line_before_anything_is_built(script, name, value, capsys, workdir, monkeypatch):
+    module = load(script)
+
+    def nothing_may_be_built(*args, **kwargs):
+        raise AssertionError(f"{script}.py built its environments before refusing {flag(name)} {value!r}")
+
+    monkeypatch.setattr(module, "make_envs", nothing_may_be_built)
+    argv = [flag(name), value, "--no-cuda"]
+    expect_usage_error(capsys, lambda: module.main(module.parse_args(argv)), f"{script}.py", flag(name), "must be")
+    assert not (workdir / "runs").exists()
+
+
+@pytest.mark.parametrize("script", sorted(PARSED_BY_TYRO))
+def test_a_choice_outside_a_literal_is_refused_by_the_parser_and_by_check_args(script, capsys, workdir):
+    module = load(script)
+    for name, value in PARSED_BY_TYRO[script].items():
+        with pytest.raises(SystemExit) as stop:
+            module.parse_args([flag(name), value])
+        assert stop.value.code == 2
+        error = capsys.readouterr().err
+        assert "Traceback" not in error and value in error and flag(name) in error, error
+        args = module.Args(**{name: value}, cuda=False)
+        expect_usage_error(capsys, lambda: module.main(args), f"{script}.py", flag(name), "must be")
+
+
+def checked_fields(script: str) -> set[str]:
+    """The fields of a script's Args that need a rule: every one but booleans and free text."""
+    args_class = load(script).Args
+    hints = typing.get_type_hints(args_class)
+    return {f.name for f in fields(args_class) if hints[f.name] is not bool and f.name not in FREE_TEXT}
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_every_numeric_and_choice_field_has_a_row(script):
+    rows = set(table(script)) | set(PARSED_BY_TYRO.get(script, {}))
+    missing = checked_fields(script) - rows
+    assert not missing, f"{script}.py: give {sorted(missing)} a rule in check_args and a row in this table"
+    assert not rows - checked_fields(script), f"{script}.py has no field {sorted(rows - checked_fields(script))}"
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_the_defaults_pass_the_checks(script):
+    module = load(script)
+    checks = module.check_args
+    args = module.Args()
+    checks(args, 1) if script == "ppo_atari_multigpu" else checks(args)
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_flags_given_with_resume_or_evaluate_are_checked_too(script, capsys, workdir):
+    """--resume and --evaluate read the checkpoint's settings first; the flags given beside them
+    (run-time options such as --save-interval and --eval-episodes) still meet their rules."""
+    module = load(script)
+    path = str(workdir / "checkpoint.pt")
+    torch.save({"variant": module.VARIANT, "args": asdict(module.Args())}, path)
+    for argv, name in ((["--evaluate", path, "--eval-episodes", "0"], "eval_episodes"),
+                       (["--resume", path, "--save-interval", "-1"], "save_interval")):
+        expect_usage_error(capsys, lambda: module.main(module.parse_args(argv)), f"{script}.py", flag(name), "must be")
+    assert not (workdir / "runs").exists()

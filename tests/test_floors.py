@@ -1,0 +1,93 @@
+"""The lowest versions pyproject.toml admits for the core dependencies are versions the code runs on.
+
+FEATURES lists what the scripts need from a dependency that older releases lack, with the first
+release that has it. The test fails when a floor in pyproject.toml drops below one of them, when an
+installed version is below its floor, or when the installed package lacks the feature.
+
+How the first versions were found (2026-11-23, with `pip download <package>==<version> --no-deps`):
+- gymnasium: `class AutoresetMode` is in gymnasium/vector/vector_env.py of the 1.1.0 wheel and in no
+  file of the 1.0.0 wheel. With 1.0.0's files first on PYTHONPATH, `python ppo/ppo.py` stops with
+  "module 'gymnasium.vector' has no attribute 'AutoresetMode'"; with 1.1.0's it trains.
+- torch: `Adam(..., fused=True)` accepts CPU tensors when "cpu" is among the devices of
+  torch/utils/_foreach_utils.py:_get_fused_kernels_supported_devices: not in the 2.3.1 wheel, there
+  in 2.4.0. (clip_grad_norm_(foreach=True) and torch.load(weights_only=...) are older.)
+- tyro: with the 0.8.0 wheel (and its dependencies) first on PYTHONPATH, parse_args of ppo.py,
+  ppo_continuous_action.py, ppo_procgen.py, ppo_atari_envpool.py and ppo_atari_multigpu.py (Literal,
+  list[int], `float | None`, --no-cuda) and `--resume` (tyro.cli(..., default=...)) read their
+  flags as the installed tyro does.
+NumPy and tensorboard floors were not checked feature by feature: the scripts use only long-standing
+NumPy calls and tensorboard through torch's SummaryWriter; here they must only be met by what is
+installed.
+"""
+
+import re
+import tomllib
+from importlib.metadata import version
+
+import pytest
+
+from conftest import REPO
+
+CORE = ["torch", "gymnasium", "numpy", "tyro", "tensorboard", "wandb"]
+
+# (package, first version with the feature, the feature); test_the_installed_packages_have_the_features
+# tries each one on what is installed.
+FEATURES = [
+    ("gymnasium", "1.1", "gym.vector.AutoresetMode (SAME_STEP autoreset)"),
+    ("torch", "2.4", "Adam(fused=True) on CPU parameters"),
+    ("tyro", "0.8", "tyro.cli(Args, args=..., default=...) with Literal, list[int] and X | None fields"),
+]
+
+
+def as_tuple(text: str) -> tuple[int, ...]:
+    """'2.13.0+cpu' -> (2, 13, 0): the release numbers, enough to order the versions used here."""
+    return tuple(int(part) for part in re.match(r"\d+(\.\d+)*", text).group(0).split("."))
+
+
+def declared_floors() -> dict[str, str]:
+    """{package: lowest version} from pyproject.toml's dependencies and extras (`name>=X` only)."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    requirements = list(project["dependencies"])
+    for extra in project["optional-dependencies"].values():
+        requirements += extra
+    floors = {}
+    for requirement in requirements:
+        match = re.match(r"([A-Za-z0-9_.-]+)(\[[^\]]*\])?\s*>=\s*([\d.]+)", requirement)
+        if match:
+            name = match.group(1).lower()
+            floors[name] = min(floors.get(name, match.group(3)), match.group(3), key=as_tuple)
+    return floors
+
+
+def test_every_core_dependency_declares_a_floor():
+    floors = declared_floors()
+    assert [name for name in CORE if name not in floors] == []
+
+
+@pytest.mark.parametrize("package,first,feature", FEATURES, ids=[row[0] for row in FEATURES])
+def test_no_floor_is_below_the_first_version_with_what_the_code_uses(package, first, feature):
+    floor = declared_floors()[package]  # the lowest one, also over the extras (gymnasium[mujoco]>=...)
+    assert as_tuple(floor) >= as_tuple(first), (
+        f"pyproject.toml admits {package} {floor}, but the scripts need {feature}, first in {package} {first}")
+
+
+@pytest.mark.parametrize("package", CORE)
+def test_the_installed_versions_meet_the_floors(package):
+    assert as_tuple(version(package)) >= as_tuple(declared_floors()[package])
+
+
+def test_the_installed_packages_have_the_features():
+    import gymnasium as gym
+    import torch
+    import tyro
+    from ppo import ppo_atari_multigpu
+
+    assert hasattr(gym.vector, "AutoresetMode") and hasattr(gym.vector.AutoresetMode, "SAME_STEP")
+    parameter = torch.nn.Parameter(torch.zeros(3))
+    optimizer = torch.optim.Adam([parameter], lr=0.1, eps=1e-5, fused=True)
+    parameter.grad = torch.ones(3)
+    optimizer.step()
+    assert torch.all(parameter < 0)
+    saved = ppo_atari_multigpu.Args(seed=5)
+    args = tyro.cli(ppo_atari_multigpu.Args, args=["--device-ids", "0", "1", "--target-kl", "0.02"], default=saved)
+    assert (args.seed, args.device_ids, args.target_kl) == (5, [0, 1], 0.02)
