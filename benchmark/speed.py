@@ -150,7 +150,7 @@ def field_values(script, assignments: list[str]) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--scripts", nargs="+", default=list(DEFAULTS), metavar="SCRIPT",
+    parser.add_argument("--scripts", "--script", nargs="+", default=list(DEFAULTS), metavar="SCRIPT",
                         help="scripts in ppo/ to measure (default: all of them)")
     parser.add_argument("--env-id", help="environment to measure on (default: each script's own, see DEFAULTS)")
     parser.add_argument("--num-envs", type=int, help="number of environments (default: each script's own)")
