@@ -198,7 +198,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|---|")
     for script_file, env_id, num_envs, device, options, raw_wall, train_wall, raw_cpu, train_cpu in rows:
         print(f"| {script_file} | {env_id} | {num_envs} | {device} | {options} | {raw_wall:,.0f} | "
-              f"{train_wall:,.0f} | {train_wall / raw_wall:.3f} | {train_cpu / raw_cpu:.3f} |")
+              f"{train_wall:,.0f} | {train_wall / raw_wall:.3g} | {train_cpu / raw_cpu:.3g} |")
 
 
 if __name__ == "__main__":
