@@ -145,6 +145,21 @@ def assert_same_final_weights(unbroken: Path, resumed_checkpoint: Path, total_ti
     return expected, actual
 
 
+def assert_same_agent_state(expected: dict, actual: dict) -> None:
+    """Two agents' state_dicts are bit-identical: every tensor, and every entry of extra state that is
+    not a tensor (such as the observation statistics that ppo_continuous_action.py keeps there)."""
+    import numpy as np
+    import torch
+
+    assert expected.keys() == actual.keys()
+    for name, value in expected.items():
+        if isinstance(value, torch.Tensor):
+            assert torch.equal(value, actual[name]), name
+        else:
+            for key in value:
+                np.testing.assert_array_equal(actual[name][key], value[key], err_msg=f"{name}[{key!r}]")
+
+
 def expect_usage_error(capsys, run, script: str, *fragments: str) -> str:
     """`run()` must stop with exit code 2 and one line on stderr, `<script>: error: ...`, that
     contains every fragment; returns that line."""

@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import (METRICS, assert_compiled_loss_matches_plain, assert_details_marked, assert_logs_every_metric,
-                      assert_same_final_weights, expect_missing_package_error, expect_usage_error,
-                      only_run_dir, read_scalars, run_script, run_unbroken_and_interrupted,
-                      run_unbroken_and_interrupted_in_process, without_module)
+from conftest import (METRICS, assert_compiled_loss_matches_plain, assert_details_marked,
+                      assert_logs_every_metric, assert_same_agent_state, assert_same_final_weights,
+                      expect_missing_package_error, expect_usage_error, only_run_dir, read_scalars,
+                      run_script, run_unbroken_and_interrupted, run_unbroken_and_interrupted_in_process,
+                      without_module)
 from ppo.ppo import Agent, Args, compute_gae, main, minibatch_loss, parse_args, ppo_loss
 
 
@@ -388,9 +389,7 @@ def test_compiled_run_logs_every_metric_and_resumes_exactly(workdir):
     assert resumed_args.compile
     resumed = main(resumed_args)
     assert resumed["global_step"] == unbroken["global_step"] == 320
-    expected, actual = unbroken["agent"].state_dict(), resumed["agent"].state_dict()
-    for name, tensor in expected.items():
-        assert torch.equal(tensor, actual[name]), name
+    assert_same_agent_state(unbroken["agent"].state_dict(), resumed["agent"].state_dict())
 
 
 def test_cudagraphs_without_a_gpu_is_a_one_line_error(capsys, workdir):

@@ -12,8 +12,9 @@ import pytest
 import torch
 
 from conftest import (assert_compiled_loss_matches_plain, assert_details_marked, assert_logs_every_metric,
-                      expect_missing_package_error, expect_usage_error, only_run_dir, read_scalars,
-                      run_script, run_unbroken_and_interrupted_in_process, without_module)
+                      assert_same_agent_state, expect_missing_package_error, expect_usage_error,
+                      only_run_dir, read_scalars, run_script, run_unbroken_and_interrupted_in_process,
+                      without_module)
 from ppo import ppo_continuous_action as script
 from ppo.ppo_continuous_action import Agent, Args, RewardScaler, RunningMeanStd, main, minibatch_loss, parse_args
 
@@ -273,13 +274,7 @@ def test_interrupted_and_resumed_run_ends_exactly_like_an_unbroken_one(workdir, 
 
     resumed = main(parse_args(["--resume", str(checkpoint_path)]))
     assert resumed["global_step"] == unbroken["global_step"] == 640
-    expected, actual = unbroken["agent"].state_dict(), resumed["agent"].state_dict()
-    for name, tensor in expected.items():
-        if name == "_extra_state":  # the observation statistics
-            for key in ("mean", "var", "count"):
-                np.testing.assert_array_equal(actual[name][key], tensor[key])
-        else:
-            assert torch.equal(tensor, actual[name]), name
+    assert_same_agent_state(unbroken["agent"].state_dict(), resumed["agent"].state_dict())
     assert resumed["reward_scaler"].return_rms.var == unbroken["reward_scaler"].return_rms.var
     assert resumed["recent_returns"] == unbroken["recent_returns"]
 
@@ -334,13 +329,7 @@ def test_compiled_run_logs_every_metric_and_resumes_exactly(workdir, mujoco):
     assert resumed_args.compile
     resumed = main(resumed_args)
     assert resumed["global_step"] == unbroken["global_step"] == 320
-    expected, actual = unbroken["agent"].state_dict(), resumed["agent"].state_dict()
-    for name, tensor in expected.items():
-        if name == "_extra_state":  # the observation statistics
-            for key in ("mean", "var", "count"):
-                np.testing.assert_array_equal(actual[name][key], tensor[key])
-        else:
-            assert torch.equal(tensor, actual[name]), name
+    assert_same_agent_state(unbroken["agent"].state_dict(), resumed["agent"].state_dict())
 
 
 def test_cudagraphs_without_a_gpu_is_a_one_line_error(capsys, workdir):

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from conftest import (assert_compiled_loss_matches_plain, assert_details_marked, assert_logs_every_metric,
-                      expect_usage_error, only_run_dir, run_script, run_unbroken_and_interrupted_in_process)
+                      assert_same_agent_state, expect_usage_error, only_run_dir, run_script,
+                      run_unbroken_and_interrupted_in_process)
 from ppo import ppo_procgen as script
 from ppo.ppo_procgen import Agent, Args, main, minibatch_loss, parse_args
 
@@ -188,9 +189,7 @@ def test_interrupted_and_resumed_run_ends_exactly_like_an_unbroken_one(workdir, 
 
     resumed = main(parse_args(["--resume", str(checkpoint_path)]))
     assert resumed["global_step"] == unbroken["global_step"] == 192
-    expected, actual = unbroken["agent"].state_dict(), resumed["agent"].state_dict()
-    for name, tensor in expected.items():
-        assert torch.equal(tensor, actual[name]), name
+    assert_same_agent_state(unbroken["agent"].state_dict(), resumed["agent"].state_dict())
     assert resumed["reward_scaler"].return_rms.var == unbroken["reward_scaler"].return_rms.var
     assert resumed["recent_returns"] == unbroken["recent_returns"]
 
@@ -231,9 +230,7 @@ def test_compiled_run_logs_every_metric_and_resumes_exactly(workdir, monkeypatch
     assert resumed_args.compile
     resumed = main(resumed_args)
     assert resumed["global_step"] == unbroken["global_step"] == 192
-    expected, actual = unbroken["agent"].state_dict(), resumed["agent"].state_dict()
-    for name, tensor in expected.items():
-        assert torch.equal(tensor, actual[name]), name
+    assert_same_agent_state(unbroken["agent"].state_dict(), resumed["agent"].state_dict())
 
 
 def test_cudagraphs_without_a_gpu_is_a_one_line_error(capsys, workdir, monkeypatch):
