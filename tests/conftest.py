@@ -102,16 +102,19 @@ def interrupt_after_first_progress_line(script: str, args: list[str], cwd: Path,
 
 
 def run_unbroken_and_interrupted(script: str, flags: list[str], tmp_path: Path, launcher: list[str] | None = None,
-                                 exit_code: int = 130) -> tuple[Path, Path, str]:
-    """Run `script flags` once to its end in tmp_path/unbroken, and once in tmp_path/interrupted with
-    a Ctrl-C after its first progress line (which must make it exit with `exit_code`). Returns both
+                                 exit_code: int = 130, interrupted_flags: tuple[str, ...] = ()
+                                 ) -> tuple[Path, Path, str]:
+    """Run `script flags` once to its end in tmp_path/unbroken, and once (with `interrupted_flags`
+    added, e.g. a speed option that must not change the result) in tmp_path/interrupted with a Ctrl-C
+    after its first progress line, which must make it exit with `exit_code`, no traceback. Returns both
     directories and the interrupted run's output, for a test to resume that run and compare the two."""
     unbroken, interrupted = tmp_path / "unbroken", tmp_path / "interrupted"
     unbroken.mkdir()
     interrupted.mkdir()
     run_script(script, *flags, cwd=unbroken, launcher=launcher)
-    code, output = interrupt_after_first_progress_line(script, flags, cwd=interrupted, launcher=launcher)
-    assert code == exit_code, output
+    code, output = interrupt_after_first_progress_line(script, [*flags, *interrupted_flags], cwd=interrupted,
+                                                       launcher=launcher)
+    assert code == exit_code and "Traceback" not in output, output
     return unbroken, interrupted, output
 
 
@@ -130,6 +133,24 @@ def run_unbroken_and_interrupted_in_process(main, args, workdir: Path, env_class
     with ctrl_c_during_step(env_class, interrupt_at_step):
         interrupted = main(args)
     return unbroken, interrupted, only_run_dir(interrupted_dir) / "checkpoint.pt"
+
+
+def assert_compiled_run_resumes_exactly(script, args, workdir: Path, env_class: type,
+                                        interrupt_at_step: int) -> None:
+    """A run with --compile (args) trains and logs every metric, and interrupted by a Ctrl-C during
+    the `interrupt_at_step`-th call of `env_class.step`, then resumed with `--resume PATH` alone (the
+    checkpoint keeps --compile), it ends bit for bit where an unbroken --compile run ends."""
+    assert args.compile and args.save_model
+    unbroken, stopped, checkpoint_path = run_unbroken_and_interrupted_in_process(
+        script.main, args, workdir, env_class, interrupt_at_step)
+    assert stopped["interrupted"] and 0 < stopped["global_step"] < args.total_timesteps
+    assert_logs_every_metric(only_run_dir(workdir / "unbroken"))
+
+    resumed_args = script.parse_args(["--resume", str(checkpoint_path)])
+    assert resumed_args.compile
+    resumed = script.main(resumed_args)
+    assert resumed["global_step"] == unbroken["global_step"] == args.total_timesteps
+    assert_same_agent_state(unbroken["agent"].state_dict(), resumed["agent"].state_dict())
 
 
 def assert_same_final_weights(unbroken: Path, resumed_checkpoint: Path, total_timesteps: int) -> tuple[dict, dict]:

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import (METRICS, assert_compiled_loss_matches_plain, assert_details_marked,
-                      assert_logs_every_metric, assert_same_agent_state, assert_same_final_weights,
+from conftest import (METRICS, assert_compiled_loss_matches_plain, assert_compiled_run_resumes_exactly,
+                      assert_details_marked, assert_logs_every_metric, assert_same_final_weights,
                       expect_missing_package_error, expect_usage_error, only_run_dir, read_scalars,
-                      run_script, run_unbroken_and_interrupted, run_unbroken_and_interrupted_in_process,
-                      without_module)
+                      run_script, run_unbroken_and_interrupted, without_module)
+import ppo.ppo as script
 from ppo.ppo import Agent, Args, compute_gae, main, minibatch_loss, parse_args, ppo_loss
 
 
@@ -376,20 +376,9 @@ def test_compiled_minibatch_loss_equals_the_plain_one():
 
 
 def test_compiled_run_logs_every_metric_and_resumes_exactly(workdir):
-    """A run with --compile trains and logs as the plain one does, and stopped by Ctrl-C and resumed
-    (the checkpoint keeps --compile) it ends with the weights of an unbroken --compile run."""
-    args = Args(env_id="CartPole-v1", seed=3, total_timesteps=320, save_model=True, compile=True, **SMALL)
     # Ctrl-C during the 40th vector step, in the second iteration: that iteration finishes, then the run stops.
-    unbroken, stopped, checkpoint_path = run_unbroken_and_interrupted_in_process(
-        main, args, workdir, gym.vector.SyncVectorEnv, interrupt_at_step=40)
-    assert stopped["interrupted"] and stopped["global_step"] == 128
-    assert_logs_every_metric(only_run_dir(workdir / "unbroken"))
-
-    resumed_args = parse_args(["--resume", str(checkpoint_path)])
-    assert resumed_args.compile
-    resumed = main(resumed_args)
-    assert resumed["global_step"] == unbroken["global_step"] == 320
-    assert_same_agent_state(unbroken["agent"].state_dict(), resumed["agent"].state_dict())
+    args = Args(env_id="CartPole-v1", seed=3, total_timesteps=320, save_model=True, compile=True, **SMALL)
+    assert_compiled_run_resumes_exactly(script, args, workdir, gym.vector.SyncVectorEnv, interrupt_at_step=40)
 
 
 def test_cudagraphs_without_a_gpu_is_a_one_line_error(capsys, workdir):

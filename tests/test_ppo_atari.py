@@ -14,8 +14,7 @@ pytest.importorskip("cv2")
 
 from conftest import (assert_compiled_loss_matches_plain, assert_details_marked, assert_logs_every_metric,  # noqa: E402
                       assert_same_final_weights, expect_missing_package_error, expect_usage_error,
-                      interrupt_after_first_progress_line, only_run_dir, run_script, run_unbroken_and_interrupted,
-                      without_module)
+                      only_run_dir, run_script, run_unbroken_and_interrupted, without_module)
 from ppo.ppo_atari import (Agent, Args, EpisodicLife, FireReset, main, make_env, make_envs,  # noqa: E402
                            minibatch_loss, parse_args, pickle_envs, finished_games)
 
@@ -289,12 +288,8 @@ def test_an_async_run_interrupted_and_resumed_ends_as_an_unbroken_sync_run(tmp_p
     import shutil
 
     flags = ["--seed", "3", "--total-timesteps", "160", "--save-model", *TINY]
-    unbroken, interrupted = tmp_path / "unbroken", tmp_path / "interrupted"
-    unbroken.mkdir()
-    interrupted.mkdir()
-    run_script("ppo_atari.py", *flags, cwd=unbroken)
-    code, output = interrupt_after_first_progress_line("ppo_atari.py", [*flags, "--async-envs"], cwd=interrupted)
-    assert code == 130 and "Traceback" not in output, output
+    unbroken, interrupted, _ = run_unbroken_and_interrupted("ppo_atari.py", flags, tmp_path,
+                                                            interrupted_flags=("--async-envs",))
     run_dir = only_run_dir(interrupted)
     stopped = torch.load(run_dir / "checkpoint.pt", weights_only=False)
     assert 0 < stopped["global_step"] < 160 and stopped["args"]["async_envs"]

@@ -10,8 +10,8 @@ pytest.importorskip("ale_py")
 pytest.importorskip("cv2")
 
 from conftest import (assert_compiled_loss_matches_plain, assert_details_marked, assert_logs_every_metric,  # noqa: E402
-                      assert_same_final_weights, expect_usage_error, interrupt_after_first_progress_line,
-                      only_run_dir, read_scalars, run_script, run_unbroken_and_interrupted)
+                      assert_same_final_weights, expect_usage_error, only_run_dir, read_scalars, run_script,
+                      run_unbroken_and_interrupted)
 from ppo.ppo_atari_lstm import (Agent, Args, EnvCursor, collect_rollout, main, make_envs,  # noqa: E402
                                 minibatch_loss, replay_sequences)
 
@@ -115,12 +115,8 @@ def test_an_async_run_interrupted_and_resumed_ends_as_an_unbroken_sync_run(tmp_p
     the workers' games: interrupted with it and resumed, the run ends as one that never stopped and
     never had worker processes, LSTM state included."""
     flags = ["--seed", "4", "--total-timesteps", "160", "--save-model", *TINY]
-    unbroken, interrupted = tmp_path / "unbroken", tmp_path / "interrupted"
-    unbroken.mkdir()
-    interrupted.mkdir()
-    run_script("ppo_atari_lstm.py", *flags, cwd=unbroken)
-    code, output = interrupt_after_first_progress_line("ppo_atari_lstm.py", [*flags, "--async-envs"], cwd=interrupted)
-    assert code == 130 and "Traceback" not in output, output
+    unbroken, interrupted, _ = run_unbroken_and_interrupted("ppo_atari_lstm.py", flags, tmp_path,
+                                                            interrupted_flags=("--async-envs",))
     checkpoint_path = only_run_dir(interrupted) / "checkpoint.pt"
     stopped = torch.load(checkpoint_path, weights_only=False)
     assert 0 < stopped["global_step"] < 160 and stopped["args"]["async_envs"] and len(stopped["envs"]) == 2

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import (assert_compiled_loss_matches_plain, assert_details_marked, assert_logs_every_metric,
-                      assert_same_agent_state, expect_usage_error, only_run_dir, run_script,
-                      run_unbroken_and_interrupted_in_process)
+from conftest import (assert_compiled_loss_matches_plain, assert_compiled_run_resumes_exactly,
+                      assert_details_marked, assert_logs_every_metric, assert_same_agent_state,
+                      expect_usage_error, only_run_dir, run_script, run_unbroken_and_interrupted_in_process)
 from ppo import ppo_procgen as script
 from ppo.ppo_procgen import Agent, Args, main, minibatch_loss, parse_args
 
@@ -216,21 +216,10 @@ def test_compiled_minibatch_loss_equals_the_plain_one():
 
 
 def test_compiled_run_logs_every_metric_and_resumes_exactly(workdir, monkeypatch):
-    """A run with --compile (on the stand-in games) trains and logs as the plain one does, and stopped
-    by Ctrl-C and resumed (the checkpoint keeps --compile) it ends bit for bit where an unbroken
-    --compile run ends."""
+    """On the stand-in games."""
     monkeypatch.setattr(script, "ProcgenGym3Env", FakeGames)
     args = Args(env_id="starpilot", seed=3, total_timesteps=192, save_model=True, compile=True, **SMALL)
-    unbroken, stopped, checkpoint_path = run_unbroken_and_interrupted_in_process(
-        main, args, workdir, script.ProcgenVectorEnv, interrupt_at_step=20)
-    assert stopped["interrupted"] and stopped["global_step"] == 128
-    assert_logs_every_metric(only_run_dir(workdir / "unbroken"))
-
-    resumed_args = parse_args(["--resume", str(checkpoint_path)])
-    assert resumed_args.compile
-    resumed = main(resumed_args)
-    assert resumed["global_step"] == unbroken["global_step"] == 192
-    assert_same_agent_state(unbroken["agent"].state_dict(), resumed["agent"].state_dict())
+    assert_compiled_run_resumes_exactly(script, args, workdir, script.ProcgenVectorEnv, interrupt_at_step=20)
 
 
 def test_cudagraphs_without_a_gpu_is_a_one_line_error(capsys, workdir, monkeypatch):
