@@ -300,6 +300,17 @@ def calls(workdir: Path) -> list[str]:
     return sorted(path.read_text().splitlines()) if path.exists() else []
 
 
+def assert_quick_runs_finished(directory: Path) -> None:
+    """The quick family's 4 runs (CartPole-v1 and Acrobot-v1, seeds 1 and 2) each left a log ending
+    in exit code 0, a .done marker and a run directory under `directory`."""
+    for env_id in ("CartPole-v1", "Acrobot-v1"):
+        for seed in (1, 2):
+            log = directory / "logs" / "ppo" / f"{env_id}__seed{seed}.log"
+            assert "# exit code 0" in log.read_text()
+            assert log.with_suffix(".done").is_file()
+    assert len(list((directory / "runs").iterdir())) == 4
+
+
 @pytest.fixture(scope="session")
 def quick_dir(tmp_path_factory) -> Path:
     """The quick benchmark run here, once per session: its logs, runs and report (the local runs the

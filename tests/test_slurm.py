@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FAKE_SCRIPT, REPO, calls, expect_error_line, run_tool
+from conftest import FAKE_SCRIPT, REPO, assert_quick_runs_finished, calls, expect_error_line, run_tool
 from slurm_cluster import OneNodeCluster, missing_programs
 
 # The stand-in script on two environments (one with a slash in its id) and two seeds: four tasks.
@@ -257,12 +257,7 @@ def test_quick_benchmark_on_a_one_node_slurm_cluster(slurm_cluster, quick_dir, t
     for task in range(4):
         output = (tmp_path / "logs" / "slurm" / f"ppo_{array_job}_{task}.out").read_text()
         assert "1 run(s): 1 ran ok, 0 skipped (finished earlier), 0 failed" in output, output
-    for env_id in ("CartPole-v1", "Acrobot-v1"):
-        for seed in (1, 2):
-            log = tmp_path / "logs" / "ppo" / f"{env_id}__seed{seed}.log"
-            assert "# exit code 0" in log.read_text()
-            assert log.with_suffix(".done").is_file()
-    assert len(list((tmp_path / "runs").iterdir())) == 4
+    assert_quick_runs_finished(tmp_path)
 
     # The report job wrote the report the local quick run writes, with the same numbers.
     report_output = (tmp_path / "logs" / "slurm" / f"ppo-report_{report_job}.out").read_text()
