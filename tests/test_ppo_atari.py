@@ -288,8 +288,9 @@ def test_an_async_run_interrupted_and_resumed_ends_as_an_unbroken_sync_run(tmp_p
     import shutil
 
     flags = ["--seed", "3", "--total-timesteps", "160", "--save-model", *TINY]
-    unbroken, interrupted, _ = run_unbroken_and_interrupted("ppo_atari.py", flags, tmp_path,
-                                                            interrupted_flags=("--async-envs",))
+    unbroken, interrupted, output = run_unbroken_and_interrupted("ppo_atari.py", flags, tmp_path,
+                                                                 interrupted_flags=("--async-envs",))
+    assert "Traceback" not in output, output
     run_dir = only_run_dir(interrupted)
     stopped = torch.load(run_dir / "checkpoint.pt", weights_only=False)
     assert 0 < stopped["global_step"] < 160 and stopped["args"]["async_envs"]

@@ -115,8 +115,9 @@ def test_an_async_run_interrupted_and_resumed_ends_as_an_unbroken_sync_run(tmp_p
     the workers' games: interrupted with it and resumed, the run ends as one that never stopped and
     never had worker processes, LSTM state included."""
     flags = ["--seed", "4", "--total-timesteps", "160", "--save-model", *TINY]
-    unbroken, interrupted, _ = run_unbroken_and_interrupted("ppo_atari_lstm.py", flags, tmp_path,
-                                                            interrupted_flags=("--async-envs",))
+    unbroken, interrupted, output = run_unbroken_and_interrupted("ppo_atari_lstm.py", flags, tmp_path,
+                                                                 interrupted_flags=("--async-envs",))
+    assert "Traceback" not in output, output
     checkpoint_path = only_run_dir(interrupted) / "checkpoint.pt"
     stopped = torch.load(checkpoint_path, weights_only=False)
     assert 0 < stopped["global_step"] < 160 and stopped["args"]["async_envs"] and len(stopped["envs"]) == 2
