@@ -794,7 +794,9 @@ def main(args: Args) -> dict:
     # fused=True: the same Adam, in one kernel for all parameters instead of a dozen small ops each.
     optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
     # [Speed: torch.compile] the policy step and the minibatch loss compiled into fused kernels, so a GPU
-    # runs a few large kernels instead of waiting for Python to launch many small ones.
+    # runs a few large kernels instead of waiting for Python to launch many small ones. torch.compile
+    # leaves the nn.LSTM out (its default): the convolutions, heads and loss are compiled, and the
+    # LSTM's steps run as plain PyTorch between them. docs/ppo_atari_lstm.md says why it stays so.
     policy_step, loss_on_minibatch = agent.get_action_and_value, minibatch_loss
     if args.compile or args.cudagraphs:
         mode = "reduce-overhead" if args.cudagraphs else "default"  # reduce-overhead = CUDA graphs

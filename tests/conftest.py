@@ -327,14 +327,26 @@ def quick_dir(tmp_path_factory) -> Path:
 # ---------------------------------------------------------------------------------------------------
 
 
-def assert_compiled_loss_matches_plain(minibatch_loss, agent, *data) -> dict:
+def assert_compiles_whole(function, *inputs):
+    """torch.compile takes `function` on `inputs` into one graph. Where a graph would break, --compile
+    runs that part as plain PyTorch without a word (slower, and a split CUDA graph); fullgraph=True
+    makes it an error here instead. Returns the compiled function's outputs, under inference mode as
+    in a rollout."""
+    import torch
+
+    with torch.inference_mode():
+        return torch.compile(function, fullgraph=True)(*inputs)
+
+
+def assert_compiled_loss_matches_plain(minibatch_loss, agent, *data, fullgraph: bool = True) -> dict:
     """`torch.compile(minibatch_loss)` on the same agent and minibatch gives the plain function's
     loss, statistics and gradients within float tolerance (compiled kernels fuse and reorder float
-    operations, so bit equality is not expected). Returns the plain statistics for further checks."""
+    operations, so bit equality is not expected). With `fullgraph` it must also compile into one
+    graph, as assert_compiles_whole checks. Returns the plain statistics for further checks."""
     import torch
 
     results = []
-    for loss_function in (minibatch_loss, torch.compile(minibatch_loss)):
+    for loss_function in (minibatch_loss, torch.compile(minibatch_loss, fullgraph=fullgraph)):
         agent.zero_grad()
         loss, stats = loss_function(agent, *data)
         loss.backward()

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import (METRICS, assert_compiled_loss_matches_plain, assert_compiled_run_resumes_exactly,
-                      assert_details_marked, assert_logs_every_metric, assert_same_final_weights,
-                      expect_missing_package_error, expect_usage_error, only_run_dir, read_scalars,
-                      run_script, run_unbroken_and_interrupted, without_module)
+from conftest import (METRICS, assert_compiled_loss_matches_plain, assert_compiles_whole,
+                      assert_compiled_run_resumes_exactly, assert_details_marked, assert_logs_every_metric,
+                      assert_same_final_weights, expect_missing_package_error, expect_usage_error, only_run_dir,
+                      read_scalars, run_script, run_unbroken_and_interrupted, without_module)
 import ppo.ppo as script
 from ppo.ppo import Agent, Args, compute_gae, main, minibatch_loss, parse_args, ppo_loss
 
@@ -373,6 +373,8 @@ def test_compiled_minibatch_loss_equals_the_plain_one():
     stats = assert_compiled_loss_matches_plain(minibatch_loss, agent, obs, actions, old_logprob, old_value,
                                                torch.randn(size), torch.randn(size), Args())
     assert 0 < stats["clipfrac"] < 1  # both branches of the clipped objective took part
+    actions = assert_compiles_whole(agent.get_action, obs)  # the rollout's policy step
+    assert actions.shape == (size,) and set(actions.tolist()) <= {0, 1}
 
 
 def test_compiled_run_logs_every_metric_and_resumes_exactly(workdir):

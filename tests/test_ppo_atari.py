@@ -12,9 +12,9 @@ import torch
 pytest.importorskip("ale_py")
 pytest.importorskip("cv2")
 
-from conftest import (assert_compiled_loss_matches_plain, assert_details_marked, assert_logs_every_metric,  # noqa: E402
-                      assert_same_final_weights, expect_missing_package_error, expect_usage_error,
-                      only_run_dir, run_script, run_unbroken_and_interrupted, without_module)
+from conftest import (assert_compiled_loss_matches_plain, assert_compiles_whole, assert_details_marked,  # noqa: E402
+                      assert_logs_every_metric, assert_same_final_weights, expect_missing_package_error,
+                      expect_usage_error, only_run_dir, run_script, run_unbroken_and_interrupted, without_module)
 from ppo.ppo_atari import (Agent, Args, EpisodicLife, FireReset, main, make_env, make_envs,  # noqa: E402
                            minibatch_loss, parse_args, pickle_envs, finished_games)
 
@@ -318,6 +318,8 @@ def test_the_compiled_minibatch_loss_gives_the_plain_loss_and_gradients():
                  values.flatten() + torch.randn(32, generator=generator))
     stats = assert_compiled_loss_matches_plain(minibatch_loss, agent, *minibatch, Args())
     assert stats["clipfrac"] > 0  # the clipped branches are part of the comparison
+    action, _, _, value = assert_compiles_whole(agent.get_action_and_value, obs)  # the rollout's policy step
+    assert action.shape == (32,) and value.shape == (32, 1)
 
 
 def test_a_compiled_run_trains_and_logs_every_metric(workdir):

@@ -10,10 +10,9 @@ import torch
 pytest.importorskip("envpool")
 
 import ppo.ppo_atari_envpool as script  # noqa: E402
-from conftest import (assert_compiled_loss_matches_plain, assert_details_marked,  # noqa: E402
+from conftest import (assert_compiled_loss_matches_plain, assert_compiles_whole, assert_details_marked,  # noqa: E402
                       assert_logs_every_metric, expect_missing_package_error, expect_usage_error,
-                      interrupt_after_first_progress_line, only_run_dir, read_scalars, run_script,
-                      without_module)
+                      interrupt_after_first_progress_line, only_run_dir, read_scalars, run_script, without_module)
 from ppo.ppo_atari_envpool import Args, main, make_envs  # noqa: E402
 
 TINY = ["--num-envs", "2", "--num-steps", "16", "--num-minibatches", "2", "--no-cuda"]
@@ -206,7 +205,10 @@ def test_compiled_minibatch_loss_has_the_plain_loss_and_gradients():
     torch.manual_seed(0)
     batch = (torch.randint(0, 256, (32, 4, 84, 84), dtype=torch.uint8), torch.randint(0, 4, (32,)),
              -torch.rand(32) - 1.0, torch.randn(32), torch.randn(32), torch.randn(32))
-    assert_compiled_loss_matches_plain(script.minibatch_loss, script.Agent(num_actions=4), *batch, Args())
+    agent = script.Agent(num_actions=4)
+    assert_compiled_loss_matches_plain(script.minibatch_loss, agent, *batch, Args())
+    action, _, _, value = assert_compiles_whole(agent.get_action_and_value, batch[0])  # the rollout's policy step
+    assert action.shape == (32,) and value.shape == (32, 1)
 
 
 def test_async_envs_and_compile_train_and_log_every_metric(workdir):

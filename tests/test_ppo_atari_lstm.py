@@ -140,7 +140,8 @@ def test_the_compiled_minibatch_loss_gives_the_plain_loss_and_gradients(rollout_
                  values + torch.randn(16, 2, generator=generator), 1.0 + torch.randn(16, 2, generator=generator),
                  values + torch.randn(16, 2, generator=generator),
                  tuple(state[:, columns] for state in rollout.initial_lstm_state))
-    assert_compiled_loss_matches_plain(minibatch_loss, agent, *minibatch, Args())
+    # Not in one graph: torch.compile leaves the nn.LSTM out (docs/ppo_atari_lstm.md, Speed options).
+    assert_compiled_loss_matches_plain(minibatch_loss, agent, *minibatch, Args(), fullgraph=False)
 
 
 def test_a_compiled_run_trains_and_cudagraphs_needs_cuda(capsys, workdir):

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import (assert_compiled_loss_matches_plain, assert_compiled_run_resumes_exactly,
+from conftest import (assert_compiled_loss_matches_plain, assert_compiles_whole, assert_compiled_run_resumes_exactly,
                       assert_details_marked, assert_logs_every_metric, assert_same_agent_state,
-                      expect_missing_package_error, expect_usage_error, only_run_dir, read_scalars,
-                      run_script, run_unbroken_and_interrupted_in_process, without_module)
+                      expect_missing_package_error, expect_usage_error, only_run_dir, read_scalars, run_script,
+                      run_unbroken_and_interrupted_in_process, without_module)
 from ppo import ppo_continuous_action as script
 from ppo.ppo_continuous_action import Agent, Args, RewardScaler, RunningMeanStd, main, minibatch_loss, parse_args
 
@@ -314,6 +314,7 @@ def test_compiled_minibatch_loss_equals_the_plain_one():
     stats = assert_compiled_loss_matches_plain(minibatch_loss, agent, obs, actions, old_logprob, old_value,
                                                torch.randn(size), torch.randn(size), Args(ent_coef=0.01))
     assert 0 < stats["clipfrac"] < 1  # both branches of the clipped objective took part
+    assert assert_compiles_whole(agent.get_action, obs).shape == (size, 3)  # the rollout's policy step
 
 
 def test_compiled_run_logs_every_metric_and_resumes_exactly(workdir, mujoco):

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import (assert_compiled_loss_matches_plain, assert_compiled_run_resumes_exactly,
-                      assert_details_marked, assert_logs_every_metric, assert_same_agent_state,
-                      expect_usage_error, only_run_dir, run_script, run_unbroken_and_interrupted_in_process)
+from conftest import (assert_compiled_loss_matches_plain, assert_compiles_whole, assert_compiled_run_resumes_exactly,
+                      assert_details_marked, assert_logs_every_metric, assert_same_agent_state, expect_usage_error,
+                      only_run_dir, run_script, run_unbroken_and_interrupted_in_process)
 from ppo import ppo_procgen as script
 from ppo.ppo_procgen import Agent, Args, main, minibatch_loss, parse_args
 
@@ -213,6 +213,8 @@ def test_compiled_minibatch_loss_equals_the_plain_one():
     stats = assert_compiled_loss_matches_plain(minibatch_loss, agent, obs, actions, old_logprob, old_value,
                                                torch.randn(size), torch.randn(size), Args())
     assert 0 < stats["clipfrac"] < 1  # both branches of the clipped objective took part
+    action, _, _, value = assert_compiles_whole(agent.get_action_and_value, obs)  # the rollout's policy step
+    assert action.shape == (size,) and value.shape == (size, 1)
 
 
 def test_compiled_run_logs_every_metric_and_resumes_exactly(workdir, monkeypatch):
