@@ -10,7 +10,11 @@ How the first versions were found (2026-11-23, with `pip download <package>==<ve
   "module 'gymnasium.vector' has no attribute 'AutoresetMode'"; with 1.1.0's it trains.
 - torch: `Adam(..., fused=True)` accepts CPU tensors when "cpu" is among the devices of
   torch/utils/_foreach_utils.py:_get_fused_kernels_supported_devices: not in the 2.3.1 wheel, there
-  in 2.4.0. (clip_grad_norm_(foreach=True) and torch.load(weights_only=...) are older.)
+  in 2.4.0. (clip_grad_norm_(foreach=True) and torch.load(weights_only=...) are older.) And
+  `aten.multinomial.default`, which every discrete script's action sampling runs, is in the set of ops
+  that torch/_inductor/utils.py:get_first_incompatible_cudagraph_node refuses to record as a CUDA graph
+  in the 2.5.0 wheel and not in the 2.6.0 wheel: before 2.6, --cudagraphs would silently leave the
+  policy step out of the graph.
 - tyro: with the 0.8.0 wheel (and its dependencies) first on PYTHONPATH, parse_args of ppo.py,
   ppo_continuous_action.py, ppo_procgen.py, ppo_atari_envpool.py and ppo_atari_multigpu.py (Literal,
   list[int], `float | None`, --no-cuda) and `--resume` (tyro.cli(..., default=...)) read their
@@ -35,6 +39,7 @@ CORE = ["torch", "gymnasium", "numpy", "tyro", "tensorboard", "wandb"]
 FEATURES = [
     ("gymnasium", "1.1", "gym.vector.AutoresetMode (SAME_STEP autoreset)"),
     ("torch", "2.4", "Adam(fused=True) on CPU parameters"),
+    ("torch", "2.6", "CUDA graphs that record torch.multinomial (--cudagraphs samples actions in the graph)"),
     ("tyro", "0.8", "tyro.cli(Args, args=..., default=...) with Literal, list[int] and X | None fields"),
 ]
 
@@ -88,6 +93,10 @@ def test_the_installed_packages_have_the_features():
     parameter.grad = torch.ones(3)
     optimizer.step()
     assert torch.all(parameter < 0)
+    from torch._inductor.utils import get_first_incompatible_cudagraph_node
+    from torch.fx.experimental.proxy_tensor import make_fx
+    sampling = make_fx(lambda probs: torch.multinomial(probs, 1))(torch.ones(2, 3))
+    assert get_first_incompatible_cudagraph_node(sampling) is None
     saved = ppo_atari_multigpu.Args(seed=5)
     args = tyro.cli(ppo_atari_multigpu.Args, args=["--device-ids", "0", "1", "--target-kl", "0.02"], default=saved)
     assert (args.seed, args.device_ids, args.target_kl) == (5, [0, 1], 0.02)
