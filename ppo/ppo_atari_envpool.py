@@ -589,7 +589,7 @@ def main(args: Args) -> dict:
         np.random.set_state(checkpoint["rng"]["numpy"])
         torch.set_rng_state(checkpoint["rng"]["torch"])
         if device.type == "cuda" and checkpoint["rng"]["cuda"] is not None:
-            torch.cuda.set_rng_state_all(checkpoint["rng"]["cuda"])
+            torch.cuda.set_rng_state(checkpoint["rng"]["cuda"], device)
         start_iteration, global_step = checkpoint["iteration"], checkpoint["global_step"]
         recent_returns.extend(checkpoint["recent_returns"])
         print(f"resuming {run_name} at step {global_step:,} of {args.total_timesteps:,} (with new games)")
@@ -627,7 +627,7 @@ def main(args: Args) -> dict:
         scores[game_over] = 0.0
 
     def write_checkpoint(iteration: int) -> None:
-        cuda_rng = torch.cuda.get_rng_state_all() if device.type == "cuda" else None
+        cuda_rng = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
         save_checkpoint(checkpoint_path, {
             "variant": VARIANT, "args": asdict(args), "run_name": run_name,
             "iteration": iteration, "global_step": global_step,
@@ -705,7 +705,7 @@ def main(args: Args) -> dict:
                 optimizer.step()
                 # [Speed: CUDA graphs] copies, kept to the end: a graph's next replay overwrites its outputs.
                 minibatch_stats.append({key: value.clone() for key, value in stats.items()})
-            if args.target_kl is not None and stats["approx_kl"] > args.target_kl:
+            if args.target_kl is not None and minibatch_stats[-1]["approx_kl"] > args.target_kl:
                 break
 
         # [Core 12: Debug variables] averaged over every minibatch of this update.

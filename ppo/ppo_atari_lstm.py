@@ -825,7 +825,7 @@ def main(args: Args) -> dict:
         np.random.set_state(checkpoint["rng"]["numpy"])
         torch.set_rng_state(checkpoint["rng"]["torch"])
         if device.type == "cuda" and checkpoint["rng"]["cuda"] is not None:
-            torch.cuda.set_rng_state_all(checkpoint["rng"]["cuda"])
+            torch.cuda.set_rng_state(checkpoint["rng"]["cuda"], device)
         start_iteration, global_step = checkpoint["iteration"], checkpoint["global_step"]
         lstm_state = tuple(state.to(device) for state in checkpoint["next_lstm_state"])
         cursor = EnvCursor(checkpoint["next_obs"], checkpoint["next_done"], lstm_state)
@@ -841,7 +841,7 @@ def main(args: Args) -> dict:
         cursor = EnvCursor(next_obs, np.zeros(args.num_envs, dtype=bool), agent.initial_state(args.num_envs, device))
 
     def write_checkpoint(iteration: int) -> None:
-        cuda_rng = torch.cuda.get_rng_state_all() if device.type == "cuda" else None
+        cuda_rng = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
         save_checkpoint(checkpoint_path, {
             "variant": VARIANT, "args": asdict(args), "run_name": run_name,
             "iteration": iteration, "global_step": global_step,
@@ -907,7 +907,7 @@ def main(args: Args) -> dict:
                 optimizer.step()
                 # [Speed: CUDA graphs] copies, kept to the end: a graph's next replay overwrites its outputs.
                 minibatch_stats.append({key: value.clone() for key, value in stats.items()})
-            if args.target_kl is not None and stats["approx_kl"] > args.target_kl:
+            if args.target_kl is not None and minibatch_stats[-1]["approx_kl"] > args.target_kl:
                 break
 
         # [Core 12: Debug variables] averaged over every minibatch of this update.
