@@ -557,19 +557,13 @@ def world_mean_and_std(x: torch.Tensor, world_size: int) -> tuple[torch.Tensor, 
 
 def ppo_loss(new_logprob: torch.Tensor, entropy: torch.Tensor, new_value: torch.Tensor,
              old_logprob: torch.Tensor, old_value: torch.Tensor, advantages: torch.Tensor,
-             returns: torch.Tensor, args: Args, world_size: int = 1) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """The PPO objective on this rank's share of one minibatch; returns the loss to minimize and
-    detached statistics. Every term is a mean over the share, so the average of the ranks' gradients
-    is the gradient of the same loss over the whole minibatch."""
+             returns: torch.Tensor, args: Args) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The PPO objective on this rank's share of one minibatch, its advantages already normalized
+    (by gradient_step); returns the loss to minimize and detached statistics. Every term is a mean
+    over the share, so the average of the ranks' gradients is the gradient of the same loss over the
+    whole minibatch."""
     logratio = new_logprob - old_logprob
     ratio = logratio.exp()
-
-    if args.norm_adv:
-        # [Core 7: Normalization of advantages] per minibatch, not per batch. The minibatch is the
-        # world's, so the statistics are too: normalizing each share by its own would make two ranks
-        # compute a slightly different update than one process on the whole minibatch.
-        mean, std = world_mean_and_std(advantages, world_size)
-        advantages = (advantages - mean) / (std + 1e-8)
 
     # [Core 8: Clipped surrogate objective] pessimistic bound: the larger of the two losses.
     pg_loss_unclipped = -advantages * ratio
@@ -609,13 +603,12 @@ def explained_variance(predicted: np.ndarray, target: np.ndarray) -> float:
 
 
 def minibatch_loss(agent: Agent, obs: torch.Tensor, actions: torch.Tensor, old_logprob: torch.Tensor,
-                   old_value: torch.Tensor, advantages: torch.Tensor, returns: torch.Tensor, args: Args,
-                   world_size: int = 1) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """The network on one minibatch, then the PPO loss: the unit --compile compiles. The all-reduce of
-    world_mean_and_std may split the compiled graph; the result is the same (tests/test_ppo_atari_multigpu.py)."""
+                   old_value: torch.Tensor, advantages: torch.Tensor, returns: torch.Tensor,
+                   args: Args) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The network on this rank's share of one minibatch, then the PPO loss: the unit that --compile
+    compiles. It talks to no other rank, so it compiles into one graph and records as one CUDA graph."""
     _, new_logprob, entropy, new_value = agent.get_action_and_value(obs, actions)
-    return ppo_loss(new_logprob, entropy, new_value.flatten(), old_logprob, old_value, advantages, returns, args,
-                    world_size)
+    return ppo_loss(new_logprob, entropy, new_value.flatten(), old_logprob, old_value, advantages, returns, args)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -664,13 +657,22 @@ def average_gradients(parameters: list[nn.Parameter], world_size: int) -> None:
 def gradient_step(agent: nn.Module, optimizer: optim.Optimizer, minibatch: tuple[torch.Tensor, ...],
                   args: Args, world_size: int, loss_on_minibatch=None) -> dict[str, torch.Tensor]:
     """One optimizer step on this rank's share of a minibatch (obs, actions, log-probs, values,
-    advantages, returns). After the all-reduce every rank holds the same averaged gradient, so every
-    rank takes the same step and the copies of the agent stay identical. loss_on_minibatch is
-    minibatch_loss or its compiled form."""
+    advantages, returns). After the gradients' all-reduce every rank holds the same averaged gradient,
+    so every rank takes the same step and the copies of the agent stay identical. loss_on_minibatch is
+    minibatch_loss or its compiled form; both all-reduces stay outside it."""
     loss_on_minibatch = loss_on_minibatch or minibatch_loss
+    obs, actions, old_logprob, old_value, advantages, returns = minibatch
+    if args.norm_adv:
+        # [Core 7: Normalization of advantages] per minibatch, not per batch. The minibatch is the
+        # world's, so the statistics are too: normalizing each share by its own would make two ranks
+        # compute a slightly different update than one process on the whole minibatch. Done here, in
+        # plain PyTorch, so that no all-reduce lands inside the compiled loss: a CUDA graph cannot
+        # hold gloo's, whose reduction runs on the CPU.
+        mean, std = world_mean_and_std(advantages, world_size)
+        advantages = (advantages - mean) / (std + 1e-8)
     if args.cudagraphs:
         torch.compiler.cudagraph_mark_step_begin()
-    loss, stats = loss_on_minibatch(agent, *minibatch, args, world_size)
+    loss, stats = loss_on_minibatch(agent, obs, actions, old_logprob, old_value, advantages, returns, args)
     optimizer.zero_grad()
     loss.backward()
     average_gradients(list(agent.parameters()), world_size)
@@ -822,8 +824,8 @@ def main(args: Args) -> dict:
     # fused=True: the same Adam, in one kernel for all parameters instead of a dozen small ops each.
     optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
     # [Speed: torch.compile] the policy step and the minibatch loss compiled into fused kernels, so a GPU
-    # runs a few large kernels instead of waiting for Python to launch many small ones. The gradient
-    # all-reduce stays outside, in gradient_step.
+    # runs a few large kernels instead of waiting for Python to launch many small ones. Both all-reduces
+    # (the advantages' statistics and the gradients) stay outside, in gradient_step.
     policy_step, loss_on_minibatch = agent.get_action_and_value, minibatch_loss
     if args.compile or args.cudagraphs:
         mode = "reduce-overhead" if args.cudagraphs else "default"  # reduce-overhead = CUDA graphs

@@ -85,7 +85,7 @@ def train_on_fixed_minibatches(rank: int, world_size: int, port: int, out_dir, c
     agent = Agent(num_actions=4)
     optimizer = torch.optim.Adam(agent.parameters(), lr=2.5e-4, eps=1e-5)
     share = MINIBATCH_SIZE // world_size
-    loss_on_minibatch = torch.compile(minibatch_loss) if compiled else minibatch_loss
+    loss_on_minibatch = torch.compile(minibatch_loss, fullgraph=True) if compiled else minibatch_loss
     for minibatch in fixed_minibatches(agent, 3):
         gradient_step(agent, optimizer, tuple(t[rank * share:(rank + 1) * share] for t in minibatch), ARGS, world_size,
                       loss_on_minibatch)
@@ -100,8 +100,8 @@ def train_on_fixed_minibatches(rank: int, world_size: int, port: int, out_dir, c
 def test_two_ranks_on_half_minibatches_take_the_same_steps_as_one_process_on_whole_ones(tmp_path, compiled):
     """With the same data, 2 ranks on half of each minibatch end with the same gradients and weights
     as 1 process on the whole minibatch (to float rounding), and the 2 ranks' copies are identical;
-    also with the ranks' minibatch loss compiled (--compile), its all-reduce of the advantages'
-    statistics included, against the plain loss of the one process."""
+    also with the ranks' minibatch loss compiled (--compile) into one graph, against the plain loss of
+    the one process. (The advantages' all-reduce runs before the loss, in gradient_step.)"""
     train_on_fixed_minibatches(0, 1, 0, tmp_path)
     port = free_port()
     workers = [mp.get_context("spawn").Process(target=train_on_fixed_minibatches,
