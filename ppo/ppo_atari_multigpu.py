@@ -141,8 +141,9 @@ RUNTIME_FIELDS = {"cuda", "track", "wandb_project_name", "wandb_entity", "captur
 
 def fail(message: str) -> NoReturn:
     """Stop with one line saying what to do and exit code 2: for wrong input, never for bugs. Every
-    rank finds the same mistake in the same settings, so only rank 0 prints it."""
-    if int(os.environ.get("RANK", "0")) == 0:
+    process of a node finds the same mistake, so only its first one (local rank 0) prints it: one line
+    per node, since a node may lack what the others have (a checkpoint file, a GPU)."""
+    if int(os.environ.get("LOCAL_RANK", "0")) == 0:
         print(f"{VARIANT}.py: error: {message}", file=sys.stderr)
     raise SystemExit(2)
 

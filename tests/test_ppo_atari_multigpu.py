@@ -240,11 +240,19 @@ def test_device_ids_must_name_one_gpu_per_process_and_nccl_needs_cuda(capsys, mo
                            "no CUDA GPU is available", "--backend gloo")
 
 
-def test_only_rank_0_prints_the_error(capsys, monkeypatch, workdir):
+def test_only_the_first_process_of_each_node_prints_the_error(capsys, monkeypatch, workdir):
     as_rank(monkeypatch, 1, 3)
     with pytest.raises(SystemExit) as stop:
         main(Args(cuda=False))
     assert stop.value.code == 2 and capsys.readouterr().err == ""
+    # Rank 2 of 4, the first process of the second node (2 per node): the checkpoint may be missing
+    # on that node only, so it says so itself.
+    monkeypatch.setenv("RANK", "2")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    expect_usage_error(capsys, lambda: parse_args(["--resume", "missing.pt"]), "ppo_atari_multigpu.py",
+                       "no checkpoint at 'missing.pt'", "every node needs it")
 
 
 def test_under_torchrun_the_error_is_one_line_from_rank_0_and_the_workers_exit_2(tmp_path):
