@@ -568,7 +568,11 @@ def collect_rollout(agent: Agent, envs: gym.vector.VectorEnv, cursor: EnvCursor,
         if cudagraphs:
             # [Speed: CUDA graphs] a replay's outputs live until the next replay: they are copied first.
             torch.compiler.cudagraph_mark_step_begin()
-        with torch.inference_mode():
+        # no_grad, not inference_mode as in the other scripts: with the LSTM left out, torch.compile
+        # compiles get_states' end and the heads as functions of their own, which the update runs
+        # again with gradients, and CUDA graphs of a function first run in inference mode fail when
+        # it is then run for training (pytorch/pytorch#135892).
+        with torch.no_grad():
             action, logprob, _, value, lstm_state = policy_step(
                 obs[step], cursor.lstm_state, torch.as_tensor(cursor.done, dtype=torch.float32, device=device))
         actions[step], logprobs[step], values[step] = action, logprob, value.flatten()
@@ -796,7 +800,8 @@ def main(args: Args) -> dict:
     # [Speed: torch.compile] the policy step and the minibatch loss compiled into fused kernels, so a GPU
     # runs a few large kernels instead of waiting for Python to launch many small ones. torch.compile
     # leaves the nn.LSTM out (its default): the convolutions, heads and loss are compiled, and the
-    # LSTM's steps run as plain PyTorch between them. docs/ppo_atari_lstm.md says why it stays so.
+    # rest of get_states (the done masks and the LSTM's steps) runs as plain PyTorch between them.
+    # docs/ppo_atari_lstm.md says why it stays so.
     policy_step, loss_on_minibatch = agent.get_action_and_value, minibatch_loss
     if args.compile or args.cudagraphs:
         mode = "reduce-overhead" if args.cudagraphs else "default"  # reduce-overhead = CUDA graphs
@@ -892,8 +897,9 @@ def main(args: Args) -> dict:
         minibatch_stats = []
         for epoch in range(args.update_epochs):
             np.random.shuffle(env_inds)
+            shuffled_envs = torch.from_numpy(env_inds).to(device)  # one copy to the device per epoch
             for start in range(0, args.num_envs, envs_per_minibatch):
-                mb_envs = torch.from_numpy(env_inds[start:start + envs_per_minibatch]).to(device)
+                mb_envs = shuffled_envs[start:start + envs_per_minibatch]
                 mb_lstm_state = (rollout.initial_lstm_state[0][:, mb_envs], rollout.initial_lstm_state[1][:, mb_envs])
                 if args.cudagraphs:
                     torch.compiler.cudagraph_mark_step_begin()
