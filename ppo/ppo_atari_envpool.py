@@ -229,16 +229,17 @@ def make_envs(env_id: str, num_envs: int, seed: int = 0, capture_video: bool = F
     [Core 1: Vectorized architecture] One learner steps `num_envs` games in lock step (envpool steps
     them on its own threads), so each rollout holds num_envs x num_steps transitions.
 
-    Every setting is spelled out, although most are envpool's defaults, to show which detail each one
-    carries out: the details of ppo_atari.py's wrappers, done in C++ (docs/ppo_atari_envpool.md lists
-    the small ways in which they differ). envpool's autoreset is described in main().
+    The settings that carry out a detail are spelled out, although most are envpool's defaults, to
+    show which detail each one is: the details of ppo_atari.py's wrappers, done in C++
+    (docs/ppo_atari_envpool.md lists the small ways in which they differ). envpool's autoreset is
+    described in main().
     """
     check_env_id(env_id)
     envs = envpool.make(
         env_id,
         env_type="gymnasium",
         num_envs=num_envs,
-        seed=seed,
+        seed=seed % 2**31,  # a 32-bit seed; a resumed run's or an evaluation's (--seed + offset) may pass 2**31
         noop_max=30,  # [Atari 1: NoopResetEnv] up to 30 no-op frames (random) after every reset
         frame_skip=4,  # [Atari 2: MaxAndSkipEnv] each action for 4 frames; the last two are max-pooled
         episodic_life=True,  # [Atari 3: EpisodicLifeEnv] a lost life ends the episode, not the game
@@ -347,9 +348,9 @@ def compute_gae(rewards: np.ndarray, values: np.ndarray, dones: np.ndarray, next
     """[Core 5: Generalized Advantage Estimation] Advantages and value targets of one rollout.
 
     All arrays are (num_steps, num_envs) except next_value and next_done, (num_envs,), which describe
-    the observation after the last step. dones[t] is 1 when obs[t] is the first observation of a new
-    episode (here: of a new life), that is, when the step before it ended one: then nothing flows
-    back across t.
+    the observation after the last step. dones[t] is 1 when the step before t ended an episode (here:
+    a life): nothing flows back across t. With envpool's autoreset, obs[t] is then still the ended
+    episode's last observation and step t is the reset step that main() leaves out of the batch.
     """
     num_steps = rewards.shape[0]
     advantages = np.zeros_like(rewards)
@@ -524,14 +525,14 @@ def main(args: Args) -> dict:
 
     # envpool is seeded when it is made, and its games cannot be saved: a resumed run starts new games,
     # on seeds that depend on where it resumes so that it does not replay the games it began with.
-    start_step = checkpoint["global_step"] if checkpoint else 0
+    resumed_at = checkpoint["global_step"] if checkpoint else 0
     # [Speed: asynchronous environments] With --async-envs the games are split into two envpools,
     # each stepping on its own threads: while one pool plays a step, the network picks the actions of
     # the other, so neither the games nor the network wait for each other. Pool k holds the games
     # `columns[k]` of the rollout; environment i is seeded seed + i either way.
     num_pools = 2 if args.async_envs else 1
     pool_size = args.num_envs // num_pools
-    pools = [make_envs(args.env_id, pool_size, seed=args.seed + start_step + k * pool_size,
+    pools = [make_envs(args.env_id, pool_size, seed=args.seed + resumed_at + k * pool_size,
                        capture_video=args.capture_video and k == 0) for k in range(num_pools)]
     columns = [slice(k * pool_size, (k + 1) * pool_size) for k in range(num_pools)]
     obs_shape = pools[0].observation_space.shape  # one game's: (4, 84, 84)

@@ -260,6 +260,9 @@ class ProcgenVectorEnv:
     def reset(self, seed: int | None = None) -> tuple[np.ndarray, dict]:
         if self.games is not None:
             self.games.close()
+        # Procgen takes a 32-bit seed; a resumed run's or an evaluation's seed (--seed plus an offset)
+        # may pass 2**31.
+        seed = None if seed is None else seed % 2**31
         self.games = ProcgenGym3Env(num=self.num_envs, rand_seed=seed, **self.options)
         _, obs, _ = self.games.observe()
         self.frames = []
@@ -273,7 +276,8 @@ class ProcgenVectorEnv:
         return obs["rgb"], reward, first, np.zeros_like(first), {}
 
     def record(self, obs: np.ndarray, episode_ended: bool) -> None:
-        """Keep the first game's frames (scaled up 4x) and write out each episode the schedule picks."""
+        """Keep the first game's frames (scaled up 4x) while the schedule picks its episode, and write
+        each picked episode out when it ends."""
         if self.video_folder is None:
             return
         if episode_ended:
@@ -281,7 +285,8 @@ class ProcgenVectorEnv:
                 self.save_video(self.frames, self.video_folder, episode_trigger=self.schedule,
                                 episode_index=self.episode, fps=15)
             self.frames, self.episode = [], self.episode + 1
-        self.frames.append(obs[0].repeat(4, axis=0).repeat(4, axis=1))
+        if self.schedule(self.episode):  # 256x256 RGB frames: keep none of the episodes not written
+            self.frames.append(obs[0].repeat(4, axis=0).repeat(4, axis=1))
 
     def get_state(self) -> list[bytes]:
         """Every game's full state (level, positions, random generators), for exact resumption."""
@@ -324,7 +329,8 @@ def layer_init(layer: nn.Linear, std: float = np.sqrt(2), bias_const: float = 0.
     """[Core 2: Orthogonal initialization of weights, constant initialization of biases]
     Orthogonal weights for the two heads, 0.01 for the policy (so the first policy is close to
     uniform) and 1 for the value. The convolutions and the 256-unit dense layer keep PyTorch's default
-    initialization, as in openai/train-procgen and the reference implementation."""
+    initialization, as in the reference implementation (openai/train-procgen keeps TensorFlow's,
+    Glorot-uniform)."""
     torch.nn.init.orthogonal_(layer.weight, std)
     torch.nn.init.constant_(layer.bias, bias_const)
     return layer

@@ -199,6 +199,19 @@ def test_two_pools_play_the_same_games_as_one():
         envs.close()
 
 
+def test_seeds_past_31_bits_wrap_around():
+    """--seed goes up to 2**31 - 1, and a resumed run and an evaluation add an offset to it, but
+    envpool takes 32-bit seeds: make_envs wraps them, so seed 2**31 + 5 plays seed 5's games."""
+    rng = np.random.default_rng(0)
+    wrapped, plain = make_envs("Breakout-v5", 2, seed=2**31 + 5), make_envs("Breakout-v5", 2, seed=5)
+    np.testing.assert_array_equal(wrapped.reset()[0], plain.reset()[0])
+    for _ in range(100):
+        action = rng.integers(plain.action_space.n, size=2)
+        np.testing.assert_array_equal(wrapped.step(action)[0], plain.step(action)[0])
+    wrapped.close()
+    plain.close()
+
+
 def test_compiled_minibatch_loss_has_the_plain_loss_and_gradients():
     """--compile runs the same computation: on the same minibatch, the compiled loss and the gradients
     it leads to equal the plain ones up to float rounding."""

@@ -160,6 +160,17 @@ def test_capture_video_writes_the_first_games_scheduled_episodes(workdir, monkey
 # ---------------------------------------------------------------------------------------------------
 
 
+def test_seeds_past_31_bits_wrap_around(procgen):
+    """--seed goes up to 2**31 - 1, and a resumed run and an evaluation add an offset to it, but
+    Procgen takes 32-bit seeds: reset wraps them, so seed 2**31 + 5 draws seed 5's levels."""
+    wrapped, plain = script.make_envs("starpilot", 2), script.make_envs("starpilot", 2)
+    np.testing.assert_array_equal(wrapped.reset(seed=2**31 + 5)[0], plain.reset(seed=5)[0])
+    for _ in range(50):
+        np.testing.assert_array_equal(wrapped.step(np.array([1, 3]))[0], plain.step(np.array([1, 3]))[0])
+    wrapped.close()
+    plain.close()
+
+
 def test_tiny_run_on_starpilot_then_evaluate(tmp_path, monkeypatch, capsys, procgen):
     result = run_script(SCRIPT, *SMALL_FLAGS, "--total-timesteps", "128", "--save-model", cwd=tmp_path,
                         env=ONE_THREAD)
