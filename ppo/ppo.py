@@ -185,6 +185,9 @@ def check_args(args: Args) -> None:
     if batch_size % args.num_minibatches != 0:
         fail(f"--num-envs x --num-steps = {batch_size} does not divide into --num-minibatches "
              f"{args.num_minibatches} equal minibatches: pick sizes whose product is a multiple of it")
+    if args.norm_adv and batch_size // args.num_minibatches < 2:
+        fail(f"minibatches of {batch_size // args.num_minibatches} transition cannot be normalized (--norm-adv "
+             f"divides by their standard deviation): use fewer --num-minibatches or a larger batch")
     if args.total_timesteps < batch_size:
         fail(f"--total-timesteps {args.total_timesteps} is smaller than one batch "
              f"(--num-envs x --num-steps = {batch_size}): raise it or shrink the batch")
@@ -249,8 +252,9 @@ def make_envs(env_id: str, num_envs: int, capture_video: bool = False, video_fol
 
 def layer_init(layer: nn.Linear, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Linear:
     """[Core 2: Orthogonal initialization of weights, constant initialization of biases]
-    Orthogonal weights scaled by sqrt(2) keep activations' scale through the tanh layers; the
-    policy head uses 0.01 so the first policy is close to uniform, the value head uses 1."""
+    Orthogonal weights with gain sqrt(2) for the hidden layers, openai/baselines' choice, kept for
+    fidelity (sqrt(2) is the gain that suits ReLU; tanh's would be 5/3); the policy head uses 0.01 so
+    the first policy is close to uniform, the value head uses 1."""
     torch.nn.init.orthogonal_(layer.weight, std)
     torch.nn.init.constant_(layer.bias, bias_const)
     return layer
@@ -483,8 +487,11 @@ def main(args: Args) -> dict:
     # out than they save.
     torch.set_num_threads(1)
 
-    envs = make_envs(args.env_id, args.num_envs, args.capture_video, f"videos/{run_name}",
-                     saved_envs=checkpoint["envs"] if checkpoint else None)
+    # A resumed run goes on with the saved environments, the very episodes it left; they cannot record
+    # video, so with --capture-video it starts new ones instead (and no longer ends exactly as an
+    # unbroken run would).
+    saved_envs = checkpoint["envs"] if checkpoint and not args.capture_video else None
+    envs = make_envs(args.env_id, args.num_envs, args.capture_video, f"videos/{run_name}", saved_envs=saved_envs)
     obs_shape = envs.single_observation_space.shape
     agent = Agent(obs_shape[0], envs.single_action_space.n).to(device)
     # [Core 3: The Adam optimizer's epsilon parameter] 1e-5 as in the original code, not PyTorch's 1e-8.
@@ -537,11 +544,12 @@ def main(args: Args) -> dict:
         next_obs, next_done = checkpoint["next_obs"], checkpoint["next_done"]
         episode_return, episode_length = checkpoint["episode_return"], checkpoint["episode_length"]
         recent_returns.extend(checkpoint["recent_returns"])
-        if checkpoint["envs"] is None:  # the environments could not be saved: start fresh episodes
+        if saved_envs is None:  # none saved (a run with video), or video now: new episodes
             next_obs, _ = envs.reset(seed=args.seed + global_step)
             next_done = np.zeros(args.num_envs, dtype=bool)
             episode_return[:], episode_length[:] = 0, 0
-        print(f"resuming {run_name} at step {global_step:,} of {args.total_timesteps:,}")
+        print(f"resuming {run_name} at step {global_step:,} of {args.total_timesteps:,}"
+              + (" (with new episodes)" if saved_envs is None else ""))
     else:
         start_iteration, global_step = 0, 0
         next_obs, _ = envs.reset(seed=args.seed)

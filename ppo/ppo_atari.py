@@ -194,6 +194,9 @@ def check_args(args: Args) -> None:
     if batch_size % args.num_minibatches != 0:
         fail(f"--num-envs x --num-steps = {batch_size} does not divide into --num-minibatches "
              f"{args.num_minibatches} equal minibatches: pick sizes whose product is a multiple of it")
+    if args.norm_adv and batch_size // args.num_minibatches < 2:
+        fail(f"minibatches of {batch_size // args.num_minibatches} transition cannot be normalized (--norm-adv "
+             f"divides by their standard deviation): use fewer --num-minibatches or a larger batch")
     if args.total_timesteps < batch_size:
         fail(f"--total-timesteps {args.total_timesteps} is smaller than one batch "
              f"(--num-envs x --num-steps = {batch_size}): raise it or shrink the batch")
@@ -662,8 +665,12 @@ def main(args: Args) -> dict:
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
 
+    # A resumed run goes on with the saved environments, the very episodes it left; they cannot record
+    # video, so with --capture-video it starts new ones instead (and no longer ends exactly as an
+    # unbroken run would).
+    saved_envs = checkpoint["envs"] if checkpoint and not args.capture_video else None
     envs = make_envs(args.env_id, args.num_envs, args.capture_video, f"videos/{run_name}",
-                     saved_envs=checkpoint["envs"] if checkpoint else None, async_envs=args.async_envs)
+                     saved_envs=saved_envs, async_envs=args.async_envs)
     obs_shape = envs.single_observation_space.shape  # (4, 84, 84)
     agent = Agent(envs.single_action_space.n).to(device)
     # [Core 3: The Adam optimizer's epsilon parameter] 1e-5 as in the original code, not PyTorch's 1e-8.
@@ -715,10 +722,11 @@ def main(args: Args) -> dict:
         start_iteration, global_step = checkpoint["iteration"], checkpoint["global_step"]
         next_obs, next_done = checkpoint["next_obs"], checkpoint["next_done"]
         recent_returns.extend(checkpoint["recent_returns"])
-        if checkpoint["envs"] is None:  # the games could not be saved (video recording): start new ones
+        if saved_envs is None:  # none saved (a run with video), or video now: new games
             next_obs, _ = envs.reset(seed=args.seed + global_step)
             next_done = np.zeros(args.num_envs, dtype=bool)
-        print(f"resuming {run_name} at step {global_step:,} of {args.total_timesteps:,}")
+        print(f"resuming {run_name} at step {global_step:,} of {args.total_timesteps:,}"
+              + (" (with new episodes)" if saved_envs is None else ""))
     else:
         start_iteration, global_step = 0, 0
         next_obs, _ = envs.reset(seed=args.seed)

@@ -196,6 +196,9 @@ def check_args(args: Args) -> None:
     if args.num_envs % args.num_minibatches != 0:
         fail(f"--num-envs {args.num_envs} does not divide into --num-minibatches {args.num_minibatches}: a "
              "minibatch holds whole environment sequences, so pick a number of envs that is a multiple of it")
+    if args.norm_adv and batch_size // args.num_minibatches < 2:
+        fail(f"minibatches of {batch_size // args.num_minibatches} transition cannot be normalized (--norm-adv "
+             f"divides by their standard deviation): use fewer --num-minibatches or a larger batch")
     if args.total_timesteps < batch_size:
         fail(f"--total-timesteps {args.total_timesteps} is smaller than one batch "
              f"(--num-envs x --num-steps = {batch_size}): raise it or shrink the batch")
@@ -791,8 +794,12 @@ def main(args: Args) -> dict:
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
 
+    # A resumed run goes on with the saved environments, the very episodes it left; they cannot record
+    # video, so with --capture-video it starts new ones instead (and no longer ends exactly as an
+    # unbroken run would).
+    saved_envs = checkpoint["envs"] if checkpoint and not args.capture_video else None
     envs = make_envs(args.env_id, args.num_envs, args.capture_video, f"videos/{run_name}",
-                     saved_envs=checkpoint["envs"] if checkpoint else None, async_envs=args.async_envs)
+                     saved_envs=saved_envs, async_envs=args.async_envs)
     agent = Agent(envs.single_action_space.n).to(device)
     # [Core 3: The Adam optimizer's epsilon parameter] 1e-5 as in the original code, not PyTorch's 1e-8.
     # fused=True: the same Adam, in one kernel for all parameters instead of a dozen small ops each.
@@ -835,11 +842,12 @@ def main(args: Args) -> dict:
         lstm_state = tuple(state.to(device) for state in checkpoint["next_lstm_state"])
         cursor = EnvCursor(checkpoint["next_obs"], checkpoint["next_done"], lstm_state)
         recent_returns.extend(checkpoint["recent_returns"])
-        if checkpoint["envs"] is None:  # the games could not be saved (video recording): start new ones
+        if saved_envs is None:  # none saved (a run with video), or video now: new games
             next_obs, _ = envs.reset(seed=args.seed + global_step)
             cursor = EnvCursor(next_obs, np.zeros(args.num_envs, dtype=bool),
                                agent.initial_state(args.num_envs, device))
-        print(f"resuming {run_name} at step {global_step:,} of {args.total_timesteps:,}")
+        print(f"resuming {run_name} at step {global_step:,} of {args.total_timesteps:,}"
+              + (" (with new episodes)" if saved_envs is None else ""))
     else:
         start_iteration, global_step = 0, 0
         next_obs, _ = envs.reset(seed=args.seed)

@@ -225,6 +225,9 @@ def check_args(args: Args, world_size: int) -> None:
              f"{local_batch_size}, does not divide into --num-minibatches {args.num_minibatches} equal "
              "minibatches: pick sizes for which it does")
     batch_size = args.num_envs * args.num_steps
+    if args.norm_adv and batch_size // args.num_minibatches < 2:
+        fail(f"minibatches of {batch_size // args.num_minibatches} transition cannot be normalized (--norm-adv "
+             f"divides by their standard deviation): use fewer --num-minibatches or a larger batch")
     if args.total_timesteps < batch_size:
         fail(f"--total-timesteps {args.total_timesteps} is smaller than one batch "
              f"(--num-envs x --num-steps = {batch_size}): raise it or shrink the batch")
@@ -816,8 +819,13 @@ def main(args: Args) -> dict:
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
 
-    envs = make_envs(args.env_id, local_num_envs, args.capture_video and rank == 0, f"videos/{run_name}",
-                     saved_envs=checkpoint["envs"][rank] if checkpoint else None, async_envs=args.async_envs)
+    # A resumed run goes on with the saved environments, the very episodes it left; they cannot record
+    # video, so with --capture-video it starts new ones instead (and no longer ends exactly as an
+    # unbroken run would).
+    records_video = args.capture_video and rank == 0
+    saved_envs = checkpoint["envs"][rank] if checkpoint and not records_video else None
+    envs = make_envs(args.env_id, local_num_envs, records_video, f"videos/{run_name}",
+                     saved_envs=saved_envs, async_envs=args.async_envs)
     obs_shape = envs.single_observation_space.shape  # (4, 84, 84)
     agent = Agent(envs.single_action_space.n).to(device)
     torch.manual_seed(args.seed + rank)  # [Multi-GPU 2] the agent is built: from here on, each its own
@@ -885,11 +893,12 @@ def main(args: Args) -> dict:
         start_iteration, global_step = checkpoint["iteration"], checkpoint["global_step"]
         next_obs, next_done = checkpoint["next_obs"][rank], checkpoint["next_done"][rank]
         recent_returns.extend(checkpoint["recent_returns"])
-        if checkpoint["envs"][rank] is None:  # the games could not be saved (video recording): new ones
+        if saved_envs is None:  # no games saved (a run with video), or video now: new ones
             next_obs, _ = envs.reset(seed=args.seed + rank * local_num_envs + global_step)
             next_done = np.zeros(local_num_envs, dtype=bool)
         if rank == 0:
-            print(f"resuming {run_name} at step {global_step:,} of {args.total_timesteps:,}")
+            print(f"resuming {run_name} at step {global_step:,} of {args.total_timesteps:,}"
+                  + (" (with new episodes)" if saved_envs is None else ""))
     else:
         start_iteration, global_step = 0, 0
         next_obs, _ = envs.reset(seed=args.seed + rank * local_num_envs)  # [Multi-GPU 2]

@@ -141,7 +141,8 @@ def load_checkpoint(path: str) -> dict:
 def parse_args(argv: list[str] | None = None) -> Args:
     """Read the command line. With --resume or --evaluate the checkpoint's settings are the defaults,
     so `--resume PATH` alone continues the run. A resumed run refuses a training flag that contradicts
-    the checkpoint; an evaluation only needs the same environment (another --seed is fine)."""
+    the checkpoint; an evaluation only needs the same environment and observation clip (another --seed
+    is fine)."""
     args = tyro.cli(Args, args=argv)
     checkpoint_path = args.resume or args.evaluate
     if checkpoint_path is None:
@@ -150,7 +151,10 @@ def parse_args(argv: list[str] | None = None) -> Args:
     if args.evaluate:  # an evaluation starts from the default run-time options, not the training run's
         saved = replace(saved, **{name: getattr(Args(), name) for name in RUNTIME_FIELDS})
     args = tyro.cli(Args, args=argv, default=saved)
-    must_match = ["env_id"] if args.evaluate else [f.name for f in fields(Args) if f.name not in RUNTIME_FIELDS]
+    if args.evaluate:  # the same task, and the observation clip the network learned with
+        must_match = ["env_id", "obs_clip"]
+    else:
+        must_match = [f.name for f in fields(Args) if f.name not in RUNTIME_FIELDS]
     for name in must_match:
         if getattr(args, name) != getattr(saved, name):
             flag = "--" + name.replace("_", "-")
@@ -192,6 +196,9 @@ def check_args(args: Args) -> None:
     if batch_size % args.num_minibatches != 0:
         fail(f"--num-envs x --num-steps = {batch_size} does not divide into --num-minibatches "
              f"{args.num_minibatches} equal minibatches: pick sizes whose product is a multiple of it")
+    if args.norm_adv and batch_size // args.num_minibatches < 2:
+        fail(f"minibatches of {batch_size // args.num_minibatches} transition cannot be normalized (--norm-adv "
+             f"divides by their standard deviation): use fewer --num-minibatches or a larger batch")
     if args.total_timesteps < batch_size:
         fail(f"--total-timesteps {args.total_timesteps} is smaller than one batch "
              f"(--num-envs x --num-steps = {batch_size}): raise it or shrink the batch")
@@ -290,8 +297,9 @@ class RunningMeanStd:
 
 def layer_init(layer: nn.Linear, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Linear:
     """[Core 2: Orthogonal initialization of weights, constant initialization of biases]
-    Orthogonal weights scaled by sqrt(2) keep activations' scale through the tanh layers; the
-    policy head uses 0.01 so the first policy's means are close to 0, the value head uses 1."""
+    Orthogonal weights with gain sqrt(2) for the hidden layers, openai/baselines' choice, kept for
+    fidelity (sqrt(2) is the gain that suits ReLU; tanh's would be 5/3); the policy head uses 0.01 so
+    the first policy's means are close to 0, the value head uses 1."""
     torch.nn.init.orthogonal_(layer.weight, std)
     torch.nn.init.constant_(layer.bias, bias_const)
     return layer
@@ -340,8 +348,10 @@ class Agent(nn.Module):
     def normalize_obs(self, obs: np.ndarray, update: bool) -> np.ndarray:
         """[Continuous 6: Normalization of observations] Each observation dimension is shifted and
         scaled by the running mean and standard deviation of everything seen so far. Training passes
-        update=True, so each raw observation enters the statistics once, as it arrives, before it is
-        normalized; evaluation passes update=False and uses the statistics as saved.
+        update=True, so each observation the agent acts on enters the statistics once, as it arrives,
+        before it is normalized (an episode's last observation, which with SAME_STEP autoreset arrives
+        only in info["final_obs"], is never acted on and never counted); evaluation passes
+        update=False and uses the statistics as saved.
 
         [Continuous 7: Observation clipping] The result is clipped to [-obs_clip, obs_clip].
 
@@ -384,10 +394,12 @@ class RewardScaler:
 
     Per environment it keeps a return discounted by gamma; every step discounts it, adds the new
     reward, updates the statistics with the returns, then scales the rewards by their std. The rule
-    for episode ends is the reference's (gymnasium's NormalizeReward): a termination cuts the return
-    at the terminal step, whose return is its own reward alone; a time-limit truncation cuts nothing,
-    the return runs on into the next episode. One set of statistics serves all environments, as the
-    one value network learns from all of them (docs/ppo_continuous_action.md says why)."""
+    for episode ends is the reference implementation's (gymnasium 1.x's NormalizeReward): a
+    termination cuts the return at the terminal step, whose return is its own reward alone; a
+    time-limit truncation cuts nothing, the return runs on into the next episode. (openai/baselines'
+    VecNormalize restarts the return after every episode end, truncations included.) One set of
+    statistics serves all environments, as the one value network learns from all of them
+    (docs/ppo_continuous_action.md says why)."""
 
     def __init__(self, num_envs: int, gamma: float):
         self.gamma = gamma
@@ -629,8 +641,11 @@ def main(args: Args) -> dict:
     # out than they save.
     torch.set_num_threads(1)
 
-    envs = make_envs(args.env_id, args.num_envs, args.capture_video, f"videos/{run_name}",
-                     saved_envs=checkpoint["envs"] if checkpoint else None)
+    # A resumed run goes on with the saved environments, the very episodes it left; they cannot record
+    # video, so with --capture-video it starts new ones instead (and no longer ends exactly as an
+    # unbroken run would).
+    saved_envs = checkpoint["envs"] if checkpoint and not args.capture_video else None
+    envs = make_envs(args.env_id, args.num_envs, args.capture_video, f"videos/{run_name}", saved_envs=saved_envs)
     obs_shape = envs.single_observation_space.shape
     action_shape = envs.single_action_space.shape
     action_low, action_high = envs.single_action_space.low, envs.single_action_space.high
@@ -688,13 +703,14 @@ def main(args: Args) -> dict:
         next_obs, next_done = checkpoint["next_obs"], checkpoint["next_done"]
         episode_return, episode_length = checkpoint["episode_return"], checkpoint["episode_length"]
         recent_returns.extend(checkpoint["recent_returns"])
-        if checkpoint["envs"] is None:  # the environments could not be saved: start fresh episodes
+        if saved_envs is None:  # none saved (a run with video), or video now: new episodes
             raw_obs, _ = envs.reset(seed=args.seed + global_step)
             next_obs = agent.normalize_obs(raw_obs, update=True)
             next_done = np.zeros(args.num_envs, dtype=bool)
             episode_return[:], episode_length[:] = 0, 0
             reward_scaler.discounted_return[:] = 0.0
-        print(f"resuming {run_name} at step {global_step:,} of {args.total_timesteps:,}")
+        print(f"resuming {run_name} at step {global_step:,} of {args.total_timesteps:,}"
+              + (" (with new episodes)" if saved_envs is None else ""))
     else:
         start_iteration, global_step = 0, 0
         raw_obs, _ = envs.reset(seed=args.seed)

@@ -214,6 +214,9 @@ def check_args(args: Args) -> None:
     if batch_size % args.num_minibatches != 0:
         fail(f"--num-envs x --num-steps = {batch_size} does not divide into --num-minibatches "
              f"{args.num_minibatches} equal minibatches: pick sizes whose product is a multiple of it")
+    if args.norm_adv and batch_size // args.num_minibatches < 2:
+        fail(f"minibatches of {batch_size // args.num_minibatches} transition cannot be normalized (--norm-adv "
+             f"divides by their standard deviation): use fewer --num-minibatches or a larger batch")
     if args.total_timesteps < batch_size:
         fail(f"--total-timesteps {args.total_timesteps} is smaller than one batch "
              f"(--num-envs x --num-steps = {batch_size}): raise it or shrink the batch")

@@ -136,3 +136,15 @@ def test_flags_given_with_resume_or_evaluate_are_checked_too(script, capsys, wor
                        (["--resume", path, "--save-interval", "-1"], "save_interval")):
         expect_usage_error(capsys, lambda: module.main(module.parse_args(argv)), f"{script}.py", flag(name), "must be")
     assert not (workdir / "runs").exists()
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_minibatches_of_one_transition_are_refused_when_advantages_are_normalized(script, capsys, workdir):
+    """A one-transition minibatch has no standard deviation: normalizing its advantage would make the
+    weights NaN one update later. Refused in one line; without --norm-adv such a minibatch is allowed."""
+    module = load(script)
+    checks = (lambda args: module.check_args(args, 1)) if script == "ppo_atari_multigpu" else module.check_args
+    sizes = dict(num_envs=4, num_steps=1, num_minibatches=4, total_timesteps=8, cuda=False)
+    expect_usage_error(capsys, lambda: checks(module.Args(**sizes)), f"{script}.py", "minibatches of 1 transition",
+                       "--num-minibatches")
+    checks(module.Args(**sizes, norm_adv=False))

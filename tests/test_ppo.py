@@ -12,8 +12,9 @@ import torch
 
 from conftest import (METRICS, assert_compiled_loss_matches_plain, assert_compiles_whole,
                       assert_compiled_run_resumes_exactly, assert_details_marked, assert_logs_every_metric,
-                      assert_same_final_weights, expect_missing_package_error, expect_usage_error, only_run_dir,
-                      read_scalars, run_script, run_unbroken_and_interrupted, without_module)
+                      assert_same_final_weights, expect_missing_package_error, expect_usage_error,
+                      interrupt_after_first_progress_line, only_run_dir, read_scalars, run_script,
+                      run_unbroken_and_interrupted, without_module)
 import ppo.ppo as script
 from ppo.ppo import Agent, Args, compute_gae, main, minibatch_loss, parse_args, ppo_loss
 
@@ -289,6 +290,19 @@ def test_tiny_run_logs_every_metric_and_the_hyperparameters(tmp_path):
 def test_capture_video_writes_mp4_files(tmp_path):
     run_script("ppo.py", "--total-timesteps", "512", "--capture-video", *SMALL_FLAGS, cwd=tmp_path)
     videos = list((tmp_path / "videos").rglob("*.mp4"))
+    assert videos and all(video.stat().st_size > 1000 for video in videos)
+
+
+def test_a_run_resumed_with_capture_video_records_new_episodes(tmp_path):
+    """The saved environments cannot record: with --capture-video a resumed run starts new episodes,
+    says so, and writes its videos."""
+    code, _ = interrupt_after_first_progress_line("ppo.py", ["--total-timesteps", "16384", "--save-model",
+                                                             *SMALL_FLAGS], cwd=tmp_path)
+    assert code == 130
+    run_dir = only_run_dir(tmp_path)
+    result = run_script("ppo.py", "--resume", str(run_dir / "checkpoint.pt"), "--capture-video", cwd=tmp_path)
+    assert "resuming" in result.stdout and "(with new episodes)" in result.stdout, result.stdout
+    videos = list((tmp_path / "videos" / run_dir.name).glob("*.mp4"))
     assert videos and all(video.stat().st_size > 1000 for video in videos)
 
 

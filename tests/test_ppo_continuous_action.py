@@ -261,6 +261,12 @@ def test_evaluation_prints_each_episode_and_the_mean(trained_hopper, workdir, ca
     assert float(match.group(1)) == pytest.approx(np.mean(result["episode_returns"]), abs=0.01)
 
 
+def test_evaluation_keeps_the_observation_clip_it_was_trained_with(trained_hopper, capsys, workdir):
+    _, checkpoint_path = trained_hopper
+    expect_usage_error(capsys, lambda: parse_args(["--evaluate", str(checkpoint_path), "--obs-clip", "5"]),
+                       "ppo_continuous_action.py", "--obs-clip 10.0, not 5.0")
+
+
 def test_interrupted_and_resumed_run_ends_exactly_like_an_unbroken_one(workdir, mujoco):
     """MuJoCo environments are saved with their physics and random generators, the agent with its
     observation statistics, the loop with its reward statistics: a run stopped by Ctrl-C and resumed
