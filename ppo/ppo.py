@@ -588,9 +588,9 @@ def main(args: Args) -> dict:
                 action = policy_step(torch.as_tensor(next_obs, dtype=torch.float32, device=device))
             # [Speed: one host transfer per step] the sampled action is the only thing the rollout
             # brings back from the device; log-probabilities and values wait for the batched pass below.
-            actions[step] = action = action.cpu().numpy()
+            actions[step] = action.cpu().numpy()
 
-            next_obs, reward, terminations, truncations, _ = envs.step(action)
+            next_obs, reward, terminations, truncations, _ = envs.step(actions[step])
             # A time-limit truncation ends the episode like a termination, as in the original PPO.
             next_done = np.logical_or(terminations, truncations)
             rewards[step] = reward

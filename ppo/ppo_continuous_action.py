@@ -751,12 +751,12 @@ def main(args: Args) -> dict:
                 action = policy_step(torch.as_tensor(next_obs, device=device))
             # [Speed: one host transfer per step] the sampled action is the only thing the rollout
             # brings back from the device; log-probabilities and values wait for the batched pass below.
-            actions[step] = action = action.cpu().numpy()
+            actions[step] = action.cpu().numpy()
 
             # [Continuous 5: Handling of action clipping to valid range and storage] The Gaussian's
             # samples are unbounded; the environment gets them clipped to its bounds, but the rollout
             # keeps the sample itself, whose log-probability is what the loss compares against.
-            raw_obs, reward, terminations, truncations, _ = envs.step(np.clip(action, action_low, action_high))
+            raw_obs, reward, terminations, truncations, _ = envs.step(np.clip(actions[step], action_low, action_high))
             # A time-limit truncation ends the episode like a termination, as in the original PPO.
             next_done = np.logical_or(terminations, truncations)
             next_obs = agent.normalize_obs(raw_obs, update=True)
