@@ -104,11 +104,12 @@ for family in "${selected[@]}"; do
 done
 
 # run.py's exit code 2 means wrong input, or Slurm refusing a job: it would be the same for the next
-# family, so stop there, with that code.
+# family, so stop there, with that code. 130 means Ctrl-C, which run.py catches to stop its runs
+# cleanly: bash then does not see the interrupt itself, so stop here too, without a report.
 run() {
     local code=0
     "$PYTHON" benchmark/run.py "$@" || code=$?
-    if [[ $code -eq 2 ]]; then exit 2; fi
+    if [[ $code -eq 2 || $code -eq 130 ]]; then exit "$code"; fi
     return $code
 }
 

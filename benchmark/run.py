@@ -8,7 +8,7 @@
 
 Each run is `<command> --env-id ID --seed S`, started in --workdir (default: the current directory,
 so its TensorBoard logs land in ./runs/) with OMP_NUM_THREADS=1, since parallel runs would otherwise
-fight over cores.
+fight over cores; an OMP_NUM_THREADS you set, or a Slurm task's --cpus-per-task, is passed on instead.
 Its stdout and stderr go to `<log-dir>/<variant>/<env id>__seed<S>.log`; when it exits 0 a
 `.done` marker is written beside the log, and a later invocation with the same command skips it.
 So an interrupted benchmark is resumed by running the same command again.
@@ -143,7 +143,9 @@ def start(run: Run, workdir: Path) -> tuple[subprocess.Popen, object]:
     log.write(f"# command: {shlex.join(run.argv)}\n# cwd: {workdir}\n"
               f"# started: {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
     log.flush()
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    # One thread per run unless the user (OMP_NUM_THREADS) or Slurm (the task's CPUs) says otherwise.
+    threads = os.environ.get("OMP_NUM_THREADS") or os.environ.get("SLURM_CPUS_PER_TASK") or "1"
+    env = {**os.environ, "OMP_NUM_THREADS": threads, "PYTHONUNBUFFERED": "1"}
     process = subprocess.Popen(run.argv, cwd=workdir, env=env, stdout=log, stderr=subprocess.STDOUT,
                                stdin=subprocess.DEVNULL)
     return process, log

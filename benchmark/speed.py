@@ -12,13 +12,15 @@ combination of speed options (`--async-envs`, `--compile`, `--cudagraphs`, where
 them), on the CPU and, when there is one, on the GPU. One table comes out at the end.
 
 Training speed is measured after the first `--warmup-iterations` iterations, which pay for
-torch.compile's compilation and for recording CUDA graphs: the steps and the clocks are read each
-time the script logs charts/SPS, at the end of every iteration. The ratio of training to raw
+torch.compile's compilation and for recording CUDA graphs: the steps and the clocks are read when
+the script opens its TensorBoard writer, just before its first iteration, and each time it logs
+charts/SPS, at the end of every iteration. The ratio of training to raw
 throughput is what the training loop costs beyond the environments: 1.0 would mean learning for free.
 
 Wall-clock figures are what a user sees, but they drop whenever anything else runs on the machine;
 CPU-time figures (the CPU time of this process, its environment threads included) hardly move, so on
-a shared machine compare those.
+a shared machine compare those. A run whose games play in worker processes (`--async-envs` of the
+ale-py scripts) has no CPU-time figure: the workers' CPU time is not this process's.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ import os
 import sys
 import tempfile
 import time
+import types
+import typing
 from pathlib import Path
 
 import numpy as np
@@ -38,17 +42,20 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 # What each script is measured on by default: env id, number of environments (the script's default)
-# and training steps: 4 iterations of the default batch (1 to warm up, 3 measured), 40 for ppo.py,
-# whose iterations are short.
+# and number of iterations: 4 (1 to warm up, 3 measured), 40 for ppo.py, whose iterations are short.
+# --total-timesteps, when not given, is that many batches of the settings measured.
 DEFAULTS = {
-    "ppo.py": ("CartPole-v1", 4, 40 * 512),
-    "ppo_atari.py": ("BreakoutNoFrameskip-v4", 8, 4 * 1024),
-    "ppo_atari_lstm.py": ("BreakoutNoFrameskip-v4", 8, 4 * 1024),
-    "ppo_atari_envpool.py": ("Breakout-v5", 8, 4 * 1024),
-    "ppo_continuous_action.py": ("Hopper-v4", 1, 4 * 2048),
-    "ppo_procgen.py": ("starpilot", 64, 4 * 16384),
-    "ppo_atari_multigpu.py": ("BreakoutNoFrameskip-v4", 8, 4 * 1024),
+    "ppo.py": ("CartPole-v1", 4, 40),
+    "ppo_atari.py": ("BreakoutNoFrameskip-v4", 8, 4),
+    "ppo_atari_lstm.py": ("BreakoutNoFrameskip-v4", 8, 4),
+    "ppo_atari_envpool.py": ("Breakout-v5", 8, 4),
+    "ppo_continuous_action.py": ("Hopper-v4", 1, 4),
+    "ppo_procgen.py": ("starpilot", 64, 4),
+    "ppo_atari_multigpu.py": ("BreakoutNoFrameskip-v4", 8, 4),
 }
+# Scripts whose --async-envs plays the games in worker processes, whose CPU time this process
+# cannot see (envpool's pools step on threads of this process).
+ASYNC_IN_WORKER_PROCESSES = {"ppo_atari.py", "ppo_atari_lstm.py", "ppo_atari_multigpu.py"}
 SPEED_OPTIONS = ("async_envs", "compile", "cudagraphs")
 
 
@@ -92,13 +99,18 @@ def raw_env_speed(script, env_id: str, num_envs: int, seconds: float) -> tuple[f
     return steps / wall, steps / cpu
 
 
-def training_speed(script, args, warmup_iterations: int) -> tuple[float, float]:
-    """(wall, CPU) environment steps per second of `script.main(args)`, from the end of iteration
-    `warmup_iterations` to the end of the run. The clocks are read whenever the script logs
-    charts/SPS, which every script does once per iteration."""
-    marks = []  # (global_step, wall, CPU) at the end of each iteration
+def training_speed(script, args, warmup_iterations: int) -> tuple[float, float, int]:
+    """(wall, CPU) environment steps per second of `script.main(args)` from the end of iteration
+    `warmup_iterations` (0: the start of training) to the end of the run, and the number of steps
+    measured. The clocks are read when the script opens its writer and whenever it logs charts/SPS,
+    which every script does once per iteration."""
+    marks = []  # (global_step, wall, CPU): at the start of training, then at the end of each iteration
 
     class ClockedWriter(script.SummaryWriter):
+        def __init__(self, *options, **named_options):
+            super().__init__(*options, **named_options)
+            marks.append((0, time.perf_counter(), time.process_time()))
+
         def add_scalar(self, tag, value, global_step=None, *rest, **options):
             if tag == "charts/SPS":
                 marks.append((global_step, time.perf_counter(), time.process_time()))
@@ -113,12 +125,13 @@ def training_speed(script, args, warmup_iterations: int) -> tuple[float, float]:
         finally:
             script.SummaryWriter = previous_writer
             os.chdir(previous_directory)
-    if len(marks) <= warmup_iterations + 1:
-        raise SystemExit(f"speed.py: error: {len(marks)} iterations are too few to measure after "
+    iterations = len(marks) - 1
+    if iterations <= warmup_iterations:
+        raise SystemExit(f"speed.py: error: {iterations} iterations are too few to measure after "
                          f"{warmup_iterations} warm-up iterations: raise --total-timesteps")
     (first_step, first_wall, first_cpu), (last_step, last_wall, last_cpu) = marks[warmup_iterations], marks[-1]
     steps = last_step - first_step
-    return steps / (last_wall - first_wall), steps / (last_cpu - first_cpu)
+    return steps / (last_wall - first_wall), steps / (last_cpu - first_cpu), steps
 
 
 def option_sets(script, device: str, requested: list[str] | None) -> list[tuple[str, ...]]:
@@ -136,16 +149,40 @@ def option_sets(script, device: str, requested: list[str] | None) -> list[tuple[
 
 
 def field_values(script, assignments: list[str]) -> dict:
-    """`--set name=value ...` as Args fields, each value converted to the type of the field's default."""
-    defaults = {f.name: f.default for f in dataclasses.fields(script.Args)}
+    """`--set name=value ...` as Args fields, each value read as the field's type annotation says."""
+    hints = typing.get_type_hints(script.Args)
     values = {}
     for assignment in assignments:
         name, _, text = assignment.partition("=")
-        if name not in defaults:
+        if name not in hints:
             raise SystemExit(f"speed.py: error: {script.__name__} has no setting {name!r} (from --set {assignment})")
-        kind = type(defaults[name])
-        values[name] = text.lower() in ("1", "true", "yes") if kind is bool else kind(text)
+        values[name] = parse_value(hints[name], text, assignment)
     return values
+
+
+def parse_value(kind, text: str, assignment: str):
+    """`text` as a value of type `kind`: bool, int, float, str, a Literal or any of them `| None`."""
+    def refuse(what: str):
+        raise SystemExit(f"speed.py: error: --set {assignment}: {what}")
+
+    if typing.get_origin(kind) in (typing.Union, types.UnionType):
+        if text.lower() == "none" and type(None) in typing.get_args(kind):
+            return None
+        kind = next(option for option in typing.get_args(kind) if option is not type(None))
+    if kind is bool:
+        if text.lower() not in ("1", "true", "yes", "0", "false", "no"):
+            refuse("true or false?")
+        return text.lower() in ("1", "true", "yes")
+    if typing.get_origin(kind) is typing.Literal:
+        if text not in typing.get_args(kind):
+            refuse(f"pick one of {', '.join(map(str, typing.get_args(kind)))}")
+        return text
+    if kind not in (int, float, str):
+        refuse(f"settings of type {kind} cannot be set here")
+    try:
+        return kind(text)
+    except ValueError:
+        refuse(f"not a valid {kind.__name__}")
 
 
 def main() -> None:
@@ -178,18 +215,22 @@ def main() -> None:
         if script_file not in DEFAULTS:
             raise SystemExit(f"speed.py: error: unknown script {script_file!r}: pick from {', '.join(DEFAULTS)}")
         script = importlib.import_module(f"ppo.{script_file.removesuffix('.py')}")
-        default_env, default_num_envs, default_timesteps = DEFAULTS[script_file]
+        default_env, default_num_envs, default_iterations = DEFAULTS[script_file]
         env_id, num_envs = args.env_id or default_env, args.num_envs or default_num_envs
         settings = field_values(script, args.set)
+        num_steps = settings.get("num_steps", script.Args().num_steps)
+        total_timesteps = args.total_timesteps or default_iterations * num_envs * num_steps
         raw_wall, raw_cpu = raw_env_speed(script, env_id, num_envs, args.raw_seconds)
         for device in devices:
             for options in option_sets(script, device, args.options):
                 run_args = script.Args(env_id=env_id, num_envs=num_envs, cuda=device == "cuda",
-                                       total_timesteps=args.total_timesteps or default_timesteps,
+                                       total_timesteps=total_timesteps,
                                        **settings, **{name: True for name in options})
                 print(f"{script_file} on {env_id}, {num_envs} envs, {device}, "
                       f"options: {'+'.join(options) or 'plain'}", flush=True)
-                train_wall, train_cpu = training_speed(script, run_args, args.warmup_iterations)
+                train_wall, train_cpu, _ = training_speed(script, run_args, args.warmup_iterations)
+                if "async_envs" in options and script_file in ASYNC_IN_WORKER_PROCESSES:
+                    train_cpu = None  # the games' CPU time is in the workers, out of this process's sight
                 rows.append((script_file, env_id, num_envs, device, "+".join(options) or "plain",
                              raw_wall, train_wall, raw_cpu, train_cpu))
 
@@ -198,7 +239,8 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|---|")
     for script_file, env_id, num_envs, device, options, raw_wall, train_wall, raw_cpu, train_cpu in rows:
         print(f"| {script_file} | {env_id} | {num_envs} | {device} | {options} | {raw_wall:,.0f} | "
-              f"{train_wall:,.0f} | {train_wall / raw_wall:.3g} | {train_cpu / raw_cpu:.3g} |")
+              f"{train_wall:,.0f} | {train_wall / raw_wall:.3g} | "
+              f"{'n/a' if train_cpu is None else f'{train_cpu / raw_cpu:.3g}'} |")
 
 
 if __name__ == "__main__":

@@ -327,6 +327,22 @@ def test_ppo_sh_skips_a_family_whose_script_is_missing(tmp_path):
     assert "== report" not in result.stdout
 
 
+def test_ppo_sh_stops_at_a_ctrl_c_that_run_py_caught(tmp_path):
+    """run.py catches Ctrl-C, stops its runs and exits 130; bash, not having seen the signal, would go
+    on to the next family and the report. ppo.sh stops there, with that code. A stand-in for Python
+    records what ppo.sh starts and exits as run.py does after a Ctrl-C."""
+    started = tmp_path / "started.txt"
+    stand_in = tmp_path / "python"
+    stand_in.write_text(f'#!/usr/bin/env bash\necho "$*" >> {started}\nexit 130\n')
+    stand_in.chmod(0o755)
+    result = subprocess.run(["bash", "benchmark/ppo.sh", "classic", "mujoco"], cwd=REPO, capture_output=True,
+                            text=True, timeout=60, env={**os.environ, "PYTHON": str(stand_in)})
+    assert result.returncode == 130, result.stdout + result.stderr
+    lines = started.read_text().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("benchmark/run.py --env-ids CartPole-v1"), lines
+    assert "== report" not in result.stdout
+
+
 def test_ppo_sh_refuses_an_unknown_family():
     result = run_tool("ppo.sh", "--dry-run", "classic", "nonsense", cwd=REPO)
     assert result.returncode == 2 and "unknown family 'nonsense'" in result.stderr

@@ -21,19 +21,27 @@ def test_option_sets_are_plain_each_option_and_all_together_where_the_script_has
 
 
 def test_settings_take_the_type_of_the_field():
-    values = speed.field_values(envpool_script, ["clip_coef=0.2", "num_minibatches=8", "anneal_lr=false"])
-    assert values == {"clip_coef": 0.2, "num_minibatches": 8, "anneal_lr": False}
+    values = speed.field_values(envpool_script, ["clip_coef=0.2", "num_minibatches=8", "anneal_lr=false",
+                                                 "target_kl=0.015"])
+    assert values == {"clip_coef": 0.2, "num_minibatches": 8, "anneal_lr": False, "target_kl": 0.015}
     assert type(values["num_minibatches"]) is int
+    assert speed.field_values(envpool_script, ["target_kl=None"]) == {"target_kl": None}
     with pytest.raises(SystemExit, match="has no setting 'clip'"):
         speed.field_values(envpool_script, ["clip=0.2"])
+    with pytest.raises(SystemExit, match="true or false"):
+        speed.field_values(envpool_script, ["anneal_lr=flase"])
+    with pytest.raises(SystemExit, match="not a valid int"):
+        speed.field_values(envpool_script, ["num_minibatches=8.5"])
 
 
 def test_training_speed_is_measured_after_the_warmup_iterations(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     args = classic.Args(total_timesteps=6 * 64, num_envs=2, num_steps=32, cuda=False)
-    wall, cpu = speed.training_speed(classic, args, warmup_iterations=1)
+    wall, cpu, steps = speed.training_speed(classic, args, warmup_iterations=1)
     assert wall > 0 and cpu > 0
+    assert steps == 5 * 64  # the last 5 of the 6 iterations
+    assert speed.training_speed(classic, args, warmup_iterations=0)[2] == 6 * 64
     assert classic.SummaryWriter is not None and classic.SummaryWriter.__name__ == "SummaryWriter"  # restored
     assert not (tmp_path / "runs").exists()  # the run went to a temporary directory
     with pytest.raises(SystemExit, match="too few to measure"):
-        speed.training_speed(classic, args, warmup_iterations=5)
+        speed.training_speed(classic, args, warmup_iterations=6)
