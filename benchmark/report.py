@@ -1,6 +1,6 @@
 """Turn the TensorBoard logs of benchmark runs into result tables and learning curves, offline.
 
-    python benchmark/report.py                                    # runs/ -> docs/results/
+    python benchmark/report.py                                    # benchmark/runs/ -> docs/results/
     python benchmark/report.py --runs-dir /data/runs --out-dir /tmp/results --variants ppo
 
 For every variant (a run's exp_name) it writes `<out-dir>/<variant>.md`: one row per environment with
@@ -18,8 +18,9 @@ How the numbers are made:
 - Final return of a run: the mean of its `charts/episodic_return` points logged in the last 10% of
   the run's global steps (if no episode ended there, its last episode). Mean and standard deviation
   (numpy's, ddof=0) are then taken over seeds.
-- SPS of a run: its last `charts/SPS` point (the scripts log steps so far / time so far, so that is
-  the whole run's rate). Wall time: last event time minus first event time.
+- SPS of a run: its last `charts/SPS` point (the scripts log the steps since they started, or since
+  they resumed, over the time since then: the whole run's rate, or the last sitting's for a resumed
+  run). Wall time: last event time minus first event time (for a resumed run, the pauses included).
 - Progress: the steps are cut into ten equal spans; for each, the mean return of the episodes that
   ended in it, per seed, then averaged over the seeds that have one, and how many episodes that was.
 """
@@ -513,15 +514,24 @@ def build_report(runs_dir: Path, out_dir: Path, baselines_path: Path = DEFAULT_B
         variant_left_out = [(run, reason) for run, reason in left_out if run.variant == variant]
         (out_dir / f"{variant}.md").write_text(variant_markdown(variant, rows, baselines, runs_dir, variant_left_out))
         report[variant] = rows
-    index = ["# Benchmark results", ""] + [f"- [{variant}]({variant}.md): " + ", ".join(
-        f"{row.env_id} {row.status}" for row in rows) for variant, rows in report.items()]
-    (out_dir / "index.md").write_text("\n".join(index) + "\n")
+    # The index links every variant page in out_dir: those left out of this report (--variants) keep
+    # their lines of the index as it was.
+    lines = {variant: f"- [{variant}]({variant}.md): " + ", ".join(f"{row.env_id} {row.status}" for row in rows)
+             for variant, rows in report.items()}
+    index_path = out_dir / "index.md"
+    if index_path.exists():
+        for line in index_path.read_text().splitlines():
+            variant = line.partition("- [")[2].partition("](")[0]
+            if variant and variant not in lines and (out_dir / f"{variant}.md").exists():
+                lines[variant] = line
+    index_path.write_text("\n".join(["# Benchmark results", ""] + [lines[name] for name in sorted(lines)]) + "\n")
     return report
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--runs-dir", type=Path, default=Path("runs"), help="TensorBoard runs (default runs/)")
+    parser.add_argument("--runs-dir", type=Path, default=HERE / "runs",
+                        help="TensorBoard runs (default benchmark/runs/, where benchmark/ppo.sh puts them)")
     parser.add_argument("--out-dir", type=Path, default=HERE.parent / "docs" / "results",
                         help="where the markdown and plots go (default docs/results/)")
     parser.add_argument("--baselines", type=Path, default=DEFAULT_BASELINES, help="published numbers (TOML)")

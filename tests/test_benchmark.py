@@ -246,6 +246,17 @@ def test_report_uses_the_newest_complete_run_per_seed(tmp_path):
     assert "[ppo](ppo.md)" in (out / "index.md").read_text()
 
 
+def test_a_report_of_some_variants_keeps_the_others_in_the_index(tmp_path):
+    runs = tmp_path / "runs"
+    write_run(runs, "CartPole-v1", "demo", 1, 100, 1000, [(1000, 50.0)])
+    write_run(runs, "Acrobot-v1", "other", 1, 100, 1000, [(1000, -90.0)])
+    out = tmp_path / "results"
+    report.build_report(runs, out)
+    report.build_report(runs, out, variants=["demo"])
+    index = (out / "index.md").read_text()
+    assert "- [demo](demo.md): CartPole-v1" in index and "- [other](other.md): Acrobot-v1" in index
+
+
 def test_progress_table_averages_each_tenth_of_the_steps_per_seed_then_over_seeds(tmp_path):
     runs = tmp_path / "runs"
     # Seed 1: two episodes in the first tenth, none in the second, one on the border of the third.
