@@ -7,7 +7,8 @@
 
 The file reads top to bottom: settings, environments, the agent, GAE, the clipped loss, then the
 training loop in `main()`. Each of the 13 core implementation details of PPO is marked where it
-happens with a comment such as `[Core 5: GAE]`; docs/ppo.md lists them all.
+happens with a comment such as `[Core 5: Generalized Advantage Estimation]`; docs/ppo.md lists them
+all.
 """
 
 import os

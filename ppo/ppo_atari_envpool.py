@@ -13,6 +13,8 @@ out of training. The 13 core details are marked `[Core N: ...]`, the 9 Atari det
 docs/ppo_atari_envpool.md lists them all. Works with envpool 1.0.x and 1.2.x.
 """
 
+import contextlib
+import io
 import os
 import random
 import signal
@@ -32,7 +34,10 @@ from torch.distributions.categorical import Categorical
 from torch.utils.tensorboard import SummaryWriter
 
 try:
-    import envpool
+    # envpool 1.0 imports the retired `gym` package where it is installed (Procgen's extra brings it),
+    # and gym prints a notice about itself on import; it concerns neither this script nor its user.
+    with contextlib.redirect_stderr(io.StringIO()):
+        import envpool
 except ImportError:  # reported with the command that installs it when an environment is made
     envpool = None
 

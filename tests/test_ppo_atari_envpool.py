@@ -158,6 +158,15 @@ def test_ids_that_are_not_envpool_atari_games_point_to_the_right_script(capsys, 
     expect_usage_error(capsys, lambda: main(Args(env_id="Breakuot-v5")), "ppo_atari_envpool.py", "unknown env id")
 
 
+def test_a_wrong_env_id_prints_one_line_and_nothing_else(tmp_path):
+    """Where Procgen's extra brought the retired gym package, envpool 1.0 imports it and gym prints a
+    notice about itself: the script keeps it off the user's screen."""
+    result = run_script("ppo_atari_envpool.py", "--env-id", "Foo-v5", cwd=tmp_path, check=False)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "ppo_atari_envpool.py: error: unknown env id 'Foo-v5': envpool's Atari games are named like Breakout-v5"]
+
+
 def test_missing_envpool_names_the_extra(tmp_path):
     result = run_script("ppo_atari_envpool.py", *TINY, "--total-timesteps", "32", cwd=tmp_path,
                         env=without_module(tmp_path, "envpool"), check=False)
