@@ -75,7 +75,9 @@ slurm=()
 selected=()
 while [[ $# -gt 0 ]]; do
     case $1 in
-        --workers) WORKERS=$2; shift 2 ;;
+        --workers)
+            if [[ $# -lt 2 ]]; then echo "ppo.sh: error: --workers needs a value" >&2; exit 2; fi
+            WORKERS=$2; shift 2 ;;
         --workers=*) WORKERS=${1#*=}; shift ;;
         --dry-run) dry_run=(--dry-run); shift ;;
         --slurm) use_slurm=1; slurm+=(--slurm); shift ;;

@@ -14,7 +14,8 @@ How the numbers are made:
   budget come from the `hyperparameters` text summary the scripts write (or, failing that, from the
   run name `<env_id>__<exp_name>__<seed>__<unix time>`).
 - A run is complete when its last logged global step is within one batch (at least 1% of the budget)
-  of total_timesteps. Per (variant, env, seed) the newest complete run is used.
+  of total_timesteps. Per (variant, env, seed) the complete run with the largest budget is used, the
+  newest of those if there are several (so a later short trial does not displace a full run).
 - Final return of a run: the mean of its `charts/episodic_return` points logged in the last 10% of
   the run's global steps (if no episode ended there, its last episode). Mean and standard deviation
   (numpy's, ddof=0) are then taken over seeds.
@@ -31,16 +32,12 @@ import argparse
 import math
 import sys
 import time
+import tomllib
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10: the same parser, published as tomli
-    import tomli as tomllib
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_BASELINES = HERE / "baselines.toml"
@@ -167,7 +164,7 @@ def find_run_dirs(runs_dir: Path) -> list[Path]:
 
 def select_runs(runs: list[RunData], include_incomplete: bool = False
                 ) -> tuple[dict[str, dict[str, list[RunData]]], list[tuple[RunData, str]]]:
-    """Keep the newest complete run per (variant, env, seed).
+    """Keep one complete run per (variant, env, seed): the largest budget, then the newest.
 
     Returns {variant: {env_id: [runs sorted by seed]}} and the runs left out, each with the reason."""
     groups: dict[tuple[str, str, int], list[RunData]] = {}
@@ -176,14 +173,19 @@ def select_runs(runs: list[RunData], include_incomplete: bool = False
     chosen: dict[str, dict[str, list[RunData]]] = {}
     left_out = []
     for (variant, env_id, seed), group in sorted(groups.items()):
-        group.sort(key=lambda run: run.started, reverse=True)
+        group.sort(key=lambda run: (run.total_timesteps or 0, run.started), reverse=True)
         usable = [run for run in group if include_incomplete or run.complete]
         if usable:
             chosen.setdefault(variant, {}).setdefault(env_id, []).append(usable[0])
         for run in group:
             if usable and run is usable[0]:
                 continue
-            reason = "incomplete" if not run.complete else "a newer complete run of the same seed exists"
+            if not run.complete:
+                reason = "incomplete"
+            elif (run.total_timesteps or 0) < (usable[0].total_timesteps or 0):
+                reason = "a complete run of the same seed with a larger budget exists"
+            else:
+                reason = "a newer complete run of the same seed exists"
             if not run.complete and run.total_timesteps:
                 reason += f" (reached step {run.last_step:,} of {run.total_timesteps:,})"
             left_out.append((run, reason))
@@ -537,7 +539,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--baselines", type=Path, default=DEFAULT_BASELINES, help="published numbers (TOML)")
     parser.add_argument("--variants", nargs="+", metavar="NAME", help="only these variants (exp_name)")
     parser.add_argument("--include-incomplete", action="store_true",
-                        help="also use runs that stopped before their budget (the newest run per seed)")
+                        help="also use runs that stopped before their budget (per seed, the largest budget, then the newest)")
     return parser.parse_args(argv)
 
 

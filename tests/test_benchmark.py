@@ -205,6 +205,7 @@ def test_report_uses_the_newest_complete_run_per_seed(tmp_path):
     write_run(runs, "Acrobot-v1", "ppo", 1, 300, 1000, early, last_step=500)  # newest, but incomplete
     write_run(runs, "Acrobot-v1", "ppo", 2, 150, 1000, early + [(920, -100.0), (990, -110.0), (1000, -120.0)])
     write_run(runs, "Acrobot-v1", "ppo", 3, 160, 1000, early, last_step=600)  # no complete run: no seed 3
+    write_run(runs, "Acrobot-v1", "ppo", 2, 400, 100, [(100, -500.0)])  # newest, complete, but a short trial
     write_run(runs, "Hopper-v4", "ppo_continuous_action", 1, 100, 1000, [(400, 10.0), (1000, 2300.0)])
     write_run(runs, "ALE/Pong-v5", "mine", 1, 100, 1000, [(300, -21.0)])  # nested dir, no baseline
 
@@ -232,6 +233,7 @@ def test_report_uses_the_newest_complete_run_per_seed(tmp_path):
     assert "Acrobot-v1__ppo__1__300`: incomplete (reached step 500 of 1,000)" in left_out
     assert "Acrobot-v1__ppo__1__100`: a newer complete run of the same seed exists" in left_out
     assert "Acrobot-v1__ppo__3__160`: incomplete" in left_out
+    assert "Acrobot-v1__ppo__2__400`: a complete run of the same seed with a larger budget exists" in left_out
     assert "last 10%" in page and "ddof=0" in page
 
     (hopper,) = rows["ppo_continuous_action"]
