@@ -539,7 +539,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--baselines", type=Path, default=DEFAULT_BASELINES, help="published numbers (TOML)")
     parser.add_argument("--variants", nargs="+", metavar="NAME", help="only these variants (exp_name)")
     parser.add_argument("--include-incomplete", action="store_true",
-                        help="also use runs that stopped before their budget (per seed, the largest budget, then the newest)")
+                        help="also use runs that stopped before their budget "
+                             "(per seed, the largest budget, then the newest)")
     return parser.parse_args(argv)
 
 
