@@ -130,15 +130,11 @@ for family in "${selected[@]}"; do
     # With --slurm, each family's report job writes the report of everything under $BENCH_WORKDIR/runs.
     report_dir=()
     if [[ $use_slurm -eq 1 ]]; then report_dir=(--report-dir docs/results); fi
+    ran=1
     # shellcheck disable=SC2086  # ENVS holds several ids on purpose
-    if run --env-ids ${ENVS[$family]} --command "${COMMAND[$family]}" \
+    run --env-ids ${ENVS[$family]} --command "${COMMAND[$family]}" \
         --num-seeds "$NUM_SEEDS" --workers "$WORKERS" --workdir "$BENCH_WORKDIR" \
-        --log-dir benchmark/logs "${slurm[@]}" "${report_dir[@]}" "${dry_run[@]}"; then
-        ran=1
-    else
-        failed+=("$family")
-        ran=1
-    fi
+        --log-dir benchmark/logs "${slurm[@]}" "${report_dir[@]}" "${dry_run[@]}" || failed+=("$family")
 done
 
 if [[ $ran -eq 1 && $use_slurm -eq 1 ]]; then
