@@ -508,6 +508,9 @@ def main(argv: list[str] | None = None) -> int:
         runs = [runs[args.task_index]]
     if args.dry_run:
         print_commands(runs, bench.workdir, args.force)
+        if args.quick and args.quick_dir is None:
+            bench.workdir.rmdir()  # made only to name it in the commands; a real run makes its own
+            print(f"dry run: {bench.workdir} removed again; a real run makes a new temporary directory")
         return 0
     bench.workdir.mkdir(parents=True, exist_ok=True)
     signal.signal(signal.SIGTERM, stop_on_sigterm)

@@ -62,6 +62,14 @@ def test_runner_dry_run_prints_every_command_and_runs_nothing(tmp_path):
     assert not (tmp_path / "benchmark").exists()
 
 
+def test_quick_dry_run_leaves_no_temporary_directory(tmp_path):
+    result = run_tool("run.py", "--quick", "--dry-run", cwd=tmp_path, env={"TMPDIR": str(tmp_path)})
+    assert result.returncode == 0, result.stderr
+    assert [line.startswith("(cd ") for line in result.stdout.splitlines()].count(True) == 4
+    assert "removed again" in result.stdout
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_runner_skips_finished_runs_and_retries_failed_ones(tmp_path):
     (tmp_path / "fake.py").write_text(FAKE_SCRIPT)
     args = ["--env-ids", "A-v1", "ALE/B-v5", "--command", "python fake.py", "--num-seeds", "2", "--workers", "2"]
