@@ -241,15 +241,20 @@ class EnvSummary:
 
     @property
     def values(self) -> np.ndarray:
-        return np.array([value for value, _, _ in self.finals])
+        """The final returns of the seeds in which an episode ended at all."""
+        return np.array([value for value, count, _ in self.finals if count > 0])
+
+    @property
+    def seeds_without_episodes(self) -> list[int]:
+        return [run.seed for run, (_, count, _) in zip(self.runs, self.finals) if count == 0]
 
     @property
     def mean(self) -> float:
-        return float(np.mean(self.values))
+        return float(np.mean(self.values)) if len(self.values) else math.nan
 
     @property
     def std(self) -> float:
-        return float(np.std(self.values))
+        return float(np.std(self.values)) if len(self.values) else math.nan
 
     @property
     def status(self) -> str:
@@ -264,7 +269,7 @@ class EnvSummary:
 
 
 def format_band(mean: float, std: float) -> str:
-    return f"{mean:.2f} ± {std:.2f}"
+    return "n/a" if math.isnan(mean) else f"{mean:.2f} ± {std:.2f}"
 
 
 def format_duration(seconds: float) -> str:
@@ -331,6 +336,7 @@ def variant_markdown(variant: str, rows: list[EnvSummary], baselines: dict, runs
     ]
     for row in rows:
         fallback = "*" if any(used_last for _, _, used_last in row.finals) else ""
+        fallback += "†" if row.seeds_without_episodes else ""
         sps = [run.sps for run in row.runs if run.sps is not None]
         ours = format_band(row.baseline["ours"]["mean"], row.baseline["ours"]["std"]) if row.baseline else "n/a"
         reference = (format_band(row.baseline["reference"]["mean"], row.baseline["reference"]["std"])
@@ -350,7 +356,9 @@ def variant_markdown(variant: str, rows: list[EnvSummary], baselines: dict, runs
         f"{FINAL_FRACTION:.0%} of its global steps. The table gives the mean and the standard deviation "
         "(numpy, ddof=0) of that number over seeds."
         + (" Values marked * include a run in which no episode ended in that window: its last episode counts instead."
-           if any(used_last for row in rows for _, _, used_last in row.finals) else ""),
+           if any(used_last for row in rows for _, _, used_last in row.finals) else "")
+        + (" Values marked † leave out a run in which no episode ended at all (n/a below); n/a alone: "
+           "no run of the row had one." if any(row.seeds_without_episodes for row in rows) else ""),
         "- **Mean SPS**: each run's last `charts/SPS` point (steps so far / time so far), averaged over "
         "seeds. **Wall time**: each run's last event time minus its first (training, without the "
         "interpreter's start-up), averaged over seeds.",
@@ -380,7 +388,7 @@ def variant_markdown(variant: str, rows: list[EnvSummary], baselines: dict, runs
     for row in rows:
         for run, (value, count, _) in zip(row.runs, row.finals):
             lines.append(f"| {row.env_id} | {run.seed} | `{run.path.relative_to(runs_dir).as_posix()}` "
-                         f"| {value:.2f} | {count} | {f'{run.sps:,.0f}' if run.sps is not None else 'n/a'} "
+                         f"| {'n/a' if count == 0 else f'{value:.2f}'} | {count} | {f'{run.sps:,.0f}' if run.sps is not None else 'n/a'} "
                          f"| {format_duration(run.wall_seconds)} |")
     if left_out:
         lines += ["", "Runs left out:", ""]

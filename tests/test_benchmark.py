@@ -256,6 +256,26 @@ def test_report_uses_the_newest_complete_run_per_seed(tmp_path):
     assert "[ppo](ppo.md)" in (out / "index.md").read_text()
 
 
+def test_report_leaves_out_a_seed_without_episodes_and_says_so(tmp_path):
+    runs = tmp_path / "runs"
+    write_run(runs, "CartPole-v1", "ppo", 1, 100, 1000, [(950, 40.0), (1000, 60.0)])
+    write_run(runs, "CartPole-v1", "ppo", 2, 100, 1000, [])  # no episode ended in the whole run
+    write_run(runs, "Acrobot-v1", "ppo", 1, 100, 1000, [])
+    out = tmp_path / "results"
+    rows = {row.env_id: row for row in report.build_report(runs, out)["ppo"]}
+    assert rows["CartPole-v1"].values.tolist() == [50.0] and rows["CartPole-v1"].seeds_without_episodes == [2]
+    assert rows["Acrobot-v1"].status == "no data"
+
+    page = (out / "ppo.md").read_text()
+    table = {row["env"]: row for row in table_rows(page, "env")}
+    band = "final return, mean ± std over seeds (last 10% of steps)"
+    assert table["CartPole-v1"][band] == "50.00 ± 0.00†" and table["CartPole-v1"]["seeds"] == "2"
+    assert table["Acrobot-v1"][band] == "n/a†"
+    assert "nan" not in page
+    assert "† leave out a run in which no episode ended" in page
+    assert (out / "ppo" / "CartPole-v1.png").is_file() and (out / "ppo" / "Acrobot-v1.png").is_file()
+
+
 def test_a_report_of_some_variants_keeps_the_others_in_the_index(tmp_path):
     runs = tmp_path / "runs"
     write_run(runs, "CartPole-v1", "demo", 1, 100, 1000, [(1000, 50.0)])
