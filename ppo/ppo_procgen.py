@@ -46,6 +46,9 @@ VARIANT = "ppo_procgen"  # written into checkpoints, so another variant's checkp
 GAMES = ("bigfish", "bossfight", "caveflyer", "chaser", "climber", "coinrun", "dodgeball", "fruitbot",
          "heist", "jumper", "leaper", "maze", "miner", "ninja", "plunder", "starpilot")
 DISTRIBUTION_MODES = ("easy", "hard", "extreme", "memory", "exploration")
+# Two modes exist for some games only. "exploration" is one hard level per game, fixed by Procgen.
+MODE_GAMES = {"memory": ("caveflyer", "dodgeball", "heist", "jumper", "maze", "miner"),
+              "exploration": ("caveflyer", "climber", "coinrun", "heist", "jumper", "leaper", "maze", "ninja")}
 
 
 @dataclass
@@ -251,8 +254,9 @@ class ProcgenVectorEnv:
                  start_level: int = 0, video_folder: str | None = None):
         self.num_envs = num_envs
         self.action_space = gym.spaces.MultiDiscrete([15] * num_envs)
-        self.options = dict(env_name=game, distribution_mode=distribution_mode, num_levels=num_levels,
-                            start_level=start_level)
+        self.options = dict(env_name=game, distribution_mode=distribution_mode)
+        if distribution_mode != "exploration":  # which sets its own level
+            self.options.update(num_levels=num_levels, start_level=start_level)
         self.games = None
         self.video_folder, self.frames, self.episode = video_folder, [], 0
         if video_folder is not None:
@@ -317,6 +321,12 @@ def make_envs(env_id: str, num_envs: int, capture_video: bool = False, video_fol
                 gym.spec(env_id)
                 hint = " (a gymnasium id: use ppo/ppo.py or ppo/ppo_continuous_action.py for those)"
         fail(f"unknown Procgen game {env_id!r}{hint}: pick one of {', '.join(GAMES)}")
+    if distribution_mode in MODE_GAMES and env_id not in MODE_GAMES[distribution_mode]:
+        fail(f"{env_id} has no {distribution_mode!r} distribution mode: only "
+             f"{', '.join(MODE_GAMES[distribution_mode])} have it")
+    if distribution_mode == "exploration" and (num_levels, start_level) != (0, 0):
+        fail("the exploration mode plays the one level Procgen picks for the game: "
+             "leave out --num-levels and --start-level")
     if ProcgenGym3Env is None:
         fail(f"Procgen is not installed ({PROCGEN_IMPORT_ERROR}): pip install -e \".[procgen]\"")
     return ProcgenVectorEnv(env_id, num_envs, distribution_mode, num_levels, start_level,

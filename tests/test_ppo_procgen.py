@@ -259,6 +259,22 @@ def test_unknown_games_and_settings(capsys, workdir):
     expect_usage_error(capsys, lambda: main(Args(num_envs=3, num_steps=5, num_minibatches=8)), SCRIPT, "15", "--num-minibatches 8")
 
 
+def test_the_modes_only_some_games_have(capsys, workdir, procgen):
+    """"exploration" is the one level Procgen keeps for the game, whatever the seed; "memory" and
+    "exploration" are refused for the games that lack them, before Procgen's own assertion (or its
+    C++ abort) would stop the run."""
+    first, second = (script.make_envs("heist", 1, distribution_mode="exploration") for _ in range(2))
+    np.testing.assert_array_equal(first.reset(seed=1)[0], second.reset(seed=2)[0])
+    first.close()
+    second.close()
+    expect_usage_error(capsys, lambda: main(Args(distribution_mode="memory", **SMALL, total_timesteps=128)), SCRIPT,
+                       "starpilot has no 'memory' distribution mode", "maze")
+    expect_usage_error(capsys, lambda: main(Args(distribution_mode="exploration", **SMALL, total_timesteps=128)),
+                       SCRIPT, "starpilot has no 'exploration' distribution mode", "coinrun")
+    expect_usage_error(capsys, lambda: main(Args(env_id="heist", distribution_mode="exploration", num_levels=200,
+                                                 **SMALL, total_timesteps=128)), SCRIPT, "leave out --num-levels")
+
+
 def test_missing_procgen_names_the_extra(capsys, workdir, monkeypatch):
     monkeypatch.setattr(script, "ProcgenGym3Env", None)
     monkeypatch.setattr(script, "PROCGEN_IMPORT_ERROR", ImportError("No module named 'procgen'"), raising=False)
