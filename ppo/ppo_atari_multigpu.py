@@ -861,7 +861,7 @@ def main(args: Args) -> dict:
                        config={**asdict(args), "world_size": world_size}, name=run_name, id=run_name,
                        resume="allow", save_code=True)
         # purge_step: after a resume, TensorBoard drops anything the interrupted run logged past the checkpoint.
-        writer = SummaryWriter(f"runs/{run_name}", purge_step=checkpoint["global_step"] if checkpoint else None)
+        writer = SummaryWriter(f"runs/{run_name}", purge_step=checkpoint["global_step"] + 1 if checkpoint else None)
         writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(
             f"|{key}|{value}|" for key, value in {**asdict(args), "world_size": world_size,
                                                   "batch_size": batch_size, "local_batch_size": local_batch_size,

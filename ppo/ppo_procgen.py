@@ -678,7 +678,7 @@ def main(args: Args) -> dict:
         wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
                    config=asdict(args), name=run_name, id=run_name, resume="allow", save_code=True)
     # purge_step: after a resume, TensorBoard drops anything the interrupted run logged past the checkpoint.
-    writer = SummaryWriter(f"runs/{run_name}", purge_step=checkpoint["global_step"] if checkpoint else None)
+    writer = SummaryWriter(f"runs/{run_name}", purge_step=checkpoint["global_step"] + 1 if checkpoint else None)
     writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(
         f"|{key}|{value}|" for key, value in {**asdict(args), "batch_size": batch_size,
                                               "minibatch_size": minibatch_size,

@@ -139,7 +139,7 @@ def assert_compiled_run_resumes_exactly(script, args, workdir: Path, env_class: 
                                         interrupt_at_step: int) -> None:
     """A run with --compile (args) trains and logs every metric, and interrupted by a Ctrl-C during
     the `interrupt_at_step`-th call of `env_class.step`, then resumed with `--resume PATH` alone (the
-    checkpoint keeps --compile), it ends bit for bit where an unbroken --compile run ends."""
+    checkpoint keeps --compile), it ends bit for bit where an unbroken --compile run ends, with the same log."""
     assert args.compile and args.save_model
     unbroken, stopped, checkpoint_path = run_unbroken_and_interrupted_in_process(
         script.main, args, workdir, env_class, interrupt_at_step)
@@ -151,11 +151,12 @@ def assert_compiled_run_resumes_exactly(script, args, workdir: Path, env_class: 
     resumed = script.main(resumed_args)
     assert resumed["global_step"] == unbroken["global_step"] == args.total_timesteps
     assert_same_agent_state(unbroken["agent"].state_dict(), resumed["agent"].state_dict())
+    assert_same_logs(only_run_dir(workdir / "unbroken"), checkpoint_path.parent)
 
 
 def assert_same_final_weights(unbroken: Path, resumed_checkpoint: Path, total_timesteps: int) -> tuple[dict, dict]:
     """The resumed run's final checkpoint must match the unbroken run's: same step count, bit-identical
-    weights. Returns (unbroken, resumed) checkpoints for the script's own further checks."""
+    weights; and so must its TensorBoard log. Returns (unbroken, resumed) checkpoints for the script's own further checks."""
     import torch
 
     expected = torch.load(only_run_dir(unbroken) / "checkpoint.pt", weights_only=False)
@@ -163,7 +164,21 @@ def assert_same_final_weights(unbroken: Path, resumed_checkpoint: Path, total_ti
     assert actual["global_step"] == expected["global_step"] == total_timesteps
     for name, tensor in expected["model"].items():
         assert torch.equal(tensor, actual["model"][name]), name
+    assert_same_logs(only_run_dir(unbroken), resumed_checkpoint.parent)
     return expected, actual
+
+
+def assert_same_logs(unbroken_run: Path, resumed_run: Path) -> None:
+    """The TensorBoard log of a run that was interrupted and resumed reads as the unbroken run's: every
+    scalar at the same steps, none lost or doubled where the run stopped, with the same values
+    (charts/SPS, a rate of the wall clock, only at the same steps)."""
+    expected, actual = read_scalars(unbroken_run), read_scalars(resumed_run)
+    assert actual.keys() == expected.keys()
+    for tag, points in expected.items():
+        if tag == "charts/SPS":
+            assert [step for step, _ in actual[tag]] == [step for step, _ in points], tag
+        else:
+            assert actual[tag] == points, tag
 
 
 def assert_same_agent_state(expected: dict, actual: dict) -> None:

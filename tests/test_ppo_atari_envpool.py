@@ -140,8 +140,9 @@ def test_an_interrupted_run_resumes_with_new_games_and_evaluates(tmp_path, speed
     resumed = run_script("ppo_atari_envpool.py", "--resume", str(checkpoint_path), cwd=tmp_path)
     assert f"at step {stopped['global_step']:,} of 160 (with new games)" in resumed.stdout
     assert torch.load(checkpoint_path, weights_only=False)["global_step"] == 160
+    # One point per iteration, none lost or doubled where the run stopped.
     steps = [step for step, _ in read_scalars(only_run_dir(tmp_path))["charts/SPS"]]
-    assert steps == sorted(set(steps)) and steps[-1] == 160
+    assert steps == list(range(32, 161, 32))
 
     evaluation = run_script("ppo_atari_envpool.py", "--evaluate", str(checkpoint_path), "--eval-episodes", "2",
                             cwd=tmp_path)

@@ -10,7 +10,7 @@ pytest.importorskip("ale_py")
 pytest.importorskip("cv2")
 
 from conftest import (assert_compiled_loss_matches_plain, assert_details_marked, assert_logs_every_metric,  # noqa: E402
-                      assert_same_final_weights, expect_usage_error, only_run_dir, read_scalars, run_script,
+                      assert_same_final_weights, expect_usage_error, only_run_dir, run_script,
                       run_unbroken_and_interrupted)
 from ppo.ppo_atari_lstm import (Agent, Args, EnvCursor, collect_rollout, main, make_envs,  # noqa: E402
                                 minibatch_loss, replay_sequences)
@@ -103,8 +103,6 @@ def test_interrupted_and_resumed_run_ends_with_the_same_weights(tmp_path):
     for expected_state, actual_state in zip(expected["next_lstm_state"], actual["next_lstm_state"]):
         assert torch.equal(expected_state, actual_state)
 
-    steps = [step for step, _ in read_scalars(only_run_dir(interrupted))["charts/SPS"]]
-    assert steps == sorted(set(steps)) and steps[-1] == 160  # one curve, no duplicate steps
     evaluation = run_script("ppo_atari_lstm.py", "--evaluate", str(checkpoint_path), "--eval-episodes", "1",
                             cwd=interrupted)
     assert "BreakoutNoFrameskip-v4: mean return" in evaluation.stdout

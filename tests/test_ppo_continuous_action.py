@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from conftest import (assert_compiled_loss_matches_plain, assert_compiles_whole, assert_compiled_run_resumes_exactly,
-                      assert_details_marked, assert_logs_every_metric, assert_same_agent_state,
+                      assert_details_marked, assert_logs_every_metric, assert_same_agent_state, assert_same_logs,
                       expect_missing_package_error, expect_usage_error, only_run_dir, read_scalars, run_script,
                       run_unbroken_and_interrupted_in_process, without_module)
 from ppo import ppo_continuous_action as script
@@ -283,6 +283,7 @@ def test_interrupted_and_resumed_run_ends_exactly_like_an_unbroken_one(workdir, 
     assert_same_agent_state(unbroken["agent"].state_dict(), resumed["agent"].state_dict())
     assert resumed["reward_scaler"].return_rms.var == unbroken["reward_scaler"].return_rms.var
     assert resumed["recent_returns"] == unbroken["recent_returns"]
+    assert_same_logs(only_run_dir(workdir / "unbroken"), checkpoint_path.parent)
 
 
 def test_saved_mujoco_environments_continue_the_same_episodes(mujoco):

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from conftest import (assert_compiled_loss_matches_plain, assert_compiles_whole, assert_compiled_run_resumes_exactly,
-                      assert_details_marked, assert_logs_every_metric, assert_same_agent_state, expect_usage_error,
-                      only_run_dir, run_script, run_unbroken_and_interrupted_in_process)
+                      assert_details_marked, assert_logs_every_metric, assert_same_agent_state, assert_same_logs,
+                      expect_usage_error, only_run_dir, run_script, run_unbroken_and_interrupted_in_process)
 from ppo import ppo_procgen as script
 from ppo.ppo_procgen import Agent, Args, main, minibatch_loss, parse_args
 
@@ -203,6 +203,7 @@ def test_interrupted_and_resumed_run_ends_exactly_like_an_unbroken_one(workdir, 
     assert_same_agent_state(unbroken["agent"].state_dict(), resumed["agent"].state_dict())
     assert resumed["reward_scaler"].return_rms.var == unbroken["reward_scaler"].return_rms.var
     assert resumed["recent_returns"] == unbroken["recent_returns"]
+    assert_same_logs(only_run_dir(workdir / "unbroken"), checkpoint_path.parent)
 
 
 # ---------------------------------------------------------------------------------------------------
