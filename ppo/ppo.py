@@ -235,14 +235,23 @@ def make_envs(env_id: str, num_envs: int, capture_video: bool = False, video_fol
         env_fns = [lambda env=env: env for env in pickle.loads(saved_envs)]
     else:
         env_fns = [make_env(env_id, i, capture_video, video_folder) for i in range(num_envs)]
-    envs = gym.vector.SyncVectorEnv(env_fns, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    try:
+        envs = gym.vector.SyncVectorEnv(env_fns, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    except ImportError as error:  # a registered id whose code needs a package, or a version of one, not here
+        namespace, name, version = gym.envs.registration.parse_env_id(env_id)
+        newest = gym.envs.registration.find_highest_version(namespace, name)
+        hint = "" if newest in (None, version) else \
+            f" (try {gym.envs.registration.get_env_id(namespace, name, newest)})"
+        fail(f"{env_id} cannot be made with the packages installed: {error}{hint}")
     if not isinstance(envs.single_action_space, gym.spaces.Discrete):
         kind = type(envs.single_action_space).__name__
         fail(f"{env_id} has a {kind} action space but ppo.py needs Discrete actions: "
              f"use ppo/ppo_continuous_action.py for Box actions")
-    if not isinstance(envs.single_observation_space, gym.spaces.Box) or len(envs.single_observation_space.shape) != 1:
-        fail(f"{env_id} observations are {envs.single_observation_space}, but ppo.py needs flat vectors: "
-             "use ppo/ppo_atari.py for images")
+    observation_space = envs.single_observation_space
+    if not isinstance(observation_space, gym.spaces.Box) or len(observation_space.shape) != 1:
+        is_image = isinstance(observation_space, gym.spaces.Box) and len(observation_space.shape) == 3
+        fail(f"{env_id} observations are {observation_space}, but ppo.py needs flat vectors (a one-dimensional "
+             f"Box){': use ppo/ppo_atari.py for images' if is_image else ''}")
     return envs
 
 

@@ -255,6 +255,12 @@ def make_envs(env_id: str, num_envs: int, capture_video: bool = False, video_fol
         if "mujoco" in str(error).lower():
             fail(f"{env_id} needs MuJoCo, which is not installed: pip install -e \".[mujoco]\"")
         raise  # another missing package (video writing, rendering): reported by __main__
+    except ImportError as error:  # a registered id whose code needs a package, or a version of one, not here
+        namespace, name, version = gym.envs.registration.parse_env_id(env_id)
+        newest = gym.envs.registration.find_highest_version(namespace, name)
+        hint = "" if newest in (None, version) else \
+            f" (try {gym.envs.registration.get_env_id(namespace, name, newest)})"
+        fail(f"{env_id} cannot be made with the packages installed: {error}{hint}")
     if not isinstance(envs.single_action_space, gym.spaces.Box):
         kind = type(envs.single_action_space).__name__
         fail(f"{env_id} has a {kind} action space but ppo_continuous_action.py needs Box (continuous) "

@@ -1,6 +1,7 @@
 """Tests of ppo/ppo.py: the math (GAE, the clipped loss), gymnasium 1.x autoreset, learning,
 determinism, checkpoints (exact resumption after Ctrl-C, evaluation) and the command line."""
 
+import importlib.util
 import os
 import re
 from pathlib import Path
@@ -316,9 +317,23 @@ def test_unknown_env_id(capsys, workdir):
     expect_usage_error(capsys, lambda: main(Args(env_id="BreakoutNoFrameskip-v4", cuda=False)), "ppo.py", "ppo/ppo_atari.py")
 
 
+def test_registered_ids_that_cannot_be_made_here(capsys, workdir):
+    """gymnasium registers ids whose code needs a package the project does not install (jax)."""
+    if importlib.util.find_spec("jax") is not None:
+        pytest.skip("jax is installed here")
+    expect_usage_error(capsys, lambda: main(Args(env_id="phys2d/CartPole-v1", cuda=False)), "ppo.py",
+                       "phys2d/CartPole-v1 cannot be made with the packages installed", "No module named 'jax'")
+
+
 def test_continuous_actions_point_to_the_continuous_script(capsys, workdir):
     expect_usage_error(capsys, lambda: main(Args(env_id="Pendulum-v1", cuda=False)), "ppo.py",
                        "Box action space", "ppo/ppo_continuous_action.py")
+
+
+def test_observations_that_are_not_vectors(capsys, workdir):
+    line = expect_usage_error(capsys, lambda: main(Args(env_id="FrozenLake-v1", cuda=False)), "ppo.py",
+                              "observations are Discrete(16)", "needs flat vectors")
+    assert "images" not in line  # a grid position is no image: ppo_atari.py would not help
 
 
 def test_sizes_that_do_not_divide(capsys, workdir):
