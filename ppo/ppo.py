@@ -139,6 +139,8 @@ def parse_args(argv: list[str] | None = None) -> Args:
     so `--resume PATH` alone continues the run. A resumed run refuses a training flag that contradicts
     the checkpoint; an evaluation only needs the same environment (another --seed is fine)."""
     args = tyro.cli(Args, args=argv)
+    if args.resume and args.evaluate:
+        fail("--resume goes on training a saved run and --evaluate plays a saved agent: give one of them")
     checkpoint_path = args.resume or args.evaluate
     if checkpoint_path is None:
         return args
@@ -164,7 +166,7 @@ def check_args(args: Args) -> None:
         ("save_interval", args.save_interval >= 0, "0 (save only at the end) or more"),
         ("eval_episodes", args.eval_episodes >= 1, "at least 1"),
         ("total_timesteps", args.total_timesteps >= 1, "at least 1"),
-        ("learning_rate", args.learning_rate > 0, "above 0"),
+        ("learning_rate", 0 < args.learning_rate < np.inf, "a finite number above 0"),
         ("num_envs", args.num_envs >= 1, "at least 1"),
         ("num_steps", args.num_steps >= 1, "at least 1"),
         ("gamma", 0 <= args.gamma <= 1, "between 0 and 1"),
@@ -521,8 +523,12 @@ def main(args: Args) -> dict:
             import wandb
         except ImportError:
             fail("--track needs wandb: pip install wandb")
-        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
-                   config=asdict(args), name=run_name, id=run_name, resume="allow", save_code=True)
+        try:
+            wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
+                       config=asdict(args), name=run_name, id=run_name, resume="allow", save_code=True)
+        except wandb.errors.Error as error:  # no API key, no network
+            fail(f"--track could not start Weights & Biases ({str(error).splitlines()[0]}): log in with "
+                 "`wandb login`, or set WANDB_MODE=offline to keep the run on this machine")
     # purge_step: after a resume, TensorBoard drops anything the interrupted run logged past the checkpoint.
     writer = SummaryWriter(f"runs/{run_name}", purge_step=checkpoint["global_step"] + 1 if checkpoint else None)
     writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(
@@ -698,4 +704,7 @@ if __name__ == "__main__":
         # missing one can surface at any point of the run.
         extra = " (videos need: pip install -e '.[classic-control,video]')" if args.capture_video else ""
         fail(f"missing optional dependency: {error}{extra}")
+    except KeyboardInterrupt:  # a second Ctrl-C, or one before training began
+        print("stopped at once by Ctrl-C: what came after the last checkpoint is lost", file=sys.stderr)
+        sys.exit(130)
     sys.exit(130 if result.get("interrupted") else 0)

@@ -152,6 +152,8 @@ def parse_args(argv: list[str] | None = None) -> Args:
     so `--resume PATH` alone continues the run. A resumed run refuses a training flag that contradicts
     the checkpoint; an evaluation only needs the same environment (another --seed is fine)."""
     args = tyro.cli(Args, args=argv)
+    if args.resume and args.evaluate:
+        fail("--resume goes on training a saved run and --evaluate plays a saved agent: give one of them")
     checkpoint_path = args.resume or args.evaluate
     if checkpoint_path is None:
         return args
@@ -177,7 +179,7 @@ def check_args(args: Args) -> None:
         ("save_interval", args.save_interval >= 0, "0 (save only at the end) or more"),
         ("eval_episodes", args.eval_episodes >= 1, "at least 1"),
         ("total_timesteps", args.total_timesteps >= 1, "at least 1"),
-        ("learning_rate", args.learning_rate > 0, "above 0"),
+        ("learning_rate", 0 < args.learning_rate < np.inf, "a finite number above 0"),
         ("num_envs", args.num_envs >= 1, "at least 1"),
         ("num_steps", args.num_steps >= 1, "at least 1"),
         ("gamma", 0 <= args.gamma <= 1, "between 0 and 1"),
@@ -382,7 +384,9 @@ def ppo_loss(new_logprob: torch.Tensor, entropy: torch.Tensor, new_value: torch.
     logratio = new_logprob - old_logprob
     ratio = logratio.exp()
 
-    if args.norm_adv:
+    # (With the reset steps left out, a minibatch of the smallest sizes may keep a single transition,
+    # which has no spread to divide by: it is left as it is.)
+    if args.norm_adv and len(advantages) > 1:
         # [Core 7: Normalization of advantages] per minibatch, not per batch.
         advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
 
@@ -564,8 +568,12 @@ def main(args: Args) -> dict:
             import wandb
         except ImportError:
             fail("--track needs wandb: pip install wandb")
-        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
-                   config=asdict(args), name=run_name, id=run_name, resume="allow", save_code=True)
+        try:
+            wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
+                       config=asdict(args), name=run_name, id=run_name, resume="allow", save_code=True)
+        except wandb.errors.Error as error:  # no API key, no network
+            fail(f"--track could not start Weights & Biases ({str(error).splitlines()[0]}): log in with "
+                 "`wandb login`, or set WANDB_MODE=offline to keep the run on this machine")
     # purge_step: after a resume, TensorBoard drops anything the interrupted run logged past the checkpoint.
     writer = SummaryWriter(f"runs/{run_name}", purge_step=checkpoint["global_step"] + 1 if checkpoint else None)
     writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(
@@ -697,12 +705,14 @@ def main(args: Args) -> dict:
         b_returns = torch.as_tensor(returns.reshape(-1)[real], device=device)
 
         # [Core 6: Mini-batch updates] several epochs over shuffled minibatches of the batch; with the
-        # reset steps left out, the minibatches differ in size by one at most.
+        # reset steps left out, the minibatches differ in size by one at most (and, where minibatches
+        # are tiny, there are fewer of them rather than empty ones).
         b_inds = np.arange(len(real))
+        num_minibatches = min(args.num_minibatches, len(real))
         minibatch_stats = []
         for epoch in range(args.update_epochs):
             np.random.shuffle(b_inds)
-            for mb_inds in torch.tensor_split(torch.from_numpy(b_inds).to(device), args.num_minibatches):
+            for mb_inds in torch.tensor_split(torch.from_numpy(b_inds).to(device), num_minibatches):
                 if args.cudagraphs:
                     torch.compiler.cudagraph_mark_step_begin()
                 loss, stats = loss_on_minibatch(agent, b_obs[mb_inds], b_actions[mb_inds], b_logprobs[mb_inds],
@@ -762,4 +772,7 @@ if __name__ == "__main__":
     except gym.error.DependencyNotInstalled as error:
         # gymnasium imports the video packages only when the first video is written.
         fail(f"missing optional dependency: {error} (videos need: pip install -e '.[envpool,video]')")
+    except KeyboardInterrupt:  # a second Ctrl-C, or one before training began
+        print("stopped at once by Ctrl-C: what came after the last checkpoint is lost", file=sys.stderr)
+        sys.exit(130)
     sys.exit(130 if result.get("interrupted") else 0)

@@ -171,6 +171,8 @@ def parse_args(argv: list[str] | None = None) -> Args:
     so `--resume PATH` alone continues the run. A resumed run refuses a training flag that contradicts
     the checkpoint; an evaluation only needs the same environment (another --seed is fine)."""
     args = tyro.cli(Args, args=argv)
+    if args.resume and args.evaluate:
+        fail("--resume goes on training a saved run and --evaluate plays a saved agent: give one of them")
     checkpoint_path = args.resume or args.evaluate
     if checkpoint_path is None:
         return args
@@ -198,7 +200,7 @@ def check_args(args: Args, world_size: int) -> None:
         ("backend", args.backend in ("gloo", "nccl"), "gloo or nccl"),
         ("device_ids", all(i >= 0 for i in args.device_ids), "GPU numbers, 0 or more (or none)"),
         ("total_timesteps", args.total_timesteps >= 1, "at least 1"),
-        ("learning_rate", args.learning_rate > 0, "above 0"),
+        ("learning_rate", 0 < args.learning_rate < np.inf, "a finite number above 0"),
         ("num_envs", args.num_envs >= 1, "at least 1"),
         ("num_steps", args.num_steps >= 1, "at least 1"),
         ("gamma", 0 <= args.gamma <= 1, "between 0 and 1"),
@@ -857,9 +859,13 @@ def main(args: Args) -> dict:
     writer = None
     if rank == 0:  # only rank 0 logs, tracks and records; its logs describe the world
         if args.track:
-            wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
-                       config={**asdict(args), "world_size": world_size}, name=run_name, id=run_name,
-                       resume="allow", save_code=True)
+            try:
+                wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
+                           config={**asdict(args), "world_size": world_size}, name=run_name, id=run_name,
+                           resume="allow", save_code=True)
+            except wandb.errors.Error as error:  # no API key, no network
+                fail(f"--track could not start Weights & Biases ({str(error).splitlines()[0]}): log in with "
+                     "`wandb login`, or set WANDB_MODE=offline to keep the run on this machine")
         # purge_step: after a resume, TensorBoard drops anything the interrupted run logged past the checkpoint.
         writer = SummaryWriter(f"runs/{run_name}", purge_step=checkpoint["global_step"] + 1 if checkpoint else None)
         writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(
@@ -1050,4 +1056,8 @@ if __name__ == "__main__":
         # AtariPreprocessing imports opencv, and gymnasium the video packages, only when first used.
         extra = "'.[atari,video]'" if args.capture_video else "'.[atari]'"
         fail(f"missing optional dependency: {error} (pip install -e {extra})")
+    except KeyboardInterrupt:  # a second Ctrl-C, or one before training began
+        if int(os.environ.get("LOCAL_RANK", "0")) == 0:
+            print("stopped at once by Ctrl-C: what came after the last checkpoint is lost", file=sys.stderr)
+        sys.exit(130)
     sys.exit(130 if result.get("interrupted") else 0)

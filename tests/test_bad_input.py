@@ -27,7 +27,7 @@ COMMON = {
     "save_interval": ["-1"],
     "eval_episodes": ["0", "-3"],
     "total_timesteps": ["0"],
-    "learning_rate": ["0", "-2.5e-4", "nan"],
+    "learning_rate": ["0", "-2.5e-4", "nan", "inf"],
     "num_envs": ["0"],
     "num_steps": ["0"],
     "gamma": ["-0.1", "1.5"],
@@ -136,6 +136,17 @@ def test_flags_given_with_resume_or_evaluate_are_checked_too(script, capsys, wor
                        (["--resume", path, "--save-interval", "-1"], "save_interval")):
         expect_usage_error(capsys, lambda: module.main(module.parse_args(argv)), f"{script}.py", flag(name), "must be")
     assert not (workdir / "runs").exists()
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_resume_and_evaluate_together_are_refused(script, capsys, workdir):
+    """Each would read its own checkpoint's settings; together they evaluated one run's weights in the
+    other's environment (a traceback when the two games had different actions)."""
+    module = load(script)
+    path = str(workdir / "checkpoint.pt")
+    torch.save({"variant": module.VARIANT, "args": asdict(module.Args())}, path)
+    expect_usage_error(capsys, lambda: module.parse_args(["--resume", path, "--evaluate", path]), f"{script}.py",
+                       "--resume", "--evaluate", "give one of them")
 
 
 @pytest.mark.parametrize("script", SCRIPTS)

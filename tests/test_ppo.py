@@ -312,6 +312,16 @@ def test_track_works_offline(tmp_path):
     assert list(offline_runs[0].glob("*.wandb"))
 
 
+def test_track_without_a_wandb_login_is_one_line(tmp_path):
+    """Online tracking with no API key (none in the environment, no ~/.netrc): wandb.init refuses."""
+    result = run_script("ppo.py", "--track", "--total-timesteps", "128", *SMALL_FLAGS, cwd=tmp_path, check=False,
+                        env={"WANDB_MODE": "online", "WANDB_API_KEY": "", "HOME": str(tmp_path),
+                             "WANDB_DIR": str(tmp_path), "WANDB_CONFIG_DIR": str(tmp_path)})
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith("ppo.py: error: --track could not start Weights & Biases")
+    assert "Traceback" not in result.stderr and "WANDB_MODE=offline" in result.stderr
+
+
 def test_unknown_env_id(capsys, workdir):
     expect_usage_error(capsys, lambda: main(Args(env_id="CartPoel-v1", cuda=False)), "ppo.py", "unknown env id 'CartPoel-v1'")
     expect_usage_error(capsys, lambda: main(Args(env_id="BreakoutNoFrameskip-v4", cuda=False)), "ppo.py", "ppo/ppo_atari.py")

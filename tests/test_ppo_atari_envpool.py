@@ -126,6 +126,18 @@ def test_logged_game_scores_are_the_sums_of_info_reward_over_whole_games(workdir
     assert [value for _, value in scalars["charts/episodic_length"]] == [length for _, _, length in expected]
 
 
+@pytest.mark.parametrize("norm_adv, num_minibatches", [(True, 2), (False, 4)], ids=["size-2", "size-1"])
+def test_the_smallest_minibatches_train_without_nans(workdir, norm_adv, num_minibatches):
+    """Leaving a lost life's reset step out of a 4-step batch shrinks a minibatch of 2 to 1 (no spread
+    to normalize by) and can leave a minibatch of 1 empty (a mean over nothing): both trained NaN
+    weights or losses before. 400 steps of one random Breakout game lose a few lives."""
+    result = main(Args(num_envs=1, num_steps=4, num_minibatches=num_minibatches, norm_adv=norm_adv,
+                       total_timesteps=400, cuda=False))
+    assert all(torch.isfinite(weights).all() for weights in result["agent"].state_dict().values())
+    for tag, points in read_scalars(only_run_dir(workdir)).items():
+        assert np.isfinite([value for _, value in points]).all(), tag
+
+
 @pytest.mark.parametrize("speed_flags", [[], ["--async-envs"]], ids=["one-pool", "two-pools"])
 def test_an_interrupted_run_resumes_with_new_games_and_evaluates(tmp_path, speed_flags):
     """envpool's games cannot be saved: the weights, optimizer, random generators and counters
