@@ -1,5 +1,6 @@
-"""Tests of ppo/ppo.py: the math (GAE, the clipped loss), gymnasium 1.x autoreset, learning,
-determinism, checkpoints (exact resumption after Ctrl-C, evaluation) and the command line."""
+"""Tests of ppo/ppo.py: gymnasium 1.x autoreset, learning, determinism, checkpoints (exact resumption
+after Ctrl-C, evaluation) and the command line. Its GAE and loss are checked with every script's, in
+test_algorithm.py."""
 
 import importlib.util
 import os
@@ -17,7 +18,7 @@ from conftest import (METRICS, assert_compiled_loss_matches_plain, assert_compil
                       interrupt_after_first_progress_line, only_run_dir, read_scalars, run_script,
                       run_unbroken_and_interrupted, without_module)
 import ppo.ppo as script
-from ppo.ppo import Agent, Args, compute_gae, main, minibatch_loss, parse_args, ppo_loss
+from ppo.ppo import Agent, Args, main, minibatch_loss, parse_args
 
 
 # A small, fast configuration: 2 envs x 32 steps, 2 minibatches.
@@ -25,96 +26,7 @@ SMALL = dict(num_envs=2, num_steps=32, num_minibatches=2, cuda=False)
 SMALL_FLAGS = ["--num-envs", "2", "--num-steps", "32", "--num-minibatches", "2", "--no-cuda"]
 
 
-# ---------------------------------------------------------------------------------------------------
-# GAE and the loss
-# ---------------------------------------------------------------------------------------------------
-
-
-def reference_gae(rewards, values, dones, next_value, next_done, gamma, lam):
-    """GAE written the plain way: cut each environment's stream into episodes, and within an episode
-    sum the discounted TD errors forward from each step. Quadratic, but obviously right."""
-    num_steps, num_envs = rewards.shape
-    advantages = np.zeros_like(rewards)
-    starts_new_episode = np.vstack([dones[1:], next_done[None]])  # does step t+1 begin a new episode?
-    for env in range(num_envs):
-        for t in range(num_steps):
-            total, weight = 0.0, 1.0
-            for k in range(t, num_steps):
-                ended = starts_new_episode[k, env]
-                following_value = next_value[env] if k == num_steps - 1 else values[k + 1, env]
-                delta = rewards[k, env] + gamma * following_value * (1 - ended) - values[k, env]
-                total += weight * delta
-                if ended:
-                    break
-                weight *= gamma * lam
-            advantages[t, env] = total
-    return advantages, advantages + values
-
-
-def test_gae_matches_reference_across_episode_boundaries():
-    rng = np.random.default_rng(0)
-    num_steps, num_envs = 40, 3
-    rewards = rng.normal(size=(num_steps, num_envs)).astype(np.float32)
-    values = rng.normal(size=(num_steps, num_envs)).astype(np.float32)
-    dones = (rng.random((num_steps, num_envs)) < 0.15).astype(np.float32)
-    dones[:, 2] = 0.0  # one environment never ends an episode in this rollout
-    next_value = rng.normal(size=num_envs).astype(np.float32)
-    next_done = np.array([1.0, 0.0, 0.0], dtype=np.float32)
-    assert dones[:, :2].sum() > 3  # the draw really contains boundaries
-
-    advantages, returns = compute_gae(rewards, values, dones, next_value, next_done, 0.99, 0.95)
-    expected_advantages, expected_returns = reference_gae(rewards, values, dones, next_value, next_done, 0.99, 0.95)
-    np.testing.assert_allclose(advantages, expected_advantages, rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(returns, expected_returns, rtol=1e-5, atol=1e-5)
-
-
-def test_gae_with_lambda_one_is_the_discounted_return_minus_value():
-    rewards = np.array([[1.0], [2.0], [3.0]], dtype=np.float32)
-    values = np.array([[0.5], [0.25], [0.125]], dtype=np.float32)
-    dones = np.zeros((3, 1), dtype=np.float32)
-    advantages, returns = compute_gae(rewards, values, dones, np.array([10.0], dtype=np.float32),
-                                      np.array([1.0], dtype=np.float32), gamma=0.5, gae_lambda=1.0)
-    # The episode ends after the last step, so the bootstrap value 10 must be ignored.
-    np.testing.assert_allclose(returns[:, 0], [1 + 0.5 * 2 + 0.25 * 3, 2 + 0.5 * 3, 3.0])
-    np.testing.assert_allclose(advantages, returns - values)
-
-
-def loss_inputs(ratio: float, advantage: float):
-    new_logprob = torch.tensor([np.log(ratio)], requires_grad=True)
-    old = torch.zeros(1)
-    value = torch.zeros(1)
-    return new_logprob, dict(entropy=torch.zeros(1), new_value=value, old_logprob=old, old_value=value,
-                             advantages=torch.tensor([advantage]), returns=value)
-
-
-@pytest.mark.parametrize("ratio, advantage, clipped", [(1.5, 1.0, True), (0.5, -1.0, True),
-                                                       (1.5, -1.0, False), (1.1, 1.0, False)])
-def test_clipped_objective_stops_gradient_only_where_the_ratio_left_the_trust_region(ratio, advantage, clipped):
-    args = Args(norm_adv=False, clip_coef=0.2, ent_coef=0.0)
-    new_logprob, rest = loss_inputs(ratio, advantage)
-    loss, stats = ppo_loss(new_logprob, rest["entropy"], rest["new_value"], rest["old_logprob"], rest["old_value"],
-                           rest["advantages"], rest["returns"], args)
-    loss.backward()
-    if clipped:
-        assert new_logprob.grad.item() == 0.0
-        assert stats["policy_loss"].item() == pytest.approx(-advantage * float(np.clip(ratio, 0.8, 1.2)))
-    else:
-        # d(-A * ratio)/d(log ratio) = -A * ratio
-        assert new_logprob.grad.item() == pytest.approx(-advantage * ratio)
-    assert stats["clipfrac"].item() == (1.0 if abs(ratio - 1) > 0.2 else 0.0)
-    assert stats["approx_kl"].item() == pytest.approx((ratio - 1) - np.log(ratio), rel=1e-5)
-    assert stats["old_approx_kl"].item() == pytest.approx(-np.log(ratio), rel=1e-5)
-
-
-def test_value_loss_clipping_keeps_the_larger_error():
-    args = Args(clip_coef=0.2, norm_adv=False)
-    zeros = torch.zeros(1)
-    # The new value 1.0 moved 1.0 away from the old 0.0; the clipped prediction is 0.2.
-    _, stats = ppo_loss(zeros, zeros, torch.tensor([1.0]), zeros, zeros, zeros, torch.tensor([2.0]), args)
-    assert stats["value_loss"].item() == pytest.approx(0.5 * (2.0 - 0.2) ** 2)
-    _, stats = ppo_loss(zeros, zeros, torch.tensor([1.0]), zeros, zeros, zeros, torch.tensor([2.0]),
-                        Args(clip_vloss=False, norm_adv=False))
-    assert stats["value_loss"].item() == pytest.approx(0.5 * (2.0 - 1.0) ** 2)
+# GAE and the loss of every script, this one's included: tests/test_algorithm.py.
 
 
 # ---------------------------------------------------------------------------------------------------

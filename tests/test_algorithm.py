@@ -1,0 +1,140 @@
+"""The algorithm's arithmetic, in all seven scripts: each carries its own copy of GAE and of the PPO
+loss (a reader opens one file and sees everything), so each copy is checked against the same
+references here, not only ppo.py's. A test that compares a script with itself (resumption, the
+compiled loss) cannot see a wrong sign or a missing factor; these can."""
+
+import importlib
+
+import numpy as np
+import pytest
+import torch
+
+SCRIPTS = ["ppo", "ppo_atari", "ppo_atari_lstm", "ppo_atari_envpool", "ppo_continuous_action", "ppo_procgen",
+           "ppo_atari_multigpu"]
+
+
+def load(script: str):
+    return importlib.import_module(f"ppo.{script}")
+
+
+# ---------------------------------------------------------------------------------------------------
+# [Core 5: Generalized Advantage Estimation]
+# ---------------------------------------------------------------------------------------------------
+
+
+def reference_gae(rewards, values, dones, next_value, next_done, gamma, lam):
+    """GAE written the plain way: cut each environment's stream into episodes, and within an episode
+    sum the discounted TD errors forward from each step. Quadratic, but obviously right."""
+    num_steps, num_envs = rewards.shape
+    advantages = np.zeros_like(rewards)
+    starts_new_episode = np.vstack([dones[1:], next_done[None]])  # does step t+1 begin a new episode?
+    for env in range(num_envs):
+        for t in range(num_steps):
+            total, weight = 0.0, 1.0
+            for k in range(t, num_steps):
+                ended = starts_new_episode[k, env]
+                following_value = next_value[env] if k == num_steps - 1 else values[k + 1, env]
+                delta = rewards[k, env] + gamma * following_value * (1 - ended) - values[k, env]
+                total += weight * delta
+                if ended:
+                    break
+                weight *= gamma * lam
+            advantages[t, env] = total
+    return advantages, advantages + values
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_gae_matches_reference_across_episode_boundaries(script):
+    rng = np.random.default_rng(0)
+    num_steps, num_envs = 40, 3
+    rewards = rng.normal(size=(num_steps, num_envs)).astype(np.float32)
+    values = rng.normal(size=(num_steps, num_envs)).astype(np.float32)
+    dones = (rng.random((num_steps, num_envs)) < 0.15).astype(np.float32)
+    dones[:, 2] = 0.0  # one environment never ends an episode in this rollout
+    next_value = rng.normal(size=num_envs).astype(np.float32)
+    next_done = np.array([1.0, 0.0, 0.0], dtype=np.float32)
+    assert dones[:, :2].sum() > 3  # the draw really contains boundaries
+
+    advantages, returns = load(script).compute_gae(rewards, values, dones, next_value, next_done, 0.99, 0.95)
+    expected_advantages, expected_returns = reference_gae(rewards, values, dones, next_value, next_done, 0.99, 0.95)
+    np.testing.assert_allclose(advantages, expected_advantages, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(returns, expected_returns, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_gae_with_lambda_one_is_the_discounted_return_minus_value(script):
+    rewards = np.array([[1.0], [2.0], [3.0]], dtype=np.float32)
+    values = np.array([[0.5], [0.25], [0.125]], dtype=np.float32)
+    dones = np.zeros((3, 1), dtype=np.float32)
+    advantages, returns = load(script).compute_gae(rewards, values, dones, np.array([10.0], dtype=np.float32),
+                                                   np.array([1.0], dtype=np.float32), gamma=0.5, gae_lambda=1.0)
+    # The episode ends after the last step, so the bootstrap value 10 must be ignored.
+    np.testing.assert_allclose(returns[:, 0], [1 + 0.5 * 2 + 0.25 * 3, 2 + 0.5 * 3, 3.0])
+    np.testing.assert_allclose(advantages, returns - values)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The loss: [Core 7] advantage normalization, [Core 8] clipped objective, [Core 9] value clipping,
+# [Core 12] debug variables
+# ---------------------------------------------------------------------------------------------------
+
+
+def loss(script: str, args, new_logprob, advantages, new_value=None, old_value=None, returns=None):
+    """The script's ppo_loss on a minibatch with no entropy and (unless given) no value error."""
+    size = len(advantages)
+    zeros = torch.zeros(size)
+    return load(script).ppo_loss(new_logprob, zeros, zeros if new_value is None else new_value, zeros,
+                                 zeros if old_value is None else old_value, advantages,
+                                 zeros if returns is None else returns, args)
+
+
+@pytest.mark.parametrize("ratio, advantage, clipped", [(1.5, 1.0, True), (0.5, -1.0, True),
+                                                       (1.5, -1.0, False), (1.1, 1.0, False)])
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_clipped_objective_stops_gradient_only_where_the_ratio_left_the_trust_region(script, ratio, advantage,
+                                                                                      clipped):
+    args = load(script).Args(norm_adv=False, clip_coef=0.2, ent_coef=0.0)
+    new_logprob = torch.tensor([np.log(ratio)], requires_grad=True)
+    total, stats = loss(script, args, new_logprob, torch.tensor([advantage]))
+    total.backward()
+    if clipped:
+        assert new_logprob.grad.item() == 0.0
+        assert stats["policy_loss"].item() == pytest.approx(-advantage * float(np.clip(ratio, 0.8, 1.2)))
+    else:
+        # d(-A * ratio)/d(log ratio) = -A * ratio
+        assert new_logprob.grad.item() == pytest.approx(-advantage * ratio)
+    assert stats["clipfrac"].item() == (1.0 if abs(ratio - 1) > 0.2 else 0.0)
+    assert stats["approx_kl"].item() == pytest.approx((ratio - 1) - np.log(ratio), rel=1e-5)
+    assert stats["old_approx_kl"].item() == pytest.approx(-np.log(ratio), rel=1e-5)
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_value_loss_clipping_keeps_the_larger_error(script):
+    Args = load(script).Args
+    one, two, zero = torch.tensor([1.0]), torch.tensor([2.0]), torch.zeros(1)
+    # The new value 1.0 moved 1.0 away from the old 0.0; the clipped prediction is 0.2.
+    args = Args(clip_coef=0.2, norm_adv=False, clip_vloss=True)
+    _, stats = loss(script, args, zero, zero, new_value=one, old_value=zero, returns=two)
+    assert stats["value_loss"].item() == pytest.approx(0.5 * (2.0 - 0.2) ** 2)
+    # Toward the target, the clipped prediction has the larger error: still the one kept.
+    _, stats = loss(script, args, zero, zero, new_value=one, old_value=zero, returns=torch.tensor([-1.0]))
+    assert stats["value_loss"].item() == pytest.approx(0.5 * (1.0 + 1.0) ** 2)
+    args = Args(clip_coef=0.2, norm_adv=False, clip_vloss=False)
+    _, stats = loss(script, args, zero, zero, new_value=one, old_value=zero, returns=two)
+    assert stats["value_loss"].item() == pytest.approx(0.5 * (2.0 - 1.0) ** 2)
+
+
+@pytest.mark.parametrize("script", [s for s in SCRIPTS if s != "ppo_atari_multigpu"])
+def test_normalized_advantages_ignore_their_shift_and_scale(script):
+    """With --norm-adv the loss sees each minibatch's advantages standardized: shifting and scaling
+    them changes nothing, while without it the same change moves the loss. (ppo_atari_multigpu.py
+    normalizes over the world's minibatch before its loss: its own tests check that.)"""
+    Args = load(script).Args
+    rng = np.random.default_rng(1)
+    advantages = torch.tensor(rng.normal(size=16), dtype=torch.float32)
+    new_logprob = torch.tensor(rng.normal(scale=0.3, size=16), dtype=torch.float32)
+    for norm_adv, same in ((True, True), (False, False)):
+        args = Args(norm_adv=norm_adv, ent_coef=0.0)
+        plain, _ = loss(script, args, new_logprob, advantages)
+        shifted, _ = loss(script, args, new_logprob, 5 * advantages + 100)
+        assert (abs(plain.item() - shifted.item()) < 1e-5) == same, norm_adv
