@@ -140,6 +140,8 @@ def assert_compiled_run_resumes_exactly(script, args, workdir: Path, env_class: 
     """A run with --compile (args) trains and logs every metric, and interrupted by a Ctrl-C during
     the `interrupt_at_step`-th call of `env_class.step`, then resumed with `--resume PATH` alone (the
     checkpoint keeps --compile), it ends bit for bit where an unbroken --compile run ends, with the same log."""
+    import torch
+
     assert args.compile and args.save_model
     unbroken, stopped, checkpoint_path = run_unbroken_and_interrupted_in_process(
         script.main, args, workdir, env_class, interrupt_at_step)
@@ -152,6 +154,7 @@ def assert_compiled_run_resumes_exactly(script, args, workdir: Path, env_class: 
     assert resumed["global_step"] == unbroken["global_step"] == args.total_timesteps
     assert_same_agent_state(unbroken["agent"].state_dict(), resumed["agent"].state_dict())
     assert_same_logs(only_run_dir(workdir / "unbroken"), checkpoint_path.parent)
+    assert_core_optimizer_settings(checkpoint_path.parent, torch.load(checkpoint_path, weights_only=False))
 
 
 def assert_same_final_weights(unbroken: Path, resumed_checkpoint: Path, total_timesteps: int) -> tuple[dict, dict]:
@@ -165,7 +168,21 @@ def assert_same_final_weights(unbroken: Path, resumed_checkpoint: Path, total_ti
     for name, tensor in expected["model"].items():
         assert torch.equal(tensor, actual["model"][name]), name
     assert_same_logs(only_run_dir(unbroken), resumed_checkpoint.parent)
+    assert_core_optimizer_settings(only_run_dir(unbroken), expected)
     return expected, actual
+
+
+def assert_core_optimizer_settings(run_dir: Path, checkpoint: dict) -> None:
+    """[Core 3] Adam's epsilon is 1e-5, not PyTorch's 1e-8; [Core 4] the learning rate falls linearly
+    from its start at the first of N iterations to 1/N of it at the last (it reaches 0 only after the
+    run), as logged by the run in run_dir, which `checkpoint` ended."""
+    import pytest
+
+    assert checkpoint["optimizer"]["param_groups"][0]["eps"] == 1e-5
+    logged = [value for _, value in read_scalars(run_dir)["charts/learning_rate"]]
+    start, count = checkpoint["args"]["learning_rate"], len(logged)
+    expected = [start * (1 - i / count) for i in range(count)] if checkpoint["args"]["anneal_lr"] else [start] * count
+    assert logged == pytest.approx(expected, rel=1e-6)
 
 
 def assert_same_logs(unbroken_run: Path, resumed_run: Path) -> None:
