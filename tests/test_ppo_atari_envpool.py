@@ -126,6 +126,59 @@ def test_logged_game_scores_are_the_sums_of_info_reward_over_whole_games(workdir
     assert [value for _, value in scalars["charts/episodic_length"]] == [length for _, _, length in expected]
 
 
+def spy_on_the_update(monkeypatch) -> tuple[list, list]:
+    """Record the dones of each rollout (what compute_gae is given) and, for each minibatch the loss
+    is computed on, its size and the agent's weights at that moment."""
+    rollouts, minibatches = [], []
+    compute_gae, minibatch_loss = script.compute_gae, script.minibatch_loss
+
+    def recording_gae(rewards, values, dones, *rest):
+        rollouts.append(dones.copy())
+        return compute_gae(rewards, values, dones, *rest)
+
+    def recording_loss(agent, obs, *rest):
+        minibatches.append((len(obs), {name: value.clone() for name, value in agent.state_dict().items()}))
+        return minibatch_loss(agent, obs, *rest)
+
+    monkeypatch.setattr(script, "compute_gae", recording_gae)
+    monkeypatch.setattr(script, "minibatch_loss", recording_loss)
+    return rollouts, minibatches
+
+
+def test_the_reset_steps_are_left_out_of_the_update(workdir, monkeypatch):
+    """The step after a lost life only resets the game (envpool ignores its action): an update trains
+    on every other step of the rollout, and on nothing else."""
+    rollouts, minibatches = spy_on_the_update(monkeypatch)
+    main(Args(**TINY_ARGS, update_epochs=1, total_timesteps=320))
+    assert sum(dones.sum() for dones in rollouts) > 0  # 160 random steps per game lose lives
+    trained = [size for size, _ in minibatches]
+    per_update = [sum(trained[i:i + 2]) for i in range(0, len(trained), 2)]  # 2 minibatches each
+    assert per_update == [dones.size - dones.sum() for dones in rollouts]
+
+
+def test_a_resumed_run_trains_the_saved_weights(workdir, monkeypatch):
+    """envpool's games restart on --resume, so no unbroken run can be compared with: the resumed
+    run's first update must start from the checkpoint's weights."""
+    class StopAfterTheFirstIteration(script.StopOnInterrupt):
+        def __init__(self):
+            super().__init__()
+            self.requested = True  # as if Ctrl-C came during the first iteration
+
+    with monkeypatch.context() as patch:
+        patch.setattr(script, "StopOnInterrupt", StopAfterTheFirstIteration)
+        stopped = main(Args(**TINY_ARGS, total_timesteps=96, save_model=True))
+    assert stopped["interrupted"] and stopped["global_step"] == 32
+
+    _, minibatches = spy_on_the_update(monkeypatch)
+    checkpoint_path = only_run_dir(workdir) / "checkpoint.pt"
+    saved = torch.load(checkpoint_path, weights_only=False)["model"]
+    resumed = main(script.parse_args(["--resume", str(checkpoint_path)]))
+    assert resumed["global_step"] == 96
+    _, first_weights = minibatches[0]
+    for name, value in saved.items():
+        assert torch.equal(first_weights[name], value), name
+
+
 @pytest.mark.parametrize("norm_adv, num_minibatches", [(True, 2), (False, 4)], ids=["size-2", "size-1"])
 def test_the_smallest_minibatches_train_without_nans(workdir, norm_adv, num_minibatches):
     """Leaving a lost life's reset step out of a 4-step batch shrinks a minibatch of 2 to 1 (no spread
