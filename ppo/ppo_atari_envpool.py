@@ -580,7 +580,9 @@ def main(args: Args) -> dict:
         f"|{key}|{value}|" for key, value in {**asdict(args), "batch_size": batch_size,
                                               "minibatch_size": batch_size // args.num_minibatches,
                                               "num_iterations": num_iterations}.items()))
-    recorder = VideoRecorder(f"videos/{run_name}") if args.capture_video else None  # the first game of pools[0]
+    # A resumed run's videos go into a folder of their own: its episode count starts again at 0.
+    video_folder = f"videos/{run_name}" + (f"/resumed-at-step-{checkpoint['global_step']}" if checkpoint else "")
+    recorder = VideoRecorder(video_folder) if args.capture_video else None  # the first game of pools[0]
 
     # Rollout storage, (num_steps, num_envs, ...), allocated once and refilled every iteration.
     # [Speed: one host transfer per step] What the network reads and writes lives on its device: the

@@ -800,7 +800,9 @@ def main(args: Args) -> dict:
     # video, so with --capture-video it starts new ones instead (and no longer ends exactly as an
     # unbroken run would).
     saved_envs = checkpoint["envs"] if checkpoint and not args.capture_video else None
-    envs = make_envs(args.env_id, args.num_envs, args.capture_video, f"videos/{run_name}",
+    # A resumed run's videos go into a folder of their own: its episode count starts again at 0.
+    video_folder = f"videos/{run_name}" + (f"/resumed-at-step-{checkpoint['global_step']}" if checkpoint else "")
+    envs = make_envs(args.env_id, args.num_envs, args.capture_video, video_folder,
                      saved_envs=saved_envs, async_envs=args.async_envs)
     agent = Agent(envs.single_action_space.n).to(device)
     # [Core 3: The Adam optimizer's epsilon parameter] 1e-5 as in the original code, not PyTorch's 1e-8.

@@ -826,7 +826,9 @@ def main(args: Args) -> dict:
     # unbroken run would).
     records_video = args.capture_video and rank == 0
     saved_envs = checkpoint["envs"][rank] if checkpoint and not records_video else None
-    envs = make_envs(args.env_id, local_num_envs, records_video, f"videos/{run_name}",
+    # A resumed run's videos go into a folder of their own: its episode count starts again at 0.
+    video_folder = f"videos/{run_name}" + (f"/resumed-at-step-{checkpoint['global_step']}" if checkpoint else "")
+    envs = make_envs(args.env_id, local_num_envs, records_video, video_folder,
                      saved_envs=saved_envs, async_envs=args.async_envs)
     obs_shape = envs.single_observation_space.shape  # (4, 84, 84)
     agent = Agent(envs.single_action_space.n).to(device)

@@ -655,7 +655,9 @@ def main(args: Args) -> dict:
     # Unlike the small MLPs of the other scripts, the CNN has enough work per operation to use every
     # CPU core, so PyTorch keeps its default number of threads here.
 
-    envs = make_envs(args.env_id, args.num_envs, args.capture_video, f"videos/{run_name}",
+    # A resumed run's videos go into a folder of their own: its episode count starts again at 0.
+    video_folder = f"videos/{run_name}" + (f"/resumed-at-step-{checkpoint['global_step']}" if checkpoint else "")
+    envs = make_envs(args.env_id, args.num_envs, args.capture_video, video_folder,
                      args.distribution_mode, args.num_levels, args.start_level)
     obs_shape = envs.single_observation_space.shape
     agent = Agent(obs_shape, envs.single_action_space.n).to(device)

@@ -203,17 +203,23 @@ def test_capture_video_writes_mp4_files(tmp_path):
     assert videos and all(video.stat().st_size > 1000 for video in videos)
 
 
-def test_a_run_resumed_with_capture_video_records_new_episodes(tmp_path):
-    """The saved environments cannot record: with --capture-video a resumed run starts new episodes,
-    says so, and writes its videos."""
-    code, _ = interrupt_after_first_progress_line("ppo.py", ["--total-timesteps", "16384", "--save-model",
-                                                             *SMALL_FLAGS], cwd=tmp_path)
+def test_a_run_resumed_with_capture_video_records_new_episodes_beside_the_old_ones(tmp_path):
+    """Environments that record cannot be saved: a resumed run with --capture-video starts new
+    episodes, says so, and writes their videos into a folder of its own (its episode count starts
+    again at 0: the first sitting's episode 0 must stay as it was)."""
+    flags = ["--total-timesteps", "16384", "--save-model", "--capture-video", *SMALL_FLAGS]
+    code, _ = interrupt_after_first_progress_line("ppo.py", flags, cwd=tmp_path)
     assert code == 130
-    run_dir = only_run_dir(tmp_path)
-    result = run_script("ppo.py", "--resume", str(run_dir / "checkpoint.pt"), "--capture-video", cwd=tmp_path)
+    run_dir, videos = only_run_dir(tmp_path), tmp_path / "videos" / only_run_dir(tmp_path).name
+    first_sitting = {video.name: video.read_bytes() for video in videos.glob("*.mp4")}
+    assert "rl-video-episode-0.mp4" in first_sitting
+    stopped_at = torch.load(run_dir / "checkpoint.pt", weights_only=False)["global_step"]
+
+    result = run_script("ppo.py", "--resume", str(run_dir / "checkpoint.pt"), cwd=tmp_path)  # video kept on
     assert "resuming" in result.stdout and "(with new episodes)" in result.stdout, result.stdout
-    videos = list((tmp_path / "videos" / run_dir.name).glob("*.mp4"))
-    assert videos and all(video.stat().st_size > 1000 for video in videos)
+    assert {video.name: video.read_bytes() for video in videos.glob("*.mp4")} == first_sitting
+    resumed = list((videos / f"resumed-at-step-{stopped_at}").glob("*.mp4"))
+    assert resumed and all(video.stat().st_size > 1000 for video in resumed)
 
 
 def test_track_works_offline(tmp_path):
