@@ -808,7 +808,10 @@ def main(args: Args) -> dict:
     else:
         # ALE/Pong-v5 -> ALE-Pong-v5: the run name is a directory name. Only rank 0 uses it.
         run_name = f"{args.env_id.replace('/', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}"
-    checkpoint_path = f"runs/{run_name}/checkpoint.pt"
+    # The run's folder: its TensorBoard log and checkpoint. A resumed run goes on in the folder of the
+    # checkpoint it was given, from wherever it is started.
+    run_dir = (os.path.dirname(args.resume) or ".") if checkpoint else f"runs/{run_name}"
+    checkpoint_path = os.path.join(run_dir, "checkpoint.pt")
 
     # [Multi-GPU 2: Per-rank seeds, identical initial weights] Each rank draws its actions, its
     # minibatch order and its games from its own seed, so the ranks do not collect the same data;
@@ -869,7 +872,7 @@ def main(args: Args) -> dict:
                 fail(f"--track could not start Weights & Biases ({str(error).splitlines()[0]}): log in with "
                      "`wandb login`, or set WANDB_MODE=offline to keep the run on this machine")
         # purge_step: after a resume, TensorBoard drops anything the interrupted run logged past the checkpoint.
-        writer = SummaryWriter(f"runs/{run_name}", purge_step=checkpoint["global_step"] + 1 if checkpoint else None)
+        writer = SummaryWriter(run_dir, purge_step=checkpoint["global_step"] + 1 if checkpoint else None)
         writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(
             f"|{key}|{value}|" for key, value in {**asdict(args), "world_size": world_size,
                                                   "batch_size": batch_size, "local_batch_size": local_batch_size,

@@ -645,7 +645,10 @@ def main(args: Args) -> dict:
         run_name = checkpoint["run_name"]
     else:
         run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
-    checkpoint_path = f"runs/{run_name}/checkpoint.pt"
+    # The run's folder: its TensorBoard log and checkpoint. A resumed run goes on in the folder of the
+    # checkpoint it was given, from wherever it is started.
+    run_dir = (os.path.dirname(args.resume) or ".") if checkpoint else f"runs/{run_name}"
+    checkpoint_path = os.path.join(run_dir, "checkpoint.pt")
 
     # Seeding. A resumed run overwrites these RNG states with the checkpoint's below.
     random.seed(args.seed)
@@ -686,7 +689,7 @@ def main(args: Args) -> dict:
             fail(f"--track could not start Weights & Biases ({str(error).splitlines()[0]}): log in with "
                  "`wandb login`, or set WANDB_MODE=offline to keep the run on this machine")
     # purge_step: after a resume, TensorBoard drops anything the interrupted run logged past the checkpoint.
-    writer = SummaryWriter(f"runs/{run_name}", purge_step=checkpoint["global_step"] + 1 if checkpoint else None)
+    writer = SummaryWriter(run_dir, purge_step=checkpoint["global_step"] + 1 if checkpoint else None)
     writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(
         f"|{key}|{value}|" for key, value in {**asdict(args), "batch_size": batch_size,
                                               "minibatch_size": minibatch_size,

@@ -147,8 +147,12 @@ def test_interrupted_and_resumed_run_ends_with_the_same_weights(tmp_path):
     assert 0 < stopped_at < 12800
     assert read_scalars(run_dir)["charts/SPS"][-1][0] == stopped_at  # logs flushed up to the stop
 
-    resumed = run_script("ppo.py", "--resume", str(checkpoint_path.relative_to(interrupted)), cwd=interrupted)
+    # Resumed from another directory: the run goes on in its checkpoint's folder all the same.
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    resumed = run_script("ppo.py", "--resume", str(checkpoint_path), cwd=elsewhere)
     assert f"resuming {run_dir.name} at step {stopped_at:,}" in resumed.stdout
+    assert not (elsewhere / "runs").exists()
 
     assert_same_final_weights(unbroken, checkpoint_path, 12800)  # and the same TensorBoard log
 
