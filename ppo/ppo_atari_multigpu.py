@@ -294,7 +294,8 @@ class FireReset(gym.Wrapper):
         return obs, info
 
 
-def make_env(env_id: str, idx: int, capture_video: bool, video_folder: str):
+def make_env(env_id: str, idx: int, capture_video: bool, video_folder: str,
+             video_episodes: int | None = None):
     """Return a function that builds one preprocessed Atari game; video is recorded from the first
     one only, at the game's full frame rate and in color, one file per real game."""
 
@@ -305,7 +306,12 @@ def make_env(env_id: str, idx: int, capture_video: bool, video_folder: str):
         # v5 ids stand for. For the published setting use <Game>NoFrameskip-v4, which has none.
         env = gym.make(env_id, frameskip=1, render_mode="rgb_array" if capture_video and idx == 0 else None)
         if capture_video and idx == 0:
-            env = gym.wrappers.RecordVideo(env, video_folder)
+            trigger = None  # RecordVideo's own: episodes 0, 1, 8, 27, ..., 1000, 2000, ...
+            if video_episodes is not None:  # an evaluation's: none past its last (the reset after it starts one)
+                from gymnasium.utils.save_video import capped_cubic_video_schedule as schedule
+
+                trigger = lambda episode: episode < video_episodes and schedule(episode)  # noqa: E731
+            env = gym.wrappers.RecordVideo(env, video_folder, episode_trigger=trigger)
         # gymnasium's AtariPreprocessing carries out three of the details as the original wrappers do,
         # with one difference: it max-pools two grayscale frames where the original max-pools two color
         # frames and then converts them. Breakout's observations come out identical; in Pong 0.2% of
@@ -402,7 +408,8 @@ def check_env_id(env_id: str) -> None:
 
 
 def make_envs(env_id: str, num_envs: int, capture_video: bool = False, video_folder: str = "videos",
-              saved_envs: list[bytes] | bytes | None = None, async_envs: bool = False) -> gym.vector.VectorEnv:
+              saved_envs: list[bytes] | bytes | None = None, async_envs: bool = False,
+              video_episodes: int | None = None) -> gym.vector.VectorEnv:
     """Build the vector of preprocessed games, checking that this script can train on them; from
     `saved_envs` (pickle_envs), the very games that were saved.
 
@@ -423,7 +430,7 @@ def make_envs(env_id: str, num_envs: int, capture_video: bool = False, video_fol
     if saved_envs is not None:
         env_fns = [functools.partial(restore_game, saved_game) for saved_game in saved_envs]
     else:
-        env_fns = [make_env(env_id, i, capture_video, video_folder) for i in range(num_envs)]
+        env_fns = [make_env(env_id, i, capture_video, video_folder, video_episodes) for i in range(num_envs)]
     if async_envs:
         # forkserver: the workers start from a clean process, not a copy of this one with its threads.
         # AsyncVectorEnv builds one game here too, for the spaces: keep this process's Ctrl-C handler.
@@ -738,7 +745,7 @@ def evaluate(args: Args, device: torch.device) -> list[float]:
     so a game lasts all its lives and its score is the real, unclipped one."""
     checkpoint = load_checkpoint(args.evaluate)
     video_folder = f"videos/{checkpoint['run_name']}-eval"
-    envs = make_envs(args.env_id, 1, args.capture_video, video_folder)
+    envs = make_envs(args.env_id, 1, args.capture_video, video_folder, video_episodes=args.eval_episodes)
     agent = Agent(envs.single_action_space.n).to(device)
     agent.load_state_dict(checkpoint["model"])
     agent.eval()

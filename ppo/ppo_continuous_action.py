@@ -211,7 +211,8 @@ def check_args(args: Args) -> None:
 # ---------------------------------------------------------------------------------------------------
 
 
-def make_env(env_id: str, idx: int, capture_video: bool, video_folder: str):
+def make_env(env_id: str, idx: int, capture_video: bool, video_folder: str,
+             video_episodes: int | None = None):
     """Return a function that builds one environment; video is recorded from the first one only.
 
     The environments stay raw: observation normalization lives in the agent and reward scaling in the
@@ -223,7 +224,12 @@ def make_env(env_id: str, idx: int, capture_video: bool, video_folder: str):
                 # Without a display MuJoCo renders through EGL; it reads this when it is first imported.
                 os.environ.setdefault("MUJOCO_GL", "egl")
             env = gym.make(env_id, render_mode="rgb_array")
-            env = gym.wrappers.RecordVideo(env, video_folder)
+            trigger = None  # RecordVideo's own: episodes 0, 1, 8, 27, ..., 1000, 2000, ...
+            if video_episodes is not None:  # an evaluation's: none past its last (the reset after it starts one)
+                from gymnasium.utils.save_video import capped_cubic_video_schedule as schedule
+
+                trigger = lambda episode: episode < video_episodes and schedule(episode)  # noqa: E731
+            env = gym.wrappers.RecordVideo(env, video_folder, episode_trigger=trigger)
         else:
             env = gym.make(env_id)
         return env
@@ -232,7 +238,7 @@ def make_env(env_id: str, idx: int, capture_video: bool, video_folder: str):
 
 
 def make_envs(env_id: str, num_envs: int, capture_video: bool = False, video_folder: str = "videos",
-              saved_envs: bytes | None = None) -> gym.vector.SyncVectorEnv:
+              saved_envs: bytes | None = None, video_episodes: int | None = None) -> gym.vector.SyncVectorEnv:
     """Build the vector of environments, checking that this script can train on them.
 
     [Core 1: Vectorized architecture] One learner steps `num_envs` copies of the environment in lock
@@ -250,7 +256,7 @@ def make_envs(env_id: str, num_envs: int, capture_video: bool = False, video_fol
     if saved_envs is not None:
         env_fns = [lambda env=env: env for env in load_envs(saved_envs)]
     else:
-        env_fns = [make_env(env_id, i, capture_video, video_folder) for i in range(num_envs)]
+        env_fns = [make_env(env_id, i, capture_video, video_folder, video_episodes) for i in range(num_envs)]
     try:
         envs = gym.vector.SyncVectorEnv(env_fns, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     except gym.error.DependencyNotInstalled as error:
@@ -603,7 +609,7 @@ def evaluate(args: Args, device: torch.device) -> list[float]:
     print the mean and standard deviation of their returns."""
     checkpoint = load_checkpoint(args.evaluate)
     video_folder = f"videos/{checkpoint['run_name']}-eval"
-    envs = make_envs(args.env_id, 1, args.capture_video, video_folder)
+    envs = make_envs(args.env_id, 1, args.capture_video, video_folder, video_episodes=args.eval_episodes)
     agent = Agent(envs.single_observation_space.shape[0], envs.single_action_space.shape[0], args.obs_clip).to(device)
     agent.load_state_dict(checkpoint["model"])  # the weights and the observation statistics
     agent.eval()

@@ -226,6 +226,17 @@ def test_a_run_resumed_with_capture_video_records_new_episodes_beside_the_old_on
     assert resumed and all(video.stat().st_size > 1000 for video in resumed)
 
 
+def test_an_evaluation_films_its_episodes_and_no_more(workdir):
+    """After the last evaluated episode the environment resets, which starts episode 1 on gymnasium's
+    schedule (0, 1, 8, ...): closing the environment then wrote a one-frame video of a game nobody played."""
+    main(Args(total_timesteps=128, save_model=True, **SMALL))
+    run_dir = only_run_dir(workdir)
+    main(parse_args(["--evaluate", str(run_dir / "checkpoint.pt"), "--eval-episodes", "1", "--capture-video",
+                     "--no-cuda"]))
+    videos = workdir / "videos" / f"{run_dir.name}-eval"
+    assert sorted(video.name for video in videos.glob("*.mp4")) == ["rl-video-episode-0.mp4"]
+
+
 def test_track_works_offline(tmp_path):
     run_script("ppo.py", "--total-timesteps", "512", "--track", *SMALL_FLAGS, cwd=tmp_path,
                env={"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path), "WANDB_SILENT": "true"})
