@@ -17,6 +17,7 @@ import random
 import signal
 import sys
 import time
+import warnings
 from collections import deque
 from dataclasses import asdict, dataclass, fields, replace
 from typing import NoReturn
@@ -355,6 +356,9 @@ def in_worker(make_game) -> gym.Env:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     cv2.setNumThreads(1)
     ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Error)  # no banner for every game made
+    # AsyncVectorEnv built the first game once in the main process too, for its spaces; with video
+    # that made the (new) folder, which RecordVideo here would warn of as if it held older videos.
+    warnings.filterwarnings("ignore", message=".*Overwriting existing videos")
     return make_game()
 
 
