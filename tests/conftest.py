@@ -2,6 +2,7 @@
 
 import contextlib
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -247,6 +248,21 @@ def ctrl_c_during_step(env_class: type, step_number: int):
         yield
     finally:
         env_class.step = original_step
+
+
+def assert_evaluation_output(output: str, env_id: str, episodes: int) -> list[float]:
+    """What --evaluate prints: a line per episode, `episode K: return R ...`, then `<env_id>: mean return
+    M +- S over N episodes`, with M and S the mean and standard deviation of the N returns (within the
+    rounding of the episode lines). Returns the episodes' returns as printed."""
+    import numpy as np
+
+    returns = [float(value) for value in re.findall(r"^episode \d+: return (-?[\d.]+)", output, re.MULTILINE)]
+    summary = re.search(rf"^{re.escape(env_id)}: mean return (-?[\d.]+) \+- ([\d.]+) over {episodes} episodes$",
+                        output, re.MULTILINE)
+    assert summary and len(returns) == episodes, output
+    assert float(summary.group(1)) == pytest.approx(np.mean(returns), abs=0.05)
+    assert float(summary.group(2)) == pytest.approx(np.std(returns), abs=0.05)
+    return returns
 
 
 def expect_missing_package_error(result: subprocess.CompletedProcess, script: str, *fragments: str,

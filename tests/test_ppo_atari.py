@@ -3,7 +3,6 @@ game scores, frame skipping for v4 and v5 ids), a short training run, exact resu
 checkpoint, evaluation, and the errors for wrong input."""
 
 import importlib
-import re
 
 import gymnasium as gym
 import numpy as np
@@ -14,8 +13,9 @@ pytest.importorskip("ale_py")
 pytest.importorskip("cv2")
 
 from conftest import (assert_compiled_loss_matches_plain, assert_compiles_whole, assert_details_marked,  # noqa: E402
-                      assert_logs_every_metric, assert_same_final_weights, expect_missing_package_error,
-                      expect_usage_error, only_run_dir, run_script, run_unbroken_and_interrupted, without_module)
+                      assert_evaluation_output, assert_logs_every_metric, assert_same_final_weights,
+                      expect_missing_package_error, expect_usage_error, only_run_dir, run_script,
+                      run_unbroken_and_interrupted, without_module)
 from ppo.ppo_atari import (Agent, Args, main, make_env, make_envs,  # noqa: E402
                            minibatch_loss, parse_args, pickle_envs, finished_games)
 
@@ -234,10 +234,7 @@ def test_interrupted_and_resumed_run_ends_with_the_same_weights_and_evaluates(tm
 
     evaluation = run_script("ppo_atari.py", "--evaluate", str(checkpoint_path), "--eval-episodes", "2",
                             cwd=interrupted)
-    match = re.search(r"BreakoutNoFrameskip-v4: mean return ([\d.]+) \+- ([\d.]+) over 2 episodes", evaluation.stdout)
-    assert match, evaluation.stdout
-    scores = [float(score) for score in re.findall(r"episode \d+: return ([\d.]+)", evaluation.stdout)]
-    assert len(scores) == 2 and float(match.group(1)) == pytest.approx(np.mean(scores), abs=0.01)
+    assert_evaluation_output(evaluation.stdout, "BreakoutNoFrameskip-v4", 2)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -1,7 +1,6 @@
 """Tests of ppo/ppo_atari_envpool.py: what envpool does at an episode's end (the facts the training loop
 relies on), game scores logged from envpool's info, a short run, checkpoints, and the errors."""
 
-import re
 
 import numpy as np
 import pytest
@@ -11,8 +10,9 @@ pytest.importorskip("envpool")
 
 import ppo.ppo_atari_envpool as script  # noqa: E402
 from conftest import (assert_compiled_loss_matches_plain, assert_compiles_whole, assert_details_marked,  # noqa: E402
-                      assert_logs_every_metric, expect_missing_package_error, expect_usage_error,
-                      interrupt_after_first_progress_line, only_run_dir, read_scalars, run_script, without_module)
+                      assert_evaluation_output, assert_logs_every_metric, expect_missing_package_error,
+                      expect_usage_error, interrupt_after_first_progress_line, only_run_dir, read_scalars, run_script,
+                      without_module)
 from ppo.ppo_atari_envpool import Args, main, make_envs  # noqa: E402
 
 TINY = ["--num-envs", "2", "--num-steps", "16", "--num-minibatches", "2", "--no-cuda"]
@@ -211,8 +211,7 @@ def test_an_interrupted_run_resumes_with_new_games_and_evaluates(tmp_path, speed
 
     evaluation = run_script("ppo_atari_envpool.py", "--evaluate", str(checkpoint_path), "--eval-episodes", "2",
                             cwd=tmp_path)
-    match = re.search(r"Breakout-v5: mean return ([\d.]+) \+- ([\d.]+) over 2 episodes", evaluation.stdout)
-    assert match, evaluation.stdout
+    assert_evaluation_output(evaluation.stdout, "Breakout-v5", 2)
 
 
 def test_ids_that_are_not_envpool_atari_games_point_to_the_right_script(capsys, workdir):

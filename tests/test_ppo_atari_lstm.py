@@ -9,8 +9,8 @@ import torch
 pytest.importorskip("ale_py")
 pytest.importorskip("cv2")
 
-from conftest import (assert_compiled_loss_matches_plain, assert_details_marked, assert_logs_every_metric,  # noqa: E402
-                      assert_same_final_weights, expect_usage_error, only_run_dir, run_script,
+from conftest import (assert_compiled_loss_matches_plain, assert_details_marked, assert_evaluation_output,  # noqa: E402
+                      assert_logs_every_metric, assert_same_final_weights, expect_usage_error, only_run_dir, run_script,
                       run_unbroken_and_interrupted)
 from ppo.ppo_atari_lstm import (Agent, Args, EnvCursor, collect_rollout, main, make_envs,  # noqa: E402
                                 minibatch_loss, replay_sequences)
@@ -105,7 +105,7 @@ def test_interrupted_and_resumed_run_ends_with_the_same_weights(tmp_path):
 
     evaluation = run_script("ppo_atari_lstm.py", "--evaluate", str(checkpoint_path), "--eval-episodes", "1",
                             cwd=interrupted)
-    assert "BreakoutNoFrameskip-v4: mean return" in evaluation.stdout
+    assert_evaluation_output(evaluation.stdout, "BreakoutNoFrameskip-v4", 1)
 
 
 def test_an_async_run_interrupted_and_resumed_ends_as_an_unbroken_sync_run(tmp_path):

@@ -16,7 +16,7 @@ import torch.multiprocessing as mp
 pytest.importorskip("ale_py")
 pytest.importorskip("cv2")
 
-from conftest import (REPO, assert_details_marked, assert_logs_every_metric,  # noqa: E402
+from conftest import (REPO, assert_details_marked, assert_evaluation_output, assert_logs_every_metric,  # noqa: E402
                       assert_same_final_weights, expect_usage_error, only_run_dir, run_script,
                       run_unbroken_and_interrupted, torchrun)
 from ppo.ppo_atari_multigpu import Agent, Args, gradient_step, main, minibatch_loss, parse_args  # noqa: E402
@@ -164,7 +164,7 @@ def test_an_interrupted_group_resumes_to_the_same_weights_and_evaluates_in_one_p
 
     evaluation = run_script("ppo_atari_multigpu.py", "--evaluate", str(checkpoint_path), "--eval-episodes", "1",
                             cwd=interrupted)
-    assert re.search(r"BreakoutNoFrameskip-v4: mean return [\d.]+ \+- [\d.]+ over 1 episodes", evaluation.stdout)
+    assert_evaluation_output(evaluation.stdout, "BreakoutNoFrameskip-v4", 1)
 
     other_world = run_script("ppo_atari_multigpu.py", "--resume", str(checkpoint_path), cwd=interrupted, check=False)
     assert other_world.returncode == 2
