@@ -158,6 +158,38 @@ def assert_compiled_run_resumes_exactly(script, args, workdir: Path, env_class: 
     assert_core_optimizer_settings(checkpoint_path.parent, torch.load(checkpoint_path, weights_only=False))
 
 
+def assert_first_minibatch_replays_the_rollout(script, args, monkeypatch) -> None:
+    """Before an update's first optimizer step the network is still the one that acted, so the first
+    minibatch's log-probabilities and values, recomputed from the stored batch (and, in the LSTM, from
+    the stored recurrent state), must be the rollout's own: a batch whose observations, actions,
+    episode starts or states fell out of step with each other fails this. Runs `script.main(args)` in
+    the working directory, spying on its compute_gae (once per rollout) and ppo_loss; checks every
+    iteration, since the first starts from zero LSTM states, which hide a wrong one."""
+    import torch
+
+    compute_gae, ppo_loss = script.compute_gae, script.ppo_loss
+    first_minibatches, waiting_for_first = [], []
+
+    def recording_gae(*inputs):
+        waiting_for_first.append(True)
+        return compute_gae(*inputs)
+
+    def recording_loss(new_logprob, entropy, new_value, old_logprob, old_value, *rest):
+        if waiting_for_first:
+            waiting_for_first.clear()
+            first_minibatches.append([tensor.detach().clone() for tensor in (new_logprob, old_logprob,
+                                                                             new_value, old_value)])
+        return ppo_loss(new_logprob, entropy, new_value, old_logprob, old_value, *rest)
+
+    monkeypatch.setattr(script, "compute_gae", recording_gae)
+    monkeypatch.setattr(script, "ppo_loss", recording_loss)
+    script.main(args)
+    assert len(first_minibatches) == args.total_timesteps // (args.num_envs * args.num_steps)
+    for new_logprob, old_logprob, new_value, old_value in first_minibatches:
+        torch.testing.assert_close(new_logprob, old_logprob, rtol=0, atol=1e-5)
+        torch.testing.assert_close(new_value, old_value, rtol=0, atol=1e-5)
+
+
 def assert_same_final_weights(unbroken: Path, resumed_checkpoint: Path, total_timesteps: int) -> tuple[dict, dict]:
     """The resumed run's final checkpoint must match the unbroken run's: same step count, bit-identical
     weights; and so must its TensorBoard log. Returns (unbroken, resumed) checkpoints for the script's own further checks."""

@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from conftest import (METRICS, assert_compiled_loss_matches_plain, assert_compiled_run_resumes_exactly,
-                      assert_compiles_whole, assert_details_marked, assert_evaluation_output, assert_logs_every_metric,
-                      assert_same_final_weights, expect_missing_package_error, expect_usage_error,
-                      interrupt_after_first_progress_line, only_run_dir, read_scalars, run_script,
-                      run_unbroken_and_interrupted, without_module)
+                      assert_compiles_whole, assert_details_marked, assert_evaluation_output,
+                      assert_first_minibatch_replays_the_rollout, assert_logs_every_metric, assert_same_final_weights,
+                      expect_missing_package_error, expect_usage_error, interrupt_after_first_progress_line,
+                      only_run_dir, read_scalars, run_script, run_unbroken_and_interrupted, without_module)
 import ppo.ppo as script
 from ppo.ppo import Agent, Args, main, minibatch_loss, parse_args
 
@@ -116,6 +116,10 @@ def test_cartpole_learns_well_above_random(trained_cartpole):
     """A uniformly random policy scores about 22 on CartPole-v1."""
     result, _ = trained_cartpole
     assert np.mean(result["recent_returns"]) > 120
+
+
+def test_the_first_minibatch_of_each_update_replays_the_rollout(workdir, monkeypatch):
+    assert_first_minibatch_replays_the_rollout(script, Args(env_id="CartPole-v1", total_timesteps=256, **SMALL), monkeypatch)
 
 
 def test_same_seed_gives_identical_metrics(workdir, monkeypatch):

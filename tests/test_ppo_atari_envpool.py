@@ -10,9 +10,9 @@ pytest.importorskip("envpool")
 
 import ppo.ppo_atari_envpool as script  # noqa: E402
 from conftest import (assert_compiled_loss_matches_plain, assert_compiles_whole, assert_details_marked,  # noqa: E402
-                      assert_evaluation_output, assert_logs_every_metric, expect_missing_package_error,
-                      expect_usage_error, interrupt_after_first_progress_line, only_run_dir, read_scalars, run_script,
-                      without_module)
+                      assert_evaluation_output, assert_first_minibatch_replays_the_rollout, assert_logs_every_metric,
+                      expect_missing_package_error, expect_usage_error, interrupt_after_first_progress_line,
+                      only_run_dir, read_scalars, run_script, without_module)
 from ppo.ppo_atari_envpool import Args, main, make_envs  # noqa: E402
 
 TINY = ["--num-envs", "2", "--num-steps", "16", "--num-minibatches", "2", "--no-cuda"]
@@ -143,6 +143,10 @@ def spy_on_the_update(monkeypatch) -> tuple[list, list]:
     monkeypatch.setattr(script, "compute_gae", recording_gae)
     monkeypatch.setattr(script, "minibatch_loss", recording_loss)
     return rollouts, minibatches
+
+
+def test_the_first_minibatch_of_each_update_replays_the_rollout(workdir, monkeypatch):
+    assert_first_minibatch_replays_the_rollout(script, Args(total_timesteps=96, **TINY_ARGS), monkeypatch)
 
 
 def test_the_reset_steps_are_left_out_of_the_update(workdir, monkeypatch):

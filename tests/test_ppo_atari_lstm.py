@@ -10,8 +10,9 @@ pytest.importorskip("ale_py")
 pytest.importorskip("cv2")
 
 from conftest import (assert_compiled_loss_matches_plain, assert_details_marked, assert_evaluation_output,  # noqa: E402
-                      assert_logs_every_metric, assert_same_final_weights, expect_usage_error, only_run_dir, run_script,
-                      run_unbroken_and_interrupted)
+                      assert_first_minibatch_replays_the_rollout, assert_logs_every_metric, assert_same_final_weights,
+                      expect_usage_error, only_run_dir, run_script, run_unbroken_and_interrupted)
+import ppo.ppo_atari_lstm as script  # noqa: E402
 from ppo.ppo_atari_lstm import (Agent, Args, EnvCursor, collect_rollout, main, make_envs,  # noqa: E402
                                 minibatch_loss, replay_sequences)
 
@@ -56,6 +57,13 @@ def test_replaying_the_rollout_reproduces_its_log_probs_and_values(rollout_and_a
     assert logprob.shape == value.shape == (64, len(columns))
     np.testing.assert_allclose(logprob.numpy(), rollout.logprobs[:, columns], rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(value.numpy(), rollout.values[:, columns], rtol=1e-5, atol=1e-6)
+
+
+def test_the_first_minibatch_of_each_update_replays_the_rollout(workdir, monkeypatch):
+    """The training loop's own indexing: shuffled environments, each with its saved state (4 games, 2
+    minibatches of 2)."""
+    args = Args(total_timesteps=256, num_envs=4, num_steps=16, num_minibatches=2, cuda=False)
+    assert_first_minibatch_replays_the_rollout(script, args, monkeypatch)
 
 
 def test_the_replay_depends_on_the_saved_state_and_the_resets(rollout_and_agent):

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from conftest import (assert_compiled_loss_matches_plain, assert_compiled_run_resumes_exactly, assert_compiles_whole,
-                      assert_details_marked, assert_evaluation_output, assert_logs_every_metric,
-                      assert_same_agent_state, assert_same_logs, expect_usage_error, only_run_dir, run_script,
-                      run_unbroken_and_interrupted_in_process)
+                      assert_details_marked, assert_evaluation_output, assert_first_minibatch_replays_the_rollout,
+                      assert_logs_every_metric, assert_same_agent_state, assert_same_logs, expect_usage_error,
+                      only_run_dir, run_script, run_unbroken_and_interrupted_in_process)
 from ppo import ppo_procgen as script
 from ppo.ppo_procgen import Agent, Args, main, minibatch_loss, parse_args
 
@@ -188,6 +188,10 @@ def test_tiny_run_on_starpilot_then_evaluate(tmp_path, monkeypatch, capsys, proc
     assert len(evaluation["episode_returns"]) == 2
     printed = assert_evaluation_output(capsys.readouterr().out, "starpilot", 2)
     assert printed == pytest.approx(evaluation["episode_returns"], abs=0.05)
+
+
+def test_the_first_minibatch_of_each_update_replays_the_rollout(workdir, monkeypatch, procgen):
+    assert_first_minibatch_replays_the_rollout(script, Args(total_timesteps=192, **SMALL), monkeypatch)
 
 
 def test_interrupted_and_resumed_run_ends_exactly_like_an_unbroken_one(workdir, procgen):
