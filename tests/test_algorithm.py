@@ -138,3 +138,34 @@ def test_normalized_advantages_ignore_their_shift_and_scale(script):
         plain, _ = loss(script, args, new_logprob, advantages)
         shifted, _ = loss(script, args, new_logprob, 5 * advantages + 100)
         assert (abs(plain.item() - shifted.item()) < 1e-5) == same, norm_adv
+
+
+# ---------------------------------------------------------------------------------------------------
+# Reward scaling: [Continuous 8] in ppo_continuous_action.py, train-procgen's in ppo_procgen.py
+# ---------------------------------------------------------------------------------------------------
+
+
+# The two references cut the return differently at an episode's end. gymnasium's NormalizeReward (the
+# continuous script's reference) drops the old return in the terminal step itself, so that step's
+# return is its reward alone, and carries it into the next episode; baselines' VecNormalize (Procgen's)
+# adds the terminal reward, counts that return, then starts the next episode from 0.
+SCALED_RETURNS = {  # script: (returns the statistics see, the return kept after each step)
+    "ppo_continuous_action": ([1.0, 2.9, 3.0, 6.7, 11.03], [1.0, 2.9, 3.0, 6.7, 11.03]),
+    "ppo_procgen": ([1.0, 2.9, 5.61, 4.0, 8.6], [1.0, 2.9, 0.0, 4.0, 8.6]),
+}
+
+
+@pytest.mark.parametrize("script", sorted(SCALED_RETURNS))
+def test_rewards_are_scaled_by_the_std_of_the_discounted_return(script):
+    """Each reward is divided by the standard deviation of every discounted return so far, the
+    current one included (gamma 0.9 here); an episode's end cuts the return, not the statistics."""
+    scaler = load(script).RewardScaler(num_envs=1, gamma=0.9)
+    rewards = [1.0, 2.0, 3.0, 4.0, 5.0]
+    ended = [False, False, True, False, False]  # an episode ends with the third reward
+    counted_returns, kept_returns = SCALED_RETURNS[script]
+    for t, (reward, end) in enumerate(zip(rewards, ended)):
+        scaled = scaler.scale(np.array([reward]), np.array([end]))
+        if t > 0:  # (one sample has no variance; the prior's pseudo-count decides the first scale)
+            std = np.std(counted_returns[:t + 1])
+            assert scaled[0] == pytest.approx(reward / std, rel=1e-3)
+        assert scaler.discounted_return[0] == pytest.approx(kept_returns[t])

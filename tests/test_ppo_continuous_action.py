@@ -141,22 +141,6 @@ def test_observation_statistics_travel_in_the_state_dict(tmp_path):
     assert loaded.obs_rms.count == agent.obs_rms.count
 
 
-def test_rewards_are_scaled_by_the_std_of_the_discounted_return():
-    """Each reward is divided by the standard deviation of every discounted return so far, the
-    current one included; a termination cuts the return at the terminal step (not the statistics)."""
-    scaler = RewardScaler(num_envs=1, gamma=0.9)
-    rewards = [1.0, 2.0, 3.0, 4.0, 5.0]
-    terminated = [False, False, True, False, False]  # an episode ends with the third reward
-    # 1, 0.9 * 1 + 2; the terminal step's return is its reward alone; then 0.9 * 3 + 4, 0.9 * 6.7 + 5
-    expected_returns = [1.0, 2.9, 3.0, 6.7, 11.03]
-    for t, (reward, end) in enumerate(zip(rewards, terminated)):
-        scaled = scaler.scale(np.array([reward]), np.array([end]))
-        if t > 0:  # (one sample has no variance; the prior's pseudo-count decides the first scale)
-            std = np.std(expected_returns[:t + 1])
-            assert scaled[0] == pytest.approx(reward / std, rel=1e-3)
-        assert scaler.discounted_return[0] == pytest.approx(expected_returns[t])
-
-
 class KnownRewards(gym.Env):
     """A tiny task with known rewards: step k of an episode (k = 1, 2, ...) pays k; the episode
     terminates after `terminate_after` steps, if given, else runs until a time limit cuts it."""
