@@ -164,11 +164,16 @@ def assert_first_minibatch_replays_the_rollout(script, args, monkeypatch) -> Non
     the stored recurrent state), must be the rollout's own: a batch whose observations, actions,
     episode starts or states fell out of step with each other fails this. Runs `script.main(args)` in
     the working directory, spying on its compute_gae (once per rollout) and ppo_loss; checks every
-    iteration, since the first starts from zero LSTM states, which hide a wrong one."""
+    iteration, since the first starts from zero LSTM states, which hide a wrong one. Also [Core 11]:
+    every minibatch's gradients are clipped, to --max-grad-norm."""
     import torch
 
-    compute_gae, ppo_loss = script.compute_gae, script.ppo_loss
-    first_minibatches, waiting_for_first = [], []
+    compute_gae, ppo_loss, clip_grad_norm = script.compute_gae, script.ppo_loss, torch.nn.utils.clip_grad_norm_
+    first_minibatches, waiting_for_first, clipped_to = [], [], []
+
+    def recording_clip(parameters, max_norm, *rest, **options):
+        clipped_to.append(max_norm)
+        return clip_grad_norm(parameters, max_norm, *rest, **options)
 
     def recording_gae(*inputs):
         waiting_for_first.append(True)
@@ -183,8 +188,11 @@ def assert_first_minibatch_replays_the_rollout(script, args, monkeypatch) -> Non
 
     monkeypatch.setattr(script, "compute_gae", recording_gae)
     monkeypatch.setattr(script, "ppo_loss", recording_loss)
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", recording_clip)
     script.main(args)
-    assert len(first_minibatches) == args.total_timesteps // (args.num_envs * args.num_steps)
+    num_iterations = args.total_timesteps // (args.num_envs * args.num_steps)
+    assert len(first_minibatches) == num_iterations
+    assert clipped_to == [args.max_grad_norm] * (num_iterations * args.update_epochs * args.num_minibatches)
     for new_logprob, old_logprob, new_value, old_value in first_minibatches:
         torch.testing.assert_close(new_logprob, old_logprob, rtol=0, atol=1e-5)
         torch.testing.assert_close(new_value, old_value, rtol=0, atol=1e-5)

@@ -141,6 +141,27 @@ def test_normalized_advantages_ignore_their_shift_and_scale(script):
 
 
 # ---------------------------------------------------------------------------------------------------
+# [Core 2: Orthogonal initialization of weights, constant initialization of biases], in the two MLP
+# scripts (the CNN scripts test their own networks')
+# ---------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("script, actor", [("ppo", "actor"), ("ppo_continuous_action", "actor_mean")])
+def test_mlp_layers_are_orthogonal_with_the_reference_gains_and_zero_biases(script, actor):
+    """An orthogonal matrix scaled by g has W W^T = g^2 I (or W^T W, the smaller side): sqrt(2) for
+    the hidden layers, 1 for the value head, 0.01 for the policy head (a near-uniform first policy)."""
+    agent = load(script).Agent(11, 3)
+    for network, head_gain in ((agent.critic, 1.0), (getattr(agent, actor), 0.01)):
+        layers = [layer for layer in network if isinstance(layer, torch.nn.Linear)]
+        assert len(layers) == 3
+        for layer, gain in zip(layers, (np.sqrt(2), np.sqrt(2), head_gain)):
+            weight = layer.weight.detach().double()
+            small_side = weight @ weight.T if weight.shape[0] <= weight.shape[1] else weight.T @ weight
+            torch.testing.assert_close(small_side, gain**2 * torch.eye(len(small_side), dtype=torch.float64),
+                                       rtol=0, atol=1e-5 * gain**2 + 1e-12)
+            assert torch.count_nonzero(layer.bias) == 0
+
+# ---------------------------------------------------------------------------------------------------
 # Reward scaling: [Continuous 8] in ppo_continuous_action.py, train-procgen's in ppo_procgen.py
 # ---------------------------------------------------------------------------------------------------
 
