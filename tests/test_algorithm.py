@@ -128,7 +128,7 @@ def test_value_loss_clipping_keeps_the_larger_error(script):
 def test_normalized_advantages_ignore_their_shift_and_scale(script):
     """With --norm-adv the loss sees each minibatch's advantages standardized: shifting and scaling
     them changes nothing, while without it the same change moves the loss. (ppo_atari_multigpu.py
-    normalizes over the world's minibatch before its loss: its own tests check that.)"""
+    normalizes over the world's minibatch before its loss: see the next test.)"""
     Args = load(script).Args
     rng = np.random.default_rng(1)
     advantages = torch.tensor(rng.normal(size=16), dtype=torch.float32)
@@ -139,6 +139,32 @@ def test_normalized_advantages_ignore_their_shift_and_scale(script):
         shifted, _ = loss(script, args, new_logprob, 5 * advantages + 100)
         assert (abs(plain.item() - shifted.item()) < 1e-5) == same, norm_adv
 
+
+
+@pytest.mark.parametrize("norm_adv", [True, False])
+def test_the_multigpu_script_normalizes_advantages_before_its_loss(norm_adv):
+    """ppo_atari_multigpu.py standardizes the world's minibatch in gradient_step (all ranks' shares
+    together), so its loss receives them standardized; with one process, by this minibatch alone."""
+    module = load("ppo_atari_multigpu")
+    torch.manual_seed(0)
+    agent = module.Agent(4)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=1e-4, eps=1e-5)
+    size = 8
+    obs = torch.randint(0, 256, (size, 4, 84, 84), dtype=torch.uint8)
+    raw_advantages = 5 * torch.randn(size) + 100
+    received = []
+
+    def recording_loss(agent, obs, actions, old_logprob, old_value, advantages, returns, args):
+        received.append(advantages.clone())
+        return module.minibatch_loss(agent, obs, actions, old_logprob, old_value, advantages, returns, args)
+
+    minibatch = (obs, torch.randint(0, 4, (size,)), torch.zeros(size), torch.zeros(size), raw_advantages,
+                 torch.zeros(size))
+    module.gradient_step(agent, optimizer, minibatch, module.Args(norm_adv=norm_adv), 1, recording_loss)
+    if norm_adv:
+        assert abs(received[0].mean().item()) < 1e-5 and received[0].std().item() == pytest.approx(1.0, abs=1e-5)
+    else:
+        assert torch.equal(received[0], raw_advantages)
 
 # ---------------------------------------------------------------------------------------------------
 # [Core 2: Orthogonal initialization of weights, constant initialization of biases], in the two MLP
