@@ -185,6 +185,45 @@ def test_the_return_is_cut_at_a_termination_and_kept_across_a_truncation():
     assert scaler.return_rms.mean == pytest.approx(all_returns.mean(), rel=1e-4)
 
 
+def test_log_prob_and_entropy_are_sums_over_independent_action_dimensions():
+    """[Continuous 1, 3] A diagonal Gaussian, written out by hand: per dimension
+    -(a - mu)^2 / (2 sigma^2) - log sigma - log(2 pi) / 2, and 1/2 + log(2 pi) / 2 + log sigma for the
+    entropy, each summed over the action's dimensions."""
+    torch.manual_seed(0)
+    agent = Agent(11, 3)
+    with torch.no_grad():
+        agent.actor_logstd.copy_(torch.tensor([[-0.5, 0.0, 0.3]]))
+    obs, action = torch.randn(5, 11), torch.randn(5, 3)
+    with torch.no_grad():
+        _, log_prob, entropy, _ = agent.get_action_and_value(obs, action)
+        mean, log_std = agent.actor_mean(obs), agent.actor_logstd
+    half_log_2pi = 0.5 * np.log(2 * np.pi)
+    expected_log_prob = (-(action - mean) ** 2 / (2 * torch.exp(2 * log_std)) - log_std - half_log_2pi).sum(1)
+    expected_entropy = (0.5 + half_log_2pi + log_std).sum(1).expand(5)
+    torch.testing.assert_close(log_prob, expected_log_prob)
+    torch.testing.assert_close(entropy, expected_entropy)
+
+
+gym.register(id="KnownRewards-v0", entry_point=KnownRewards, max_episode_steps=40)
+
+
+def test_the_training_rewards_are_scaled_then_clipped(workdir, monkeypatch):
+    """[Continuous 8, 9] What GAE receives: the environment's rewards (1, 2, 3, ... here) scaled, then
+    clipped to --reward-clip, which bites at 0.5 while the statistics hold few returns."""
+    received = []
+    compute_gae = script.compute_gae
+
+    def recording_gae(rewards, *rest):
+        received.append(rewards.copy())
+        return compute_gae(rewards, *rest)
+
+    monkeypatch.setattr(script, "compute_gae", recording_gae)
+    main(Args(env_id="KnownRewards-v0", total_timesteps=128, reward_clip=0.5, **SMALL))
+    rewards = np.concatenate(received)
+    assert rewards.max() == pytest.approx(0.5) and np.sum(rewards == rewards.max()) > 1  # clipped, early on
+    assert 0 < rewards.min() < 0.01  # scaled: the raw rewards are 1 or more
+
+
 # ---------------------------------------------------------------------------------------------------
 # MuJoCo: a run end to end, evaluation with the saved statistics, exact resumption
 # ---------------------------------------------------------------------------------------------------
