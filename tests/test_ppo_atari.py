@@ -100,6 +100,17 @@ def test_atari_preprocessing_matches_the_original_pipeline_but_for_the_pooling_o
     assert max(differing) <= max_differing_pixels
 
 
+def test_each_game_starts_after_a_random_number_of_no_ops(script):
+    """[Atari 1] Up to 30 no-op frames on reset, drawn from the seed: the first observed frame varies
+    from game to game (FireReset's fixed steps come on top)."""
+    env = script.make_env("BreakoutNoFrameskip-v4", 0, False, "videos")()
+    start_frames = set()
+    for seed in range(10):
+        env.reset(seed=seed)
+        start_frames.add(env.unwrapped.ale.getEpisodeFrameNumber())
+    assert len(start_frames) > 3
+
+
 @pytest.mark.parametrize("env_id", ["BreakoutNoFrameskip-v4", "ALE/Breakout-v5"])
 def test_every_step_is_four_frames_for_v4_and_v5_ids(script, env_id):
     """ALE/...-v5 skips 4 frames itself by default; the script makes it with frameskip=1 so that
