@@ -19,7 +19,7 @@ pytest.importorskip("cv2")
 from conftest import (REPO, assert_details_marked, assert_evaluation_output, assert_logs_every_metric,  # noqa: E402
                       assert_same_final_weights, expect_usage_error, only_run_dir, run_script,
                       run_unbroken_and_interrupted, torchrun)
-from ppo.ppo_atari_multigpu import Agent, Args, gradient_step, main, minibatch_loss, parse_args  # noqa: E402
+from ppo.ppo_atari_multigpu import Agent, Args, gradient_step, main, make_envs, minibatch_loss, parse_args  # noqa: E402
 
 TINY = ["--num-envs", "2", "--num-steps", "16", "--num-minibatches", "2", "--no-cuda"]
 TWO_PROCESSES = torchrun("--standalone", "--nproc-per-node", "2")
@@ -177,6 +177,56 @@ def test_two_processes_train_with_async_envs(tmp_path):
                         launcher=TWO_PROCESSES)
     assert "step       128/128" in result.stdout
     assert_logs_every_metric(only_run_dir(tmp_path), except_for=("charts/episodic_return", "charts/episodic_length"))
+
+
+def record_first_frames(rank: int, port: int, out_dir) -> None:
+    """Run rank `rank` of a 2-process world of ppo_atari_multigpu.py for one iteration, in this
+    process, and save the frames its environments' first reset returned to out_dir/rank<rank>.npy."""
+    import os
+
+    import ppo.ppo_atari_multigpu as script
+
+    os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE="2",
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.chdir(out_dir)
+    make_envs = script.make_envs
+
+    def recording_make_envs(*args, **kwargs):
+        envs = make_envs(*args, **kwargs)
+        reset = envs.reset
+
+        def recording_reset(**reset_kwargs):
+            frames, infos = reset(**reset_kwargs)
+            if not (out_dir / f"rank{rank}.npy").exists():
+                np.save(out_dir / f"rank{rank}.npy", frames)
+            return frames, infos
+
+        envs.reset = recording_reset
+        return envs
+
+    script.make_envs = recording_make_envs
+    script.main(Args(seed=5, num_envs=4, num_steps=8, num_minibatches=2, total_timesteps=32, cuda=False))
+
+
+def test_the_ranks_play_the_games_one_process_would_play_with_all_the_environments(tmp_path):
+    """[Multi-GPU 2] Rank r's environments are seeded seed + r x local_num_envs + i, so the 2 ranks'
+    first frames, side by side, are those of one process's 4 environments with the same seed, and the
+    ranks do not replay each other's games. (Breakout's first frames hardly depend on the seed: with
+    seed 5, the [Atari 1] no-ops start the third game on a frame of its own, the others on the same.)"""
+    port = free_port()
+    workers = [mp.get_context("spawn").Process(target=record_first_frames, args=(rank, port, tmp_path))
+               for rank in range(2)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(timeout=120)
+        assert worker.exitcode == 0
+    world = np.concatenate([np.load(tmp_path / f"rank{rank}.npy") for rank in range(2)])
+    envs = make_envs("BreakoutNoFrameskip-v4", 4)
+    one_process, _ = envs.reset(seed=5)
+    envs.close()
+    assert np.array_equal(world, one_process)
+    assert not np.array_equal(world[:2], world[2:]), "the ranks start the same games"
 
 
 def test_cudagraphs_without_cuda_is_a_one_line_error(capsys, workdir):
