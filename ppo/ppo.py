@@ -424,18 +424,19 @@ def pickle_envs(envs: gym.vector.SyncVectorEnv) -> bytes | None:
 
 
 class StopOnInterrupt:
-    """The first Ctrl-C lets the current iteration finish, so the run can flush its logs and save a
-    checkpoint at a clean point; a second Ctrl-C stops at once."""
+    """The first Ctrl-C only prints `notice` and sets `requested`: training then stops after the
+    current iteration, so the run can flush its logs and save a checkpoint at a clean point. A second
+    Ctrl-C stops at once (KeyboardInterrupt)."""
 
-    def __init__(self):
-        self.requested = False
+    def __init__(self, notice: str = "Ctrl-C: stopping after this iteration (press Ctrl-C again to quit at once)"):
+        self.requested, self.notice = False, notice
         self.previous_handler = signal.signal(signal.SIGINT, self.handle)
 
     def handle(self, signum, frame):
         if self.requested:
             raise KeyboardInterrupt
         self.requested = True
-        print("\nCtrl-C: stopping after this iteration (press Ctrl-C again to quit at once)", flush=True)
+        print("\n" + self.notice, flush=True)
 
     def restore(self):
         signal.signal(signal.SIGINT, self.previous_handler)
@@ -695,7 +696,12 @@ def main(args: Args) -> dict:
     envs.close()
     writer.close()
     if args.track:
+        # wandb.finish() takes seconds, and a Ctrl-C inside it crashes W&B's service and loses the
+        # run's upload: a first Ctrl-C here only says so, a second one abandons the upload.
+        print("saving the W&B run...", flush=True)
+        still_saving = StopOnInterrupt("Ctrl-C: W&B is still saving the run (press Ctrl-C again to abandon it)")
         wandb.finish()
+        still_saving.restore()
     if interrupt.requested:
         how = f"resume with: python ppo/{VARIANT}.py --resume {checkpoint_path}" if args.save_model else \
             "no checkpoint written (run with --save-model to be able to resume)"

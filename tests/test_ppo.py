@@ -246,6 +246,45 @@ def test_track_works_offline(tmp_path):
     assert list(offline_runs[0].glob("*.wandb"))
 
 
+def test_a_ctrl_c_while_wandb_saves_the_run_does_not_interrupt_it(capsys, monkeypatch, workdir):
+    """Interrupting wandb.finish() crashes W&B's service (a Go panic) and loses the upload: a first
+    Ctrl-C there only says that W&B is still saving; a second one abandons it."""
+    wandb = pytest.importorskip("wandb")
+    import signal
+
+    presses = []
+
+    def finish_pressing_ctrl_c(times: int):
+        def finish():
+            for press in range(1, times + 1):
+                try:
+                    signal.raise_signal(signal.SIGINT)
+                except KeyboardInterrupt:
+                    presses.append(f"interrupted by press {press}")
+                    raise
+            presses.append(f"{times} presses")
+        return finish
+
+    monkeypatch.setattr(wandb, "init", lambda **kwargs: None)
+    monkeypatch.setattr(wandb, "finish", finish_pressing_ctrl_c(1))
+    try:
+        result = main(Args(total_timesteps=128, track=True, **SMALL))
+    except KeyboardInterrupt:  # caught here: pytest would stop the whole session
+        result = None
+    assert presses == ["1 presses"], presses
+    assert not result["interrupted"] and result["global_step"] == 128
+    assert "W&B is still saving the run (press Ctrl-C again to abandon it)" in capsys.readouterr().out
+
+    monkeypatch.setattr(wandb, "finish", finish_pressing_ctrl_c(2))
+    handler = signal.getsignal(signal.SIGINT)
+    try:
+        with pytest.raises(KeyboardInterrupt):  # __main__ turns it into one line and exit code 130
+            main(Args(total_timesteps=128, track=True, **SMALL))
+    finally:
+        signal.signal(signal.SIGINT, handler)
+    assert presses[-1] == "interrupted by press 2"
+
+
 def test_track_without_a_wandb_login_is_one_line(tmp_path):
     """Online tracking with no API key (none in the environment, no ~/.netrc): wandb.init refuses."""
     result = run_script("ppo.py", "--track", "--total-timesteps", "128", *SMALL_FLAGS, cwd=tmp_path, check=False,
