@@ -138,6 +138,8 @@ class Args:
 RUNTIME_FIELDS = {"cuda", "track", "wandb_project_name", "wandb_entity", "capture_video", "save_model",
                   "save_interval", "resume", "evaluate", "eval_episodes", "compile", "cudagraphs", "async_envs",
                   "backend", "device_ids"}
+# The training setting an evaluation also reads and may change: the seed of its games.
+EVALUATION_FIELDS = {"seed"}
 
 
 def fail(message: str) -> NoReturn:
@@ -170,7 +172,8 @@ def load_checkpoint(path: str) -> dict:
 def parse_args(argv: list[str] | None = None) -> Args:
     """Read the command line. With --resume or --evaluate the checkpoint's settings are the defaults,
     so `--resume PATH` alone continues the run. A resumed run refuses a training flag that contradicts
-    the checkpoint; an evaluation only needs the same environment (another --seed is fine)."""
+    the checkpoint. An evaluation needs the same environment, may change the EVALUATION_FIELDS, and
+    refuses every other training flag."""
     args = tyro.cli(Args, args=argv)
     if args.resume and args.evaluate:
         fail("--resume goes on training a saved run and --evaluate plays a saved agent: give one of them")
@@ -187,6 +190,11 @@ def parse_args(argv: list[str] | None = None) -> Args:
             flag = "--" + name.replace("_", "-")
             fail(f"the checkpoint was made with {flag} {getattr(saved, name)}, not "
                  f"{getattr(args, name)}: drop {flag} to keep the checkpoint's value")
+    if args.evaluate:  # any other training flag would be silently ignored: say so instead
+        for name in (f.name for f in fields(Args) if f.name not in RUNTIME_FIELDS | EVALUATION_FIELDS):
+            if getattr(args, name) != getattr(saved, name):
+                flag = "--" + name.replace("_", "-")
+                fail(f"{flag} is a training setting, which --evaluate does not use: drop it")
     return args
 
 

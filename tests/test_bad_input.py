@@ -150,6 +150,24 @@ def test_resume_and_evaluate_together_are_refused(script, capsys, workdir):
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
+def test_an_evaluation_refuses_the_training_flags_it_would_not_use(script, capsys, workdir):
+    """--evaluate with --num-envs 3 used to evaluate as if it were not there, while --num-minibatches 7
+    was refused by a rule about training minibatches. Every training flag is now refused, by name; the
+    settings an evaluation reads (EVALUATION_FIELDS: the seed, and Procgen's levels) may change."""
+    module = load(script)
+    path = str(workdir / "checkpoint.pt")
+    torch.save({"variant": module.VARIANT, "args": asdict(module.Args())}, path)
+    for name, value in (("num_minibatches", "7"), ("num_envs", "3"), ("learning_rate", "0.1")):
+        expect_usage_error(capsys, lambda: module.parse_args(["--evaluate", path, flag(name), value]),
+                           f"{script}.py", f"{flag(name)} is a training setting, which --evaluate does not use")
+    evaluation_flags = {"seed": "9", "distribution_mode": "hard", "num_levels": "0", "start_level": "5"}
+    assert module.EVALUATION_FIELDS <= evaluation_flags.keys()
+    for name in module.EVALUATION_FIELDS:
+        args = module.parse_args(["--evaluate", path, flag(name), evaluation_flags[name]])
+        assert str(getattr(args, name)) == evaluation_flags[name]
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
 def test_minibatches_of_one_transition_are_refused_when_advantages_are_normalized(script, capsys, workdir):
     """A one-transition minibatch has no standard deviation: normalizing its advantage would make the
     weights NaN one update later. Refused in one line; without --norm-adv such a minibatch is allowed."""
