@@ -123,7 +123,7 @@ for family in "${selected[@]}"; do
         continue
     fi
     if [[ ! -f ${SCRIPT[$family]} ]]; then
-        echo "== $family: skipped, ${SCRIPT[$family]} does not exist yet"
+        echo "== $family: skipped, ${SCRIPT[$family]} is missing"
         continue
     fi
     echo "== $family: ${COMMAND[$family]} on ${ENVS[$family]}, $NUM_SEEDS seeds, $WORKERS at a time"

@@ -39,6 +39,10 @@ except ImportError:  # reported with the command that installs it when an enviro
 
 VARIANT = "ppo_atari"  # written into checkpoints, so another variant's checkpoint is refused
 
+# Procgen's gym3 holds imageio-ffmpeg below 0.4, which warns when the first video is written that
+# pkg_resources is deprecated: noise about a library this script never calls itself.
+warnings.filterwarnings("ignore", message="pkg_resources is deprecated", category=UserWarning)
+
 
 @dataclass
 class Args:
@@ -701,6 +705,8 @@ def main(args: Args) -> dict:
     obs_shape = envs.single_observation_space.shape  # (4, 84, 84)
     agent = Agent(envs.single_action_space.n).to(device)
     # [Core 3: The Adam optimizer's epsilon parameter] 1e-5 as in the original code, not PyTorch's 1e-8.
+    # Adam divides each step by sqrt(v) + eps: the larger eps damps the steps of weights whose
+    # gradients are tiny, which Adam would otherwise scale up to full size.
     # fused=True: the same Adam, in one kernel for all parameters instead of a dozen small ops each.
     optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
     # [Speed: torch.compile] the policy step and the minibatch loss compiled into fused kernels, so a GPU
@@ -778,7 +784,8 @@ def main(args: Args) -> dict:
     interrupt = StopOnInterrupt()
     start_time, start_step, last_print = time.time(), global_step, 0.0
     for iteration in range(start_iteration + 1, num_iterations + 1):
-        # [Core 4: Adam learning rate annealing] linearly from learning_rate to 0 over the run.
+        # [Core 4: Adam learning rate annealing] linearly from learning_rate toward 0, which the end of
+        # the run would reach: the last iteration uses learning_rate / num_iterations.
         if args.anneal_lr:
             frac = 1.0 - (iteration - 1.0) / num_iterations
             optimizer.param_groups[0]["lr"] = frac * args.learning_rate
@@ -838,7 +845,9 @@ def main(args: Args) -> dict:
                                                 b_values[mb_inds], b_advantages[mb_inds], b_returns[mb_inds], args)
                 optimizer.zero_grad()
                 loss.backward()
-                # [Core 11: Global gradient clipping] the norm of all gradients together is capped.
+                # [Core 11: Global gradient clipping] when the norm of all gradients together exceeds
+                # max_grad_norm, all are scaled down alike: one minibatch of extreme advantages or value
+                # errors cannot throw the weights far, and the gradient keeps its direction.
                 nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm, foreach=True)
                 optimizer.step()
                 # [Speed: CUDA graphs] copies, kept to the end: a graph's next replay overwrites its outputs.

@@ -20,6 +20,7 @@ import random
 import signal
 import sys
 import time
+import warnings
 from collections import deque
 from dataclasses import asdict, dataclass, fields, replace
 from typing import NoReturn
@@ -42,6 +43,10 @@ except ImportError:  # reported with the command that installs it when an enviro
     envpool = None
 
 VARIANT = "ppo_atari_envpool"  # written into checkpoints, so another variant's checkpoint is refused
+
+# Procgen's gym3 holds imageio-ffmpeg below 0.4, which warns when the first video is written that
+# pkg_resources is deprecated: noise about a library this script never calls itself.
+warnings.filterwarnings("ignore", message="pkg_resources is deprecated", category=UserWarning)
 
 
 @dataclass
@@ -553,15 +558,17 @@ def main(args: Args) -> dict:
     # [Speed: asynchronous environments] With --async-envs the games are split into two envpools,
     # each stepping on its own threads: while one pool plays a step, the network picks the actions of
     # the other, so neither the games nor the network wait for each other. Pool k holds the games
-    # `columns[k]` of the rollout; environment i is seeded seed + i either way.
+    # `pool_games[k]` of the rollout; environment i is seeded seed + i either way.
     num_pools = 2 if args.async_envs else 1
     pool_size = args.num_envs // num_pools
     pools = [make_envs(args.env_id, pool_size, seed=args.seed + resumed_at + k * pool_size,
                        capture_video=args.capture_video and k == 0) for k in range(num_pools)]
-    columns = [slice(k * pool_size, (k + 1) * pool_size) for k in range(num_pools)]
+    pool_games = [slice(k * pool_size, (k + 1) * pool_size) for k in range(num_pools)]
     obs_shape = pools[0].observation_space.shape  # one game's: (4, 84, 84)
     agent = Agent(pools[0].action_space.n).to(device)
     # [Core 3: The Adam optimizer's epsilon parameter] 1e-5 as in the original code, not PyTorch's 1e-8.
+    # Adam divides each step by sqrt(v) + eps: the larger eps damps the steps of weights whose
+    # gradients are tiny, which Adam would otherwise scale up to full size.
     # fused=True: the same Adam, in one kernel for all parameters instead of a dozen small ops each.
     optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
 
@@ -671,7 +678,8 @@ def main(args: Args) -> dict:
     interrupt = StopOnInterrupt()
     start_time, start_step, last_print = time.time(), global_step, 0.0
     for iteration in range(start_iteration + 1, num_iterations + 1):
-        # [Core 4: Adam learning rate annealing] linearly from learning_rate to 0 over the run.
+        # [Core 4: Adam learning rate annealing] linearly from learning_rate toward 0, which the end of
+        # the run would reach: the last iteration uses learning_rate / num_iterations.
         if args.anneal_lr:
             frac = 1.0 - (iteration - 1.0) / num_iterations
             optimizer.param_groups[0]["lr"] = frac * args.learning_rate
@@ -682,7 +690,7 @@ def main(args: Args) -> dict:
         # step). Nothing here loops over the games: envpool steps a whole pool in one call, and the
         # game statistics are kept with whole-array operations.
         for step in range(args.num_steps):
-            for pool, games in zip(pools, columns):
+            for pool, games in zip(pools, pool_games):
                 if step > 0:
                     receive(pool, games, step - 1)
                 # non_blocking: the copy may overlap the network's start; it is done once action.cpu()
@@ -695,7 +703,7 @@ def main(args: Args) -> dict:
                     action, logprob, _, value = policy_step(obs[step, games])
                 actions[step, games], logprobs[step, games], values[step, games] = action, logprob, value.flatten()
                 pool.send(action.cpu().numpy())  # the one copy to the host
-        for pool, games in zip(pools, columns):
+        for pool, games in zip(pools, pool_games):
             receive(pool, games, args.num_steps - 1)
 
         with torch.no_grad():
@@ -733,7 +741,9 @@ def main(args: Args) -> dict:
                                                 b_values[mb_inds], b_advantages[mb_inds], b_returns[mb_inds], args)
                 optimizer.zero_grad()
                 loss.backward()
-                # [Core 11: Global gradient clipping] the norm of all gradients together is capped.
+                # [Core 11: Global gradient clipping] when the norm of all gradients together exceeds
+                # max_grad_norm, all are scaled down alike: one minibatch of extreme advantages or value
+                # errors cannot throw the weights far, and the gradient keeps its direction.
                 nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm, foreach=True)
                 optimizer.step()
                 # [Speed: CUDA graphs] copies, kept to the end: a graph's next replay overwrites its outputs.

@@ -47,6 +47,10 @@ except ImportError:  # reported with the command that installs it when an enviro
 
 VARIANT = "ppo_atari_multigpu"  # written into checkpoints, so another variant's checkpoint is refused
 
+# Procgen's gym3 holds imageio-ffmpeg below 0.4, which warns when the first video is written that
+# pkg_resources is deprecated: noise about a library this script never calls itself.
+warnings.filterwarnings("ignore", message="pkg_resources is deprecated", category=UserWarning)
+
 
 @dataclass
 class Args:
@@ -664,9 +668,9 @@ def choose_device(args: Args, local_rank: int, local_world_size: int) -> torch.d
 
 
 def average_gradients(parameters: list[nn.Parameter], world_size: int) -> None:
-    """[Multi-GPU 3: Batched gradient all-reduce] Replace every gradient by its mean over the ranks,
+    """[Multi-GPU 3: Efficient gradient averaging] Replace every gradient by its mean over the ranks,
     in one all-reduce of one flat vector, not one call per parameter: each call has a fixed cost
-    (a round trip between the processes), and this network has 10 parameter tensors."""
+    (a round trip between the processes), and this network has 12 parameter tensors."""
     if world_size == 1:
         return
     grads = [p.grad for p in parameters if p.grad is not None]
@@ -701,8 +705,10 @@ def gradient_step(agent: nn.Module, optimizer: optim.Optimizer, minibatch: tuple
     optimizer.zero_grad()
     loss.backward()
     average_gradients(list(agent.parameters()), world_size)
-    # [Core 11: Global gradient clipping] the norm of all gradients together is capped; after the
-    # averaging, so all ranks clip the same gradient alike.
+    # [Core 11: Global gradient clipping] when the norm of all gradients together exceeds
+    # max_grad_norm, all are scaled down alike: one minibatch of extreme advantages or value errors
+    # cannot throw the weights far, and the gradient keeps its direction. After the averaging, so
+    # all ranks clip the same gradient alike.
     nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm, foreach=True)
     optimizer.step()
     # Copies: a CUDA graph's next replay overwrites its outputs, and the caller keeps these.
@@ -833,12 +839,12 @@ def main(args: Args) -> dict:
     run_dir = (os.path.dirname(args.resume) or ".") if checkpoint else f"runs/{run_name}"
     checkpoint_path = os.path.join(run_dir, "checkpoint.pt")
 
-    # [Multi-GPU 2: Per-rank seeds, identical initial weights] Each rank draws its actions, its
-    # minibatch order and its games from its own seed, so the ranks do not collect the same data;
-    # rank r's environments get the seeds seed + r x local_num_envs + i, so the world plays the same
-    # games as ppo_atari.py with all the environments in one process. The weights, though, must start
-    # identical on every rank, so torch is seeded with the shared seed until the agent is built.
-    # A resumed run overwrites these RNG states with the checkpoint's below.
+    # [Multi-GPU 2: Adjust seed per process] Each rank draws its actions, its minibatch order and its
+    # games from its own seed, so the ranks do not collect the same data; rank r's environments get
+    # the seeds seed + r x local_num_envs + i, so the world plays the same games as ppo_atari.py with
+    # all the environments in one process. The weights, though, must start identical on every rank,
+    # so torch is seeded with the shared seed until the agent is built. A resumed run overwrites
+    # these RNG states with the checkpoint's below.
     random.seed(args.seed + rank)
     np.random.seed(args.seed + rank)
     torch.manual_seed(args.seed)
@@ -857,6 +863,8 @@ def main(args: Args) -> dict:
     agent = Agent(envs.single_action_space.n).to(device)
     torch.manual_seed(args.seed + rank)  # [Multi-GPU 2] the agent is built: from here on, each its own
     # [Core 3: The Adam optimizer's epsilon parameter] 1e-5 as in the original code, not PyTorch's 1e-8.
+    # Adam divides each step by sqrt(v) + eps: the larger eps damps the steps of weights whose
+    # gradients are tiny, which Adam would otherwise scale up to full size.
     # fused=True: the same Adam, in one kernel for all parameters instead of a dozen small ops each.
     optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
     # [Speed: torch.compile] the policy step and the minibatch loss compiled into fused kernels, so a GPU
@@ -955,7 +963,8 @@ def main(args: Args) -> dict:
     stop = False
     start_time, start_step, last_print = time.time(), global_step, 0.0
     for iteration in range(start_iteration + 1, num_iterations + 1):
-        # [Core 4: Adam learning rate annealing] linearly from learning_rate to 0 over the run.
+        # [Core 4: Adam learning rate annealing] linearly from learning_rate toward 0, which the end of
+        # the run would reach: the last iteration uses learning_rate / num_iterations.
         if args.anneal_lr:
             frac = 1.0 - (iteration - 1.0) / num_iterations
             optimizer.param_groups[0]["lr"] = frac * args.learning_rate

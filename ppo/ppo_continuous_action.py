@@ -17,6 +17,7 @@ import random
 import signal
 import sys
 import time
+import warnings
 from collections import deque
 from dataclasses import asdict, dataclass, fields, replace
 from typing import NoReturn
@@ -31,6 +32,10 @@ from torch.distributions.normal import Normal
 from torch.utils.tensorboard import SummaryWriter
 
 VARIANT = "ppo_continuous_action"  # written into checkpoints, so another variant's checkpoint is refused
+
+# Procgen's gym3 holds imageio-ffmpeg below 0.4, which warns when the first video is written that
+# pkg_resources is deprecated: noise about a library this script never calls itself.
+warnings.filterwarnings("ignore", message="pkg_resources is deprecated", category=UserWarning)
 
 
 @dataclass
@@ -415,12 +420,13 @@ class RewardScaler:
 
     Per environment it keeps a return discounted by gamma; every step discounts it, adds the new
     reward, updates the statistics with the returns, then scales the rewards by their std. The rule
-    for episode ends is the reference implementation's (gymnasium 1.x's NormalizeReward): a
-    termination cuts the return at the terminal step, whose return is its own reward alone; a
-    time-limit truncation cuts nothing, the return runs on into the next episode. (openai/baselines'
-    VecNormalize restarts the return after every episode end, truncations included.) One set of
-    statistics serves all environments, as the one value network learns from all of them
-    (docs/ppo_continuous_action.md says why)."""
+    for episode ends is that of the reference implementation, which wraps each environment in
+    gymnasium's NormalizeReward: a termination cuts the return at the terminal step, whose return is
+    its own reward alone; a time-limit truncation cuts nothing, the return runs on into the next
+    episode. The source documents' detail 8 points to openai/baselines' VecNormalize instead, which
+    restarts the return after every episode end, truncations included; the two rules differ only in
+    the standard deviation they estimate. One set of statistics serves all environments, as the one
+    value network learns from all of them (docs/ppo_continuous_action.md discusses both choices)."""
 
     def __init__(self, num_envs: int, gamma: float):
         self.gamma = gamma
@@ -679,6 +685,8 @@ def main(args: Args) -> dict:
     agent = Agent(obs_shape[0], action_shape[0], args.obs_clip).to(device)
     reward_scaler = RewardScaler(args.num_envs, args.gamma)
     # [Core 3: The Adam optimizer's epsilon parameter] 1e-5 as in the original code, not PyTorch's 1e-8.
+    # Adam divides each step by sqrt(v) + eps: the larger eps damps the steps of weights whose
+    # gradients are tiny, which Adam would otherwise scale up to full size.
     # fused=True: the same Adam, in one kernel for all parameters instead of a dozen small ops each.
     optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
 
@@ -765,7 +773,8 @@ def main(args: Args) -> dict:
     interrupt = StopOnInterrupt()
     start_time, start_step, last_print = time.time(), global_step, 0.0
     for iteration in range(start_iteration + 1, num_iterations + 1):
-        # [Core 4: Adam learning rate annealing] linearly from learning_rate to 0 over the run.
+        # [Core 4: Adam learning rate annealing] linearly from learning_rate toward 0, which the end of
+        # the run would reach: the last iteration uses learning_rate / num_iterations.
         if args.anneal_lr:
             frac = 1.0 - (iteration - 1.0) / num_iterations
             optimizer.param_groups[0]["lr"] = frac * args.learning_rate
@@ -833,7 +842,9 @@ def main(args: Args) -> dict:
                                                 b_values[mb_inds], b_advantages[mb_inds], b_returns[mb_inds], args)
                 optimizer.zero_grad()
                 loss.backward()
-                # [Core 11: Global gradient clipping] the norm of all gradients together is capped.
+                # [Core 11: Global gradient clipping] when the norm of all gradients together exceeds
+                # max_grad_norm, all are scaled down alike: one minibatch of extreme advantages or value
+                # errors cannot throw the weights far, and the gradient keeps its direction.
                 nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm, foreach=True)
                 optimizer.step()
                 # [Speed: CUDA graphs] copies, kept to the end: a graph's next replay overwrites its outputs.

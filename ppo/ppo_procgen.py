@@ -7,9 +7,10 @@
 
 Procgen comes with the extra: pip install -e ".[procgen]" (OpenAI's procgen, published on PyPI as
 procgen-mirror). The file follows ppo/ppo.py: settings, environments, the agent, GAE, the clipped loss,
-then the training loop in `main()`. The 13 core details are marked `[Core N: ...]` where they happen
-and the network `[Procgen: IMPALA CNN]`; docs/ppo_procgen.md lists them all. The settings are those of
-openai/train-procgen (no learning-rate annealing, rewards scaled and clipped) on the easy levels.
+then the training loop in `main()`. The 13 core details are marked `[Core N: ...]` where they happen,
+the network `[Procgen: IMPALA CNN]`, and the two settings of openai/train-procgen that the other
+scripts lack (no learning-rate annealing, rewards scaled and clipped) `[Procgen N: ...]`;
+docs/ppo_procgen.md lists them all. The games are played on the easy levels.
 """
 
 import contextlib
@@ -19,6 +20,7 @@ import random
 import signal
 import sys
 import time
+import warnings
 from collections import deque
 from dataclasses import asdict, dataclass, fields, replace
 from typing import NoReturn
@@ -41,6 +43,10 @@ except ImportError as error:  # reported by make_envs, with the command that ins
     ProcgenGym3Env, PROCGEN_IMPORT_ERROR = None, error
 
 VARIANT = "ppo_procgen"  # written into checkpoints, so another variant's checkpoint is refused
+
+# Procgen's gym3 holds imageio-ffmpeg below 0.4, which warns when the first video is written that
+# pkg_resources is deprecated: noise about a library this script never calls itself.
+warnings.filterwarnings("ignore", message="pkg_resources is deprecated", category=UserWarning)
 
 # The 16 games of the Procgen Benchmark; --env-id takes one of these names.
 GAMES = ("bigfish", "bossfight", "caveflyer", "chaser", "climber", "coinrun", "dodgeball", "fruitbot",
@@ -105,6 +111,7 @@ class Args:
     """the number of parallel games"""
     num_steps: int = 256
     """the number of steps to run in each game per rollout"""
+    # [Procgen 1: Learning rate annealing off] train-procgen keeps the rate constant.
     anneal_lr: bool = False
     """if toggled, anneal the learning rate linearly to zero (train-procgen does not)"""
     gamma: float = 0.999
@@ -457,10 +464,11 @@ class RunningMeanStd:
 
 
 class RewardScaler:
-    """Reward scaling, as openai/train-procgen does (its VecNormalize, without observation
-    normalization): rewards are divided by the running standard deviation of the discounted return
-    (not of the rewards themselves, and without subtracting a mean), so the value targets stay in a
-    range the value head learns well in every game, whatever its score scale.
+    """[Procgen 2: Reward scaling and clipping] As openai/train-procgen does (its VecNormalize without
+    observation normalization), rewards are divided by the running standard deviation of the
+    discounted return (not of the rewards themselves, and without subtracting a mean), so the value
+    targets stay in a range the value head learns well in every game, whatever its score scale; the
+    rollout then clips them to [-reward_clip, reward_clip].
 
     Per game it keeps the return discounted by gamma of the episode so far; every step adds the new
     rewards, updates the statistics with the returns, then scales the rewards by their std. A finished
@@ -665,8 +673,10 @@ def main(args: Args) -> dict:
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
-    # Unlike the small MLPs of the other scripts, the CNN has enough work per operation to use every
-    # CPU core, so PyTorch keeps its default number of threads here.
+    # PyTorch keeps its default of one thread per core here: on a CPU nearly all the time goes to the
+    # IMPALA CNN, which a dedicated many-core machine runs faster on all its cores. (The Atari
+    # scripts take one thread, for their emulators share the cores.) On a shared machine set
+    # OMP_NUM_THREADS=1: docs/ppo_procgen.md, Speed, measured the default up to 80x slower there.
 
     # A resumed run's videos go into a folder of their own: its episode count starts again at 0.
     video_folder = f"videos/{run_name}" + (f"/resumed-at-step-{checkpoint['global_step']}" if checkpoint else "")
@@ -676,6 +686,8 @@ def main(args: Args) -> dict:
     agent = Agent(obs_shape, envs.single_action_space.n).to(device)
     reward_scaler = RewardScaler(args.num_envs, args.gamma)
     # [Core 3: The Adam optimizer's epsilon parameter] 1e-5 as in the original code, not PyTorch's 1e-8.
+    # Adam divides each step by sqrt(v) + eps: the larger eps damps the steps of weights whose
+    # gradients are tiny, which Adam would otherwise scale up to full size.
     # fused=True: the same Adam, in one kernel for all parameters instead of a dozen small ops each.
     optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
 
@@ -767,8 +779,9 @@ def main(args: Args) -> dict:
     interrupt = StopOnInterrupt()
     start_time, start_step, last_print = time.time(), global_step, 0.0
     for iteration in range(start_iteration + 1, num_iterations + 1):
-        # [Core 4: Adam learning rate annealing] off by default here, as in train-procgen; when on,
-        # linearly from learning_rate to 0 over the run.
+        # [Core 4: Adam learning rate annealing] off by default here ([Procgen 1]); when on,
+        # linearly from learning_rate toward 0, which the end of the run would reach: the last
+        # iteration uses learning_rate / num_iterations.
         if args.anneal_lr:
             frac = 1.0 - (iteration - 1.0) / num_iterations
             optimizer.param_groups[0]["lr"] = frac * args.learning_rate
@@ -789,7 +802,7 @@ def main(args: Args) -> dict:
             # back from the device; log-probabilities and values stay there, in the storage.
             next_obs, reward, terminations, truncations, _ = envs.step(action.cpu().numpy())
             next_done = np.logical_or(terminations, truncations)
-            # Rewards scaled by the std of the discounted return, then clipped to [-reward_clip, reward_clip].
+            # [Procgen 2] Rewards scaled by the std of the discounted return, then clipped to ±reward_clip.
             rewards[step] = np.clip(reward_scaler.scale(reward, next_done), -args.reward_clip, args.reward_clip)
 
             episode_return += reward  # the game's own score, not the scaled reward
@@ -830,7 +843,9 @@ def main(args: Args) -> dict:
                                                 b_values[mb_inds], b_advantages[mb_inds], b_returns[mb_inds], args)
                 optimizer.zero_grad()
                 loss.backward()
-                # [Core 11: Global gradient clipping] the norm of all gradients together is capped.
+                # [Core 11: Global gradient clipping] when the norm of all gradients together exceeds
+                # max_grad_norm, all are scaled down alike: one minibatch of extreme advantages or value
+                # errors cannot throw the weights far, and the gradient keeps its direction.
                 nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm, foreach=True)
                 optimizer.step()
                 # [Speed: CUDA graphs] copies, kept to the end: a graph's next replay overwrites its outputs.

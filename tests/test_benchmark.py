@@ -364,7 +364,7 @@ def test_ppo_sh_skips_a_family_whose_script_is_missing(tmp_path):
                             cwd=tmp_path, capture_output=True, text=True, timeout=60,
                             env={**os.environ, "PYTHON": sys.executable})
     assert result.returncode == 0, result.stderr
-    assert "mujoco: skipped, ppo/ppo_continuous_action.py does not exist yet" in result.stdout
+    assert "mujoco: skipped, ppo/ppo_continuous_action.py is missing" in result.stdout
     assert "== report" not in result.stdout
 
 

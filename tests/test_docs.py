@@ -258,3 +258,21 @@ def test_docs_cite_nothing_outside_the_repository():
                 if not inside:
                     outside.append(f"{display(path)}:{number}: {target}")
     assert not outside, "paths outside the repository:\n" + "\n".join(outside)
+
+
+def test_every_test_the_docs_name_exists():
+    """The docs cite tests as evidence (`tests/test_ppo.py::test_...`, or `test_...` alone beside
+    such a path): a renamed test leaves the reader looking for something that is not there."""
+    defined = {path.name: set(re.findall(r"^def (test_\w+)\(", path.read_text(), re.MULTILINE))
+               for path in (REPO / "tests").glob("test_*.py")}
+    everywhere = set().union(*defined.values())
+    missing = []
+    for page in [*markdown_files(), REPO / "CONTRIBUTING.md"]:
+        text = page.read_text()
+        for file, name in re.findall(r"tests/(test_\w+\.py)::(test_\w+)", text):
+            if name not in defined.get(file, ()):
+                missing.append(f"{page.relative_to(REPO)}: tests/{file}::{name}")
+        for name in re.findall(r"`(test_\w+)`", text):
+            if name not in everywhere:
+                missing.append(f"{page.relative_to(REPO)}: {name}")
+    assert not missing, missing

@@ -293,4 +293,4 @@ def test_checkpoints_of_another_variant_are_refused(capsys, workdir):
 
 
 def test_every_detail_is_marked_in_the_script():
-    assert_details_marked(SCRIPT, {"Core": 13}, labels=("[Procgen: IMPALA CNN]",))
+    assert_details_marked(SCRIPT, {"Core": 13, "Procgen": 2}, labels=("[Procgen: IMPALA CNN]",))
