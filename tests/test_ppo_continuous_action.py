@@ -60,6 +60,22 @@ class TightBoundsEnv(gym.Env):
         return obs, REWARD, self.t == EPISODE_LENGTH, False, {}
 
 
+class TargetEnv(gym.Env):
+    """One-step episodes: the observation is a target drawn in [-1, 1], the reward -(action - target)^2.
+    The best policy puts its mean on the target, which it can only learn from the observation."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+    action_space = gym.spaces.Box(-2.0, 2.0, (1,), np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.target = self.np_random.uniform(-1.0, 1.0, (1,)).astype(np.float32)
+        return self.target, {}
+
+    def step(self, action):
+        return self.target, -float(np.sum((action - self.target) ** 2)), True, False, {}
+
+
 class ImageEnv(gym.Env):
     observation_space = gym.spaces.Box(0, 255, (64, 64, 3), np.uint8)
     action_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
@@ -67,6 +83,19 @@ class ImageEnv(gym.Env):
 
 gym.register(id="TightBounds-v0", entry_point=TightBoundsEnv)
 gym.register(id="ContinuousImage-v0", entry_point=ImageEnv)
+gym.register(id="Target-v0", entry_point=TargetEnv)
+
+
+def test_the_policy_learns_to_follow_its_observation(workdir):
+    """4,096 steps (16 updates) on Target-v0 at the default settings otherwise. The first policy's mean
+    is about 0 whatever the target (mean error 0.45 on these targets) with std 1; a trained one puts its
+    mean on the target (0.02 to 0.03 measured over seeds 1-3) and has narrowed its std."""
+    agent = main(Args(env_id="Target-v0", total_timesteps=4096, num_steps=256, cuda=False))["agent"]
+    targets = np.linspace(-0.9, 0.9, 19, dtype=np.float32)[:, None]
+    with torch.no_grad():
+        mean = agent.actor_mean(torch.as_tensor(agent.normalize_obs(targets, update=False))).numpy()
+    assert np.abs(mean - targets).mean() < 0.1
+    assert agent.actor_logstd.exp().item() < 0.8
 
 
 def test_the_rollout_stores_the_sampled_action_and_the_env_gets_it_clipped(workdir, monkeypatch):
