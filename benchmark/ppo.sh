@@ -17,10 +17,20 @@
 # With --slurm nothing runs here: benchmark/run.py --slurm writes and submits each family's job array
 # (a task per run, the same command, log and .done marker) and a report job that runs after it;
 # --partition, --gpus, --cpus-per-task, --time and --slurm-template FILE go to it.
+# The script works from the repository root, but a path you give it (--slurm-template FILE, a PYTHON
+# or BENCH_WORKDIR with a relative path) is read from the directory you run it in.
 set -euo pipefail
 
-cd "$(dirname "$0")/.."
+CALLER_DIR=$PWD
+# A path the user gave, as meant from where ppo.sh was run (the script cds to the repository root).
+from_caller() {
+    if [[ $1 == /* ]]; then echo "$1"; else echo "$CALLER_DIR/$1"; fi
+}
+# PYTHON is a command: a bare name is looked up on PATH, only a path with a slash is a path.
 PYTHON=${PYTHON:-python}
+if [[ $PYTHON == */* ]]; then PYTHON=$(from_caller "$PYTHON"); fi
+if [[ -n ${BENCH_WORKDIR:-} ]]; then BENCH_WORKDIR=$(from_caller "$BENCH_WORKDIR"); fi
+cd "$(dirname "$0")/.."
 WORKERS=${WORKERS:-1}
 NUM_SEEDS=${NUM_SEEDS:-3}
 BENCH_WORKDIR=${BENCH_WORKDIR:-benchmark}
@@ -56,6 +66,7 @@ ENVS[multigpu]="BreakoutNoFrameskip-v4 PongNoFrameskip-v4 BeamRiderNoFrameskip-v
 COMMAND[multigpu]="torchrun --standalone --nnodes=1 --nproc_per_node=2 ppo/ppo_atari_multigpu.py --total-timesteps 10000000"
 
 list_families() {
+    local family  # not the caller's loop variable
     echo "usage: bash benchmark/ppo.sh [--workers K] [--dry-run] FAMILY [FAMILY ...] | all | quick"
     echo "       bash benchmark/ppo.sh --slurm [--partition P] [--gpus N] [--cpus-per-task N] [--time T]"
     echo "                             [--slurm-template FILE] [--dry-run] FAMILY [FAMILY ...] | all | quick"
@@ -84,9 +95,15 @@ while [[ $# -gt 0 ]]; do
         # run.py checks these options and says what is wrong with them.
         --partition|--gpus|--cpus-per-task|--time|--slurm-template)
             if [[ $# -lt 2 ]]; then echo "ppo.sh: error: $1 needs a value" >&2; exit 2; fi
-            slurm+=("$1" "$2"); shift 2 ;;
-        --partition=*|--gpus=*|--cpus-per-task=*|--time=*|--slurm-template=*) slurm+=("$1"); shift ;;
+            if [[ $1 == --slurm-template ]]; then slurm+=("$1" "$(from_caller "$2")"); else slurm+=("$1" "$2"); fi
+            shift 2 ;;
+        --slurm-template=*) slurm+=(--slurm-template "$(from_caller "${1#*=}")"); shift ;;
+        --partition=*|--gpus=*|--cpus-per-task=*|--time=*) slurm+=("$1"); shift ;;
         -h|--help) list_families; exit 0 ;;
+        -*)
+            echo "ppo.sh: error: unknown option '$1': the options are --workers K, --dry-run, --slurm," \
+                 "--partition, --gpus, --cpus-per-task, --time, --slurm-template (bash benchmark/ppo.sh --help)" >&2
+            exit 2 ;;
         all) selected+=("${FAMILIES[@]}"); shift ;;
         *) selected+=("$1"); shift ;;
     esac
@@ -99,8 +116,8 @@ fi
 
 for family in "${selected[@]}"; do
     if [[ $family != quick && -z ${SCRIPT[$family]+set} ]]; then
-        echo "ppo.sh: unknown family '$family'" >&2
         list_families >&2
+        echo "ppo.sh: error: unknown family '$family': pick from the list above" >&2
         exit 2
     fi
 done

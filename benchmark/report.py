@@ -36,6 +36,7 @@ import tomllib
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NoReturn
 
 import numpy as np
 
@@ -47,6 +48,12 @@ COMPLETE_MIN_TOLERANCE = 0.01  # a run within max(batch, 1% of budget) of its bu
 CURVE_POINTS = 200          # points of each learning curve
 CURVE_WINDOW = 0.05         # each curve point averages the episodes of the preceding 5% of the x range
 PROGRESS_SPANS = 10         # the progress table: the mean return in each tenth of the runs' steps
+
+
+def fail(message: str) -> NoReturn:
+    """Wrong input: one line saying what to do, exit code 2."""
+    print(f"report.py: error: {message}", file=sys.stderr, flush=True)
+    raise SystemExit(2)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -198,9 +205,28 @@ def select_runs(runs: list[RunData], include_incomplete: bool = False
 
 
 def load_baselines(path: Path = DEFAULT_BASELINES) -> dict:
-    """benchmark/baselines.toml as a dict: {"source": ..., "variants": {variant: {..., "envs": [...]}}}."""
-    with open(path, "rb") as file:
-        return tomllib.load(file)
+    """benchmark/baselines.toml as a dict: {"source": ..., "variants": {variant: {..., "envs": [...]}}}.
+    A file that cannot be read, is not TOML or lacks a number the report uses is refused here, before
+    anything is written. An empty file (`--baselines /dev/null`) means no published numbers."""
+    try:
+        with open(path, "rb") as file:
+            baselines = tomllib.load(file)
+    except OSError as error:
+        fail(f"cannot read the baselines file {path} ({error.strerror}): give an existing TOML file to --baselines")
+    except tomllib.TOMLDecodeError as error:
+        fail(f"the baselines file {path} is not valid TOML ({error}): fix it, or give another to --baselines")
+    for variant, entry in baselines.get("variants", {}).items():
+        for number, env in enumerate(entry.get("envs", []), start=1):
+            missing = [] if isinstance(env.get("env_id"), str) else ["env_id"]
+            for column in ("ours", "reference"):
+                numbers = env.get(column) if isinstance(env.get(column), dict) else {}
+                missing += [f"{column}.{statistic}" for statistic in ("mean", "std")
+                            if not isinstance(numbers.get(statistic), (int, float))]
+            if missing:
+                fail(f"the baselines file {path}: env {number} of variant {variant!r} "
+                     f"({env.get('env_id', 'no env_id')}) lacks {', '.join(missing)}: give each env an env_id "
+                     "and the mean and std of its ours and reference columns")
+    return baselines
 
 
 def find_baseline(baselines: dict, variant: str, env_id: str) -> tuple[dict, dict] | tuple[None, None]:
@@ -318,8 +344,14 @@ def file_stem(env_id: str) -> str:
     return env_id.replace("/", "_")
 
 
+def baselines_name(path: Path) -> str:
+    """How a page names the baselines file it compares with: the repository's by its path in the
+    repository, another (--baselines) as it was given."""
+    return "benchmark/baselines.toml" if path.resolve() == DEFAULT_BASELINES else str(path)
+
+
 def variant_markdown(variant: str, rows: list[EnvSummary], baselines: dict, runs_dir: Path,
-                     left_out: list[tuple[RunData, str]]) -> str:
+                     left_out: list[tuple[RunData, str]], baselines_path: Path = DEFAULT_BASELINES) -> str:
     """The markdown page of one variant."""
     entry = baselines.get("variants", {}).get(variant, {})
     ours_label = entry.get("ours_label", "published")
@@ -367,7 +399,7 @@ def variant_markdown(variant: str, rows: list[EnvSummary], baselines: dict, runs
     ]
     if entry:
         source = baselines.get("source", {})
-        lines.append(f"- **Baselines** from `benchmark/baselines.toml`: {source.get('document', '')}, section "
+        lines.append(f"- **Baselines** from `{baselines_name(baselines_path)}`: {source.get('document', '')}, section "
                      f"\"{entry.get('section', '')}\"; {source.get('citation', '')}.")
         if entry.get("note"):
             lines.append(f"- {entry['note']}")
@@ -381,7 +413,7 @@ def variant_markdown(variant: str, rows: list[EnvSummary], baselines: dict, runs
         if renamed:
             lines.append(f"- Compared: {'; '.join(renamed)}.")
     else:
-        lines.append("- No published numbers for this variant in `benchmark/baselines.toml`.")
+        lines.append(f"- No published numbers for this variant in `{baselines_name(baselines_path)}`.")
 
     lines += ["", "## Runs used", "", "| env | seed | run | final return | episodes averaged | SPS | wall time |",
               "| --- | --- | --- | --- | --- | --- | --- |"]
@@ -443,6 +475,14 @@ def curve_on_grid(x: np.ndarray, y: np.ndarray, grid: np.ndarray, window: float,
     return values
 
 
+def curve_label(variant: str, row: EnvSummary) -> str:
+    """The legend of the mean curve: it averages only the seeds in which an episode ended."""
+    label = f"{variant}, mean of {len(row.runs) - len(row.seeds_without_episodes)} seed(s)"
+    if row.seeds_without_episodes:
+        label += f" ({len(row.seeds_without_episodes)} without an episode left out)"
+    return label
+
+
 def plot_env(variant: str, row: EnvSummary, out_dir: Path) -> list[Path]:
     """Write `<env>.png` (return against global step) and `<env>-time.png` (against wall time)."""
     import matplotlib
@@ -470,7 +510,7 @@ def plot_env(variant: str, row: EnvSummary, out_dir: Path) -> list[Path]:
             mean, low, high = np.nanmean(curves, axis=0), np.nanmin(curves, axis=0), np.nanmax(curves, axis=0)
 
         figure, axes = plt.subplots(figsize=(6, 4), dpi=100)
-        axes.plot(grid, mean, color="tab:blue", label=f"{variant}, mean of {len(row.runs)} seed(s)")
+        axes.plot(grid, mean, color="tab:blue", label=curve_label(variant, row))
         axes.fill_between(grid, low, high, color="tab:blue", alpha=0.2, linewidth=0, label="min–max over seeds")
         if row.baseline:
             label = row.baseline_variant.get("ours_label", "published")
@@ -502,13 +542,21 @@ def plot_env(variant: str, row: EnvSummary, out_dir: Path) -> list[Path]:
 def build_report(runs_dir: Path, out_dir: Path, baselines_path: Path = DEFAULT_BASELINES,
                  variants: list[str] | None = None, include_incomplete: bool = False) -> dict[str, list[EnvSummary]]:
     """Read every run under runs_dir and write the markdown pages and plots to out_dir.
-    Returns the table rows per variant."""
+    Returns the table rows per variant; without a run to report, nothing is written and it is empty."""
+    # Wrong input is refused before the runs, which may be many, are read.
+    if out_dir.exists() and not out_dir.is_dir():
+        fail(f"--out-dir {out_dir} is a file: give a directory (it is made if it does not exist)")
     baselines = load_baselines(baselines_path)
     runs = [run for run in (load_run(path, runs_dir) for path in find_run_dirs(runs_dir)) if run is not None]
     if variants:
         runs = [run for run in runs if run.variant in variants]
     chosen, left_out = select_runs(runs, include_incomplete)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    if not chosen:
+        return {}
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        fail(f"cannot make the directory {out_dir} (--out-dir): {error.strerror}; give one you can write to")
     report = {}
     for variant, envs in sorted(chosen.items()):
         rows = []
@@ -522,7 +570,8 @@ def build_report(runs_dir: Path, out_dir: Path, baselines_path: Path = DEFAULT_B
         for row in rows:
             plot_env(variant, row, out_dir)
         variant_left_out = [(run, reason) for run, reason in left_out if run.variant == variant]
-        (out_dir / f"{variant}.md").write_text(variant_markdown(variant, rows, baselines, runs_dir, variant_left_out))
+        (out_dir / f"{variant}.md").write_text(
+            variant_markdown(variant, rows, baselines, runs_dir, variant_left_out, baselines_path))
         report[variant] = rows
     # The index links every variant page in out_dir: those left out of this report (--variants) keep
     # their lines of the index as it was.
@@ -555,14 +604,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if not args.runs_dir.is_dir():
-        print(f"report.py: error: no runs directory {args.runs_dir}", file=sys.stderr)
-        return 1
+        fail(f"no runs directory {args.runs_dir}: give the directory the runs wrote their TensorBoard logs "
+             "to (--runs-dir)")
     report = build_report(args.runs_dir, args.out_dir, args.baselines, args.variants, args.include_incomplete)
     if not report:
-        print(f"report.py: error: no complete runs under {args.runs_dir}"
-              + ("" if args.include_incomplete else " (--include-incomplete uses unfinished ones too)"),
-              file=sys.stderr)
-        return 1
+        fail(f"no complete runs{' of ' + ', '.join(args.variants) if args.variants else ''} under "
+             f"{args.runs_dir}, nothing written"
+             + ("" if args.include_incomplete else " (--include-incomplete uses unfinished ones too)"))
     for variant, rows in report.items():
         print(f"{args.out_dir / (variant + '.md')}")
         for row in rows:

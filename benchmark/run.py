@@ -56,6 +56,22 @@ def fail(message: str) -> NoReturn:
     raise SystemExit(2)
 
 
+def refuse_a_file(path: Path, given_as: str) -> None:
+    """Refuse a path that should be a directory but is a file; `given_as` says where the path comes
+    from (the option that names it)."""
+    if path.exists() and not path.is_dir():
+        fail(f"{path} ({given_as}) is a file: give a directory (it is made if it does not exist)")
+
+
+def make_directory(path: Path, given_as: str) -> None:
+    """mkdir -p, or one line saying why the directory cannot be made."""
+    refuse_a_file(path, given_as)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        fail(f"cannot make the directory {path} ({given_as}): {error.strerror}; give one you can write to")
+
+
 @dataclass
 class Run:
     """One (environment, seed) run of the benchmarked command."""
@@ -107,24 +123,44 @@ def safe_name(env_id: str) -> str:
 def resolve(tokens: list[str]) -> list[str]:
     """The command as it is executed: a leading `python` means this interpreter and a leading
     `torchrun` this interpreter's torch.distributed.run (so runs use the runner's environment, whether
-    or not it is activated), and a relative path to an existing `.py` file is made absolute, so the
-    command means the same whatever --workdir the runs start in."""
+    or not it is activated), and a relative path to an existing `.py` file or to the program is made
+    absolute, so the command means the same whatever --workdir the runs start in."""
     resolved = list(tokens)
     if resolved[0] in ("python", "python3"):
         resolved[0] = sys.executable
     elif resolved[0] == "torchrun":
         resolved[0:1] = [sys.executable, "-m", "torch.distributed.run"]
+    elif "/" in resolved[0] and not os.path.isabs(resolved[0]) and os.path.isfile(resolved[0]):
+        resolved[0] = os.path.abspath(resolved[0])
     for i, token in enumerate(resolved):
         if token.endswith(".py") and not os.path.isabs(token) and os.path.isfile(token):
             resolved[i] = os.path.abspath(token)
     return resolved
 
 
+def check_program(given: str, executed: str) -> None:
+    """Refuse a command whose program cannot be started, before any run does: every run would fail
+    the same way. `given` is the command's first word, `executed` what resolve() made of it. A name
+    without a slash is looked up on PATH; a path is read from where run.py runs."""
+    if "/" not in executed:
+        if shutil.which(executed) is None:
+            fail(f"--command: the program {given!r} is not found on PATH: check its name, or give its path")
+    elif not os.path.isfile(executed):
+        fail(f"--command: {given} does not exist (paths are read from {os.getcwd()}): give the right path")
+    elif not os.access(executed, os.X_OK):
+        fail(f"--command: {given} is not executable: chmod +x it, or start it with its interpreter")
+
+
 def plan_runs(command: str, env_ids: list[str], seeds: list[int], log_dir: Path) -> list[Run]:
     """Every run to do, environment by environment, seed by seed."""
-    base = shlex.split(command)
+    try:
+        base = shlex.split(command)
+    except ValueError as error:  # an unclosed quote, or a trailing backslash
+        fail(f"--command {command!r} cannot be split into words ({str(error).lower()}): "
+             "close its quotes, or quote the whole command once for the shell")
     if not base:
         fail("--command is empty: give the command to run, e.g. \"python ppo/ppo.py\"")
+    check_program(base[0], resolve(base)[0])
     variant = variant_name(base)
     runs = []
     for env_id in env_ids:
@@ -252,9 +288,13 @@ def quick_benchmark(quick_dir: Path | None, shared: bool) -> Benchmark:
     if quick_dir is None:
         parent = REPO / "benchmark" / "logs" if shared else None
         if parent is not None:
-            parent.mkdir(parents=True, exist_ok=True)
-        quick_dir = Path(tempfile.mkdtemp(prefix="ppo-benchmark-quick-", dir=parent))
-    quick_dir.mkdir(parents=True, exist_ok=True)
+            make_directory(parent, "where --quick --slurm makes its directory")
+        try:
+            quick_dir = Path(tempfile.mkdtemp(prefix="ppo-benchmark-quick-", dir=parent))
+        except OSError as error:
+            fail(f"--quick: cannot make a temporary directory in {parent or tempfile.gettempdir()} "
+                 f"({error.strerror}): give one with --quick-dir")
+    make_directory(quick_dir, "--quick-dir")
     command = shlex.join(["python", str(REPO / "ppo" / "ppo.py"), *QUICK_ARGS])
     return Benchmark(command, QUICK_ENV_IDS, list(range(1, QUICK_SEEDS + 1)), quick_dir, quick_dir / "logs")
 
@@ -264,7 +304,7 @@ def print_commands(runs: list[Run], workdir: Path, force: bool) -> None:
     for run in runs:
         state = "  # finished earlier, would be skipped" if run.finished_earlier() and not force else ""
         where = "" if workdir == Path(".") else f"(cd {shlex.quote(str(workdir))} && "
-        print(f"{where}{shlex.join(run.argv)}{')' if where else ''} > {run.log_path} 2>&1{state}")
+        print(f"{where}{shlex.join(run.argv)}{')' if where else ''} > {shlex.quote(str(run.log_path))} 2>&1{state}")
 
 
 def stop_on_sigterm(signum, frame):
@@ -285,6 +325,8 @@ def summary_line(counts: dict[str, int]) -> str:
 
 SLURM_TEMPLATE = REPO / "benchmark" / "slurm_template.sh"
 PLACEHOLDERS = ("job_name", "output", "array_line", "resource_lines", "command")
+# The placeholders that stand for one value of an `#SBATCH --option=VALUE` line: fill() quotes them.
+VALUE_PLACEHOLDERS = ("job_name", "output")
 # Every report job has this name and `--dependency=singleton`: Slurm runs them one at a time, so the
 # reports of families submitted together never write the same files at once.
 REPORT_JOB_NAME = "ppo-benchmark-report"
@@ -327,10 +369,26 @@ def read_template(path: Path) -> str:
     return body
 
 
+def sbatch_quote(value: str) -> str:
+    """A value as sbatch reads it from an `#SBATCH` line: in double quotes, with backslashes and double
+    quotes escaped. Unquoted, a space ends the value (a run directory `my runs/` makes sbatch refuse the
+    script) and a `#` starts a comment."""
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
 def fill(template: str, values: dict[str, str]) -> str:
     """The template with the runner's placeholders filled. Only those names are replaced, so the braces
-    of a site's own shell code (`${HOME}`) stay as they are."""
-    return re.sub(r"\{(" + "|".join(PLACEHOLDERS) + r")\}", lambda match: values[match.group(1)], template)
+    of a site's own shell code (`${HOME}`) stay as they are. The values of {job_name} and {output} are
+    quoted here rather than in the template, so that a site's template copied before they were quoted
+    works too; a template that quotes them itself (`"{output}"`) gets them quoted once."""
+    def replace(match: re.Match) -> str:
+        if match.group("value"):
+            return sbatch_quote(values[match.group("value")])
+        return values[match.group("lines")]
+
+    line_names = [name for name in PLACEHOLDERS if name not in VALUE_PLACEHOLDERS]
+    pattern = rf'"?\{{(?P<value>{"|".join(VALUE_PLACEHOLDERS)})\}}"?|\{{(?P<lines>{"|".join(line_names)})\}}'
+    return re.sub(pattern, replace, template)
 
 
 def task_command(bench: Benchmark, runs: list[Run], force: bool) -> str:
@@ -347,12 +405,17 @@ def task_command(bench: Benchmark, runs: list[Run], force: bool) -> str:
     ])
 
 
-def sbatch(program: str, options: list[str], script: Path) -> str:
-    """Submit one script; returns the job id. A refusal ends the runner with Slurm's own message."""
+def sbatch(program: str, options: list[str], script: Path, throwaway_dir: Path | None = None) -> str:
+    """Submit one script; returns the job id. A refusal ends the runner with Slurm's own message, after
+    removing `throwaway_dir` (made for this submission, and holding nothing that runs) if given."""
     result = subprocess.run([program, "--parsable", *options, str(script)], capture_output=True, text=True)
     if result.returncode != 0:
         message = " ".join(line.strip() for line in (result.stderr or result.stdout).splitlines() if line.strip())
-        fail(f"sbatch refused {script}: {message or f'exit code {result.returncode}'}; "
+        if throwaway_dir is not None:
+            shutil.rmtree(throwaway_dir, ignore_errors=True)
+        kept = (f"{throwaway_dir}, made for this submission, is removed again" if throwaway_dir is not None
+                else f"the job scripts stay in {script.parent}")
+        fail(f"sbatch refused {script}: {message or f'exit code {result.returncode}'}; {kept}; "
              "fix the options or the template and submit again")
     # --parsable prints `id` or `id;cluster` as its last line.
     return result.stdout.strip().splitlines()[-1].split(";")[0]
@@ -366,14 +429,17 @@ def find_sbatch() -> str:
     return program
 
 
-def submit(bench: Benchmark, report_dir: Path, args: argparse.Namespace, template: str, program: str | None) -> int:
+def submit(bench: Benchmark, report_dir: Path, args: argparse.Namespace, template: str, program: str | None,
+           throwaway_dir: Path | None = None) -> int:
     """Write the array job (a task per run not finished earlier) and the report job that runs after
-    it from the template, then submit both with `program` (sbatch), unless --dry-run."""
+    it from the template, then submit both with `program` (sbatch), unless --dry-run. `throwaway_dir`:
+    a directory made for this submission (the quick benchmark's), removed if Slurm refuses the first job."""
     runs = bench.runs()
     todo = [index for index, run in enumerate(runs) if args.force or not run.finished_earlier()]
     variant = runs[0].variant
     slurm_dir = bench.log_dir / "slurm"
-    slurm_dir.mkdir(parents=True, exist_ok=True)
+    refuse_a_file(bench.workdir, "--workdir")  # the tasks make it; a file there would fail every one
+    make_directory(slurm_dir, "--log-dir")
     here = f"cd {shlex.quote(os.getcwd())}\n"
 
     array_script = slurm_dir / f"{variant}.sbatch"
@@ -389,6 +455,9 @@ def submit(bench: Benchmark, report_dir: Path, args: argparse.Namespace, templat
               f"{len(runs) - len(todo)} of {len(runs)} run(s) finished earlier and are left out", flush=True)
     else:
         print(f"slurm: all {len(runs)} run(s) finished earlier: no array job, only the report", flush=True)
+        if array_script.exists():  # from an earlier submission: its runs are done, it is not to be resubmitted
+            array_script.unlink()
+            print(f"slurm: removed {array_script}, the job array of an earlier submission", flush=True)
     report_script = slurm_dir / f"{variant}-report.sbatch"
     report_output = slurm_dir.resolve() / f"{variant}-report_%j.out"
     report = bench.report_command(report_dir)
@@ -404,11 +473,12 @@ def submit(bench: Benchmark, report_dir: Path, args: argparse.Namespace, templat
         return 0
     jobs = []
     if todo:
-        array_job = sbatch(program, [], array_script)
+        array_job = sbatch(program, [], array_script, throwaway_dir)
         jobs.append(array_job)
         print(f"slurm: submitted job array {array_job} ({len(todo)} task(s) of {variant})", flush=True)
     # afterany, not afterok: like the local runner, report on what finished even if a run failed.
     dependency = f"afterany:{jobs[0]},singleton" if todo else "singleton"
+    # Not throwaway_dir: the array's tasks, submitted by now, use it whatever happens to the report job.
     report_job = sbatch(program, [f"--dependency={dependency}"], report_script)
     jobs.append(report_job)
     print(f"slurm: submitted report job {report_job}, to run {'after the array' if todo else 'now'}: "
@@ -437,12 +507,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--env-ids", nargs="+", metavar="ID", help="environments to run on")
     parser.add_argument("--command", help='the command to run, e.g. "python ppo/ppo.py --total-timesteps '
                         '500000"; `--env-id ID --seed S` is appended to it')
-    parser.add_argument("--num-seeds", type=int, default=3, help="seeds per environment (default 3)")
-    parser.add_argument("--start-seed", type=int, default=1, help="the first seed (default 1)")
+    # The defaults of the options that plan the runs are filled in below, after the check that the
+    # quick mode, which plans its own runs, is not given one of them.
+    parser.add_argument("--num-seeds", type=int, help="seeds per environment (default 3)")
+    parser.add_argument("--start-seed", type=int, help="the first seed (default 1)")
     parser.add_argument("--workers", type=int, default=1, help="runs at a time (default 1)")
-    parser.add_argument("--log-dir", type=Path, default=Path("benchmark/logs"),
-                        help="where run logs and .done markers go (default benchmark/logs)")
-    parser.add_argument("--workdir", type=Path, default=Path("."),
+    parser.add_argument("--log-dir", type=Path, help="where run logs and .done markers go (default benchmark/logs)")
+    parser.add_argument("--workdir", type=Path,
                         help="directory the runs start in, so their runs/ lands there (default .)")
     parser.add_argument("--force", action="store_true", help="rerun runs that finished earlier too")
     parser.add_argument("--dry-run", action="store_true",
@@ -468,10 +539,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                        help="do run N of the plan (env ids in order, seeds within each), as run here; what "
                        "each array task calls with $SLURM_ARRAY_TASK_ID")
     args = parser.parse_args(argv)
-    if args.workers < 1 or args.num_seeds < 1:
-        parser.error("--workers and --num-seeds must be at least 1")
+    planning = [flag for flag, value in [("--env-ids", args.env_ids), ("--command", args.command),
+                                         ("--num-seeds", args.num_seeds), ("--start-seed", args.start_seed),
+                                         ("--workdir", args.workdir), ("--log-dir", args.log_dir)]
+                if value is not None]
+    if args.quick and planning:
+        parser.error(f"{', '.join(planning)}: not with --quick, which runs its own fixed plan "
+                     "(--quick-dir says where)")
+    if args.quick_dir is not None and not args.quick:
+        parser.error("--quick-dir: only with --quick")
     if not args.quick and (not args.env_ids or not args.command):
         parser.error("--env-ids and --command are required (or use --quick)")
+    defaults = {"num_seeds": 3, "start_seed": 1, "log_dir": Path("benchmark/logs"), "workdir": Path(".")}
+    for name, default in defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, default)
+    if args.workers < 1 or args.num_seeds < 1:
+        parser.error("--workers and --num-seeds must be at least 1")
     slurm_only = [flag for flag, value in [("--partition", args.partition), ("--gpus", args.gpus),
                                            ("--cpus-per-task", args.cpus_per_task), ("--time", args.time),
                                            ("--slurm-template", args.slurm_template), ("--report-dir", args.report_dir)]
@@ -500,19 +584,23 @@ def main(argv: list[str] | None = None) -> int:
         bench = Benchmark(args.command, args.env_ids, seeds, args.workdir, args.log_dir)
         report_dir = args.report_dir or bench.workdir / "results"
     if args.slurm:
-        return submit(bench, report_dir, args, template, program)
+        made_for_this_submission = bench.workdir if args.quick and args.quick_dir is None else None
+        return submit(bench, report_dir, args, template, program, made_for_this_submission)
     runs = bench.runs()
     if args.task_index is not None:
         if not 0 <= args.task_index < len(runs):
             fail(f"--task-index {args.task_index} is out of range: this benchmark has runs 0 to {len(runs) - 1}")
         runs = [runs[args.task_index]]
     if args.dry_run:
+        refuse_a_file(bench.workdir, "--workdir")  # a dry run makes nothing, but says what a run would meet
+        refuse_a_file(bench.log_dir, "--log-dir")
         print_commands(runs, bench.workdir, args.force)
         if args.quick and args.quick_dir is None:
             bench.workdir.rmdir()  # made only to name it in the commands; a real run makes its own
             print(f"dry run: {bench.workdir} removed again; a real run makes a new temporary directory")
         return 0
-    bench.workdir.mkdir(parents=True, exist_ok=True)
+    make_directory(bench.workdir, "--workdir")
+    make_directory(bench.log_dir, "--log-dir")
     signal.signal(signal.SIGTERM, stop_on_sigterm)
     try:
         counts = run_all(runs, args.workers, bench.workdir, args.force)

@@ -10,6 +10,8 @@
 ##   {output}          the file Slurm writes the job's own output to, an absolute path (%A the array's
 ##                     job id, %a the task index; %j the report job's id); each run's output also goes
 ##                     to its usual log
+##                     The runner puts these two values in double quotes itself, so that a path with
+##                     spaces works: leave the placeholders unquoted (a quoted one is quoted only once).
 ##   {array_line}      `#SBATCH --array=...`: the indices of the runs still to do (finished ones are
 ##                     left out); empty in the report job
 ##   {resource_lines}  one `#SBATCH` line per resource option: --partition, --gpus N (as --gres=gpu:N),

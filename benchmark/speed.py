@@ -35,6 +35,7 @@ import time
 import types
 import typing
 from pathlib import Path
+from typing import NoReturn
 
 import numpy as np
 
@@ -57,6 +58,12 @@ DEFAULTS = {
 # cannot see (envpool's pools step on threads of this process).
 ASYNC_IN_WORKER_PROCESSES = {"ppo_atari.py", "ppo_atari_lstm.py", "ppo_atari_multigpu.py"}
 SPEED_OPTIONS = ("async_envs", "compile", "cudagraphs")
+
+
+def fail(message: str) -> NoReturn:
+    """Wrong input: one line saying what to do, exit code 2."""
+    print(f"speed.py: error: {message}", file=sys.stderr, flush=True)
+    raise SystemExit(2)
 
 
 def timed(function) -> tuple[float, float]:
@@ -127,18 +134,37 @@ def training_speed(script, args, warmup_iterations: int) -> tuple[float, float, 
             os.chdir(previous_directory)
     iterations = len(marks) - 1
     if iterations <= warmup_iterations:
-        raise SystemExit(f"speed.py: error: {iterations} iterations are too few to measure after "
-                         f"{warmup_iterations} warm-up iterations: raise --total-timesteps")
+        fail(f"{iterations} iterations are too few to measure after {warmup_iterations} warm-up iterations: "
+             "raise --total-timesteps")
     (first_step, first_wall, first_cpu), (last_step, last_wall, last_cpu) = marks[warmup_iterations], marks[-1]
     steps = last_step - first_step
     return steps / (last_wall - first_wall), steps / (last_cpu - first_cpu), steps
 
 
+def script_options(script) -> list[str]:
+    """The speed options the script has (fields of its Args)."""
+    return [name for name in SPEED_OPTIONS if name in {field.name for field in dataclasses.fields(script.Args)}]
+
+
+def check_requested_options(script_file: str, script, requested: list[str], devices: list[str]) -> None:
+    """Refuse an --options item that names an option the script does not have, or that no device of
+    this measurement can run (--cudagraphs needs CUDA): it would be left out, and measure nothing."""
+    has = script_options(script)
+    for item in requested:
+        for name in item.split("+"):
+            if name != "plain" and name not in has:
+                fail(f"--options {item}: {script_file} has no speed option {name!r}; it has: "
+                     f"{', '.join(['plain', *has])} (join several with +)")
+        if "cudagraphs" in item.split("+") and "cuda" not in devices:
+            fail(f"--options {item}: --cudagraphs needs CUDA, and this measurement runs on "
+                 f"{', '.join(devices)} only: add --devices cuda on a machine with a GPU")
+
+
 def option_sets(script, device: str, requested: list[str] | None) -> list[tuple[str, ...]]:
-    """The combinations of speed options to measure: those requested, or by default none, each option
-    the script has alone, and all of them together. --cudagraphs only on a GPU."""
-    available = [name for name in SPEED_OPTIONS if name in {f.name for f in dataclasses.fields(script.Args)}
-                 and not (name == "cudagraphs" and device != "cuda")]
+    """The combinations of speed options to measure: those requested (checked by
+    check_requested_options), or by default none, each option the script has alone, and all of them
+    together. --cudagraphs only on a GPU: a requested set with it is left out on the CPU."""
+    available = [name for name in script_options(script) if not (name == "cudagraphs" and device != "cuda")]
     if requested is not None:
         sets = [tuple(part for part in item.split("+") if part != "plain") for item in requested]
         return [options for options in sets if all(name in available for name in options)]
@@ -155,15 +181,15 @@ def field_values(script, assignments: list[str]) -> dict:
     for assignment in assignments:
         name, _, text = assignment.partition("=")
         if name not in hints:
-            raise SystemExit(f"speed.py: error: {script.__name__} has no setting {name!r} (from --set {assignment})")
+            fail(f"--set {assignment}: {script.__name__} has no setting {name!r}: give a field of its Args")
         values[name] = parse_value(hints[name], text, assignment)
     return values
 
 
 def parse_value(kind, text: str, assignment: str):
     """`text` as a value of type `kind`: bool, int, float, str, a Literal or any of them `| None`."""
-    def refuse(what: str):
-        raise SystemExit(f"speed.py: error: --set {assignment}: {what}")
+    def refuse(what: str) -> NoReturn:
+        fail(f"--set {assignment}: {what}")
 
     if typing.get_origin(kind) in (typing.Union, types.UnionType):
         if text.lower() == "none" and type(None) in typing.get_args(kind):
@@ -185,7 +211,7 @@ def parse_value(kind, text: str, assignment: str):
         refuse(f"not a valid {kind.__name__}")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--scripts", "--script", nargs="+", default=list(DEFAULTS), metavar="SCRIPT",
                         help="scripts in ppo/ to measure (default: all of them)")
@@ -202,22 +228,36 @@ def main() -> None:
     parser.add_argument("--raw-seconds", type=float, default=10.0, help="how long to step the raw environments")
     parser.add_argument("--warmup-iterations", type=int, default=1,
                         help="iterations left out of the training speed (compilation, CUDA-graph recording)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    # Every wrong input is refused before the first measurement, which takes a while.
+    for flag, value, least in [("--num-envs", args.num_envs, 1), ("--total-timesteps", args.total_timesteps, 1),
+                               ("--warmup-iterations", args.warmup_iterations, 0)]:
+        if value is not None and value < least:
+            fail(f"{flag} {value}: give at least {least}")
+    if not args.raw_seconds > 0:  # also refuses nan
+        fail(f"--raw-seconds {args.raw_seconds}: give a positive number of seconds")
+    unknown = [name for name in args.scripts if name not in DEFAULTS]
+    if unknown:
+        fail(f"unknown script {unknown[0]!r}: pick from {', '.join(DEFAULTS)}")
 
     import torch
 
     devices = args.devices or (["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"])
     if "cuda" in devices and not torch.cuda.is_available():
-        raise SystemExit("speed.py: error: --devices cuda, but PyTorch sees no CUDA device")
+        fail("--devices cuda, but PyTorch sees no CUDA device: measure on --devices cpu")
     device_name = torch.cuda.get_device_name() if "cuda" in devices else "no GPU"
+    scripts = {name: importlib.import_module(f"ppo.{name.removesuffix('.py')}") for name in args.scripts}
+    settings_of = {name: field_values(script, args.set) for name, script in scripts.items()}
+    if args.options is not None:
+        for name, script in scripts.items():
+            check_requested_options(name, script, args.options, devices)
+
     rows = []
-    for script_file in args.scripts:
-        if script_file not in DEFAULTS:
-            raise SystemExit(f"speed.py: error: unknown script {script_file!r}: pick from {', '.join(DEFAULTS)}")
-        script = importlib.import_module(f"ppo.{script_file.removesuffix('.py')}")
+    for script_file, script in scripts.items():
         default_env, default_num_envs, default_iterations = DEFAULTS[script_file]
-        env_id, num_envs = args.env_id or default_env, args.num_envs or default_num_envs
-        settings = field_values(script, args.set)
+        env_id = args.env_id or default_env
+        num_envs = default_num_envs if args.num_envs is None else args.num_envs
+        settings = settings_of[script_file]
         num_steps = settings.get("num_steps", script.Args().num_steps)
         total_timesteps = args.total_timesteps or default_iterations * num_envs * num_steps
         raw_wall, raw_cpu = raw_env_speed(script, env_id, num_envs, args.raw_seconds)

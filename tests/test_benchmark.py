@@ -4,6 +4,8 @@ quick mode that runs the whole pipeline for real on a tiny budget."""
 import math
 import os
 import re
+import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -13,7 +15,8 @@ import numpy as np
 import pytest
 
 from benchmark import report
-from conftest import FAKE_SCRIPT, REPO, assert_quick_runs_finished, calls, read_scalars, run_tool, table_rows
+from conftest import (FAKE_SCRIPT, REPO, assert_quick_runs_finished, calls, expect_error_line, read_scalars, run_tool,
+                      table_rows)
 
 SEED_DOCUMENT = REPO.parent / "shared" / "seeds" / "000_858a261d7ff62938.txt"
 
@@ -60,6 +63,15 @@ def test_runner_dry_run_prints_every_command_and_runs_nothing(tmp_path):
         assert f"benchmark/logs/fake/{env_id}__seed{seed}.log" in line
     assert calls(tmp_path) == []
     assert not (tmp_path / "benchmark").exists()
+
+
+def test_dry_run_quotes_log_paths_for_the_shell(tmp_path):
+    (tmp_path / "fake.py").write_text(FAKE_SCRIPT)
+    result = run_tool("run.py", "--env-ids", "A-v1", "--command", "python fake.py", "--num-seeds", "1",
+                      "--log-dir", "bench logs", "--dry-run", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    (line,) = result.stdout.splitlines()
+    assert shlex.split(line)[-2:] == ["bench logs/fake/A-v1__seed1.log", "2>&1"]
 
 
 def test_quick_dry_run_leaves_no_temporary_directory(tmp_path):
@@ -117,6 +129,69 @@ def test_runner_starts_runs_in_workdir(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     assert calls(tmp_path / "work") == ["A-v1 1"]  # fake.py was found although the run started in work/
     assert (tmp_path / "logs" / "fake" / "A-v1__seed1.done").is_file()
+
+    # A program given by a relative path, too, is read from where run.py runs, not from --workdir.
+    launcher = f'#!/bin/sh\nexec {shlex.quote(sys.executable)} {shlex.quote(str(tmp_path / "fake.py"))} "$@"\n'
+    (tmp_path / "fake-launcher").write_text(launcher)
+    (tmp_path / "fake-launcher").chmod(0o755)
+    result = run_tool("run.py", "--env-ids", "B-v1", "--command", "./fake-launcher", "--num-seeds", "1",
+                      "--workdir", "work", "--log-dir", "logs", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert calls(tmp_path / "work") == ["A-v1 1", "B-v1 1"]
+
+
+@pytest.mark.parametrize("command, fragment", [
+    ("nosuchprog --x", "the program 'nosuchprog' is not found on PATH"),
+    ("./missing.sh", "./missing.sh does not exist"),
+    ("./not-executable.sh", "./not-executable.sh is not executable"),
+    ('python "fake.py', "cannot be split into words (no closing quotation)"),
+    ("  ", "--command is empty"),
+])
+def test_runner_refuses_a_command_that_cannot_start(tmp_path, command, fragment):
+    (tmp_path / "fake.py").write_text(FAKE_SCRIPT)
+    (tmp_path / "not-executable.sh").write_text("#!/bin/sh\n")
+    for extra in ([], ["--dry-run"], ["--slurm", "--dry-run"]):
+        result = run_tool("run.py", "--env-ids", "A-v1", "--command", command, *extra, cwd=tmp_path)
+        expect_error_line(result, "run.py", "--command", fragment)
+    assert calls(tmp_path) == [] and not (tmp_path / "benchmark").exists()  # refused before anything ran
+
+
+@pytest.mark.parametrize("options, fragment", [
+    (["--workdir", "a-file"], "a-file (--workdir) is a file: give a directory"),
+    (["--log-dir", "a-file"], "a-file (--log-dir) is a file: give a directory"),
+    (["--log-dir", "a-file/logs"], "cannot make the directory a-file/logs (--log-dir): Not a directory"),
+    (["--workdir", "a-file", "--dry-run"], "a-file (--workdir) is a file"),
+    (["--log-dir", "a-file", "--slurm", "--dry-run"], "cannot make the directory a-file/slurm (--log-dir)"),
+])
+def test_runner_refuses_a_file_for_a_directory(tmp_path, options, fragment):
+    (tmp_path / "fake.py").write_text(FAKE_SCRIPT)
+    (tmp_path / "a-file").write_text("")
+    result = run_tool("run.py", "--env-ids", "A-v1", "--command", "python fake.py", *options, cwd=tmp_path)
+    expect_error_line(result, "run.py", fragment)
+    assert calls(tmp_path) == []
+
+
+@pytest.mark.parametrize("quick_dir, fragment", [
+    ("a-file", "a-file (--quick-dir) is a file: give a directory"),
+    ("a-file/quick", "cannot make the directory a-file/quick (--quick-dir): Not a directory"),
+])
+def test_quick_mode_refuses_a_quick_dir_it_cannot_make(tmp_path, quick_dir, fragment):
+    (tmp_path / "a-file").write_text("")
+    result = run_tool("run.py", "--quick", "--quick-dir", quick_dir, cwd=tmp_path)
+    expect_error_line(result, "run.py", fragment)
+
+
+@pytest.mark.parametrize("options, fragment", [
+    (["--quick", "--env-ids", "A-v1"], "--env-ids: not with --quick"),
+    (["--quick", "--command", "python fake.py", "--num-seeds", "5"], "--command, --num-seeds: not with --quick"),
+    (["--quick", "--workdir", "w", "--log-dir", "l", "--start-seed", "3"],
+     "--start-seed, --workdir, --log-dir: not with --quick"),
+    (["--env-ids", "A-v1", "--command", "python fake.py", "--quick-dir", "q"], "--quick-dir: only with --quick"),
+])
+def test_runner_refuses_options_that_would_be_ignored(tmp_path, options, fragment):
+    result = run_tool("run.py", *options, cwd=tmp_path)
+    expect_error_line(result, "run.py", fragment, only_line=False)  # argparse prints its usage first
+    assert list(tmp_path.iterdir()) == []
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -256,13 +331,25 @@ def test_report_uses_the_newest_complete_run_per_seed(tmp_path):
     assert "[ppo](ppo.md)" in (out / "index.md").read_text()
 
 
-def test_report_leaves_out_a_seed_without_episodes_and_says_so(tmp_path):
+def test_report_leaves_out_a_seed_without_episodes_and_says_so(tmp_path, monkeypatch):
+    import matplotlib.axes
+
     runs = tmp_path / "runs"
     write_run(runs, "CartPole-v1", "ppo", 1, 100, 1000, [(950, 40.0), (1000, 60.0)])
     write_run(runs, "CartPole-v1", "ppo", 2, 100, 1000, [])  # no episode ended in the whole run
     write_run(runs, "Acrobot-v1", "ppo", 1, 100, 1000, [])
     out = tmp_path / "results"
+    curve_labels, plot = [], matplotlib.axes.Axes.plot
+
+    def plot_and_note_the_label(axes, *data, **style):
+        curve_labels.append(style.get("label"))
+        return plot(axes, *data, **style)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "plot", plot_and_note_the_label)
     rows = {row.env_id: row for row in report.build_report(runs, out)["ppo"]}
+    # The plots' legends count the seeds the mean curve averages: those in which an episode ended.
+    assert curve_labels.count("ppo, mean of 1 seed(s) (1 without an episode left out)") == 2  # step, time
+    assert curve_labels.count("ppo, mean of 0 seed(s) (1 without an episode left out)") == 2
     assert rows["CartPole-v1"].values.tolist() == [50.0] and rows["CartPole-v1"].seeds_without_episodes == [2]
     assert rows["Acrobot-v1"].status == "no data"
 
@@ -323,10 +410,52 @@ def test_status_with_a_zero_width_band():
     assert report.classify(-200.5, mean=-200.0, std=0.0) == "below"
 
 
-def test_report_without_runs_says_so(tmp_path):
+def test_report_without_runs_says_so_and_writes_nothing(tmp_path):
     (tmp_path / "runs").mkdir()
     result = run_tool("report.py", "--runs-dir", "runs", "--out-dir", "out", cwd=tmp_path)
-    assert result.returncode == 1 and "no complete runs" in result.stderr
+    expect_error_line(result, "report.py", "no complete runs under runs, nothing written", "--include-incomplete")
+    assert not (tmp_path / "out").exists()
+    result = run_tool("report.py", "--runs-dir", "nowhere", "--out-dir", "out", cwd=tmp_path)
+    expect_error_line(result, "report.py", "no runs directory nowhere")
+
+
+INCOMPLETE_BASELINE = """
+[variants.ppo]
+[[variants.ppo.envs]]
+env_id = "CartPole-v1"
+ours = { mean = 492.4, std = 13.05 }
+reference = { mean = 497.54 }
+"""
+
+
+@pytest.mark.parametrize("options, fragment", [
+    (["--baselines", "missing.toml"], "cannot read the baselines file missing.toml (No such file or directory)"),
+    (["--baselines", "broken.toml"], "the baselines file broken.toml is not valid TOML"),
+    (["--baselines", "incomplete.toml"], "env 1 of variant 'ppo' (CartPole-v1) lacks reference.std"),
+    (["--out-dir", "a-file"], "--out-dir a-file is a file"),
+])
+def test_report_refuses_wrong_input_before_writing(tmp_path, options, fragment):
+    runs = tmp_path / "runs"
+    write_run(runs, "CartPole-v1", "ppo", 1, 100, 1000, [(1000, 50.0)])
+    (tmp_path / "broken.toml").write_text("[variants.ppo\n")
+    (tmp_path / "incomplete.toml").write_text(INCOMPLETE_BASELINE)
+    (tmp_path / "a-file").write_text("")
+    result = run_tool("report.py", "--runs-dir", "runs", *(["--out-dir", "out"] if "--out-dir" not in options else []),
+                      *options, cwd=tmp_path)
+    expect_error_line(result, "report.py", fragment)
+    assert not (tmp_path / "out").exists()
+
+
+def test_report_names_the_baselines_file_it_used(tmp_path):
+    runs = tmp_path / "runs"
+    write_run(runs, "CartPole-v1", "ppo", 1, 100, 1000, [(1000, 50.0)])
+    mine = tmp_path / "my baselines.toml"
+    shutil.copy(REPO / "benchmark" / "baselines.toml", mine)
+    for baselines, named in [(report.DEFAULT_BASELINES, "**Baselines** from `benchmark/baselines.toml`"),
+                             (mine, f"**Baselines** from `{mine}`"),
+                             (Path("/dev/null"), "No published numbers for this variant in `/dev/null`")]:
+        report.build_report(runs, tmp_path / "out", baselines_path=baselines)
+        assert named in (tmp_path / "out" / "ppo.md").read_text()
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -384,10 +513,13 @@ def test_ppo_sh_stops_at_a_ctrl_c_that_run_py_caught(tmp_path):
     assert "== report" not in result.stdout
 
 
-def test_ppo_sh_refuses_an_unknown_family():
+def test_ppo_sh_refuses_an_unknown_family_or_option():
     result = run_tool("ppo.sh", "--dry-run", "classic", "nonsense", cwd=REPO)
-    assert result.returncode == 2 and "unknown family 'nonsense'" in result.stderr
+    expect_error_line(result, "ppo.sh", "unknown family 'nonsense'", only_line=False)  # after the list
     assert "--seed" not in result.stdout  # nothing ran before the check
+    result = run_tool("ppo.sh", "--bogus", "classic", cwd=REPO)
+    expect_error_line(result, "ppo.sh", "unknown option '--bogus'", "--help")
+    assert "--seed" not in result.stdout
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from benchmark import run
 from conftest import FAKE_SCRIPT, REPO, assert_quick_runs_finished, calls, expect_error_line, run_tool
 from slurm_cluster import OneNodeCluster, missing_programs
 
@@ -55,8 +56,8 @@ def test_job_array_has_a_task_per_run_and_the_resource_lines(tmp_path):
     assert "nothing submitted" in result.stdout and calls(tmp_path) == []
     script = (tmp_path / SLURM_DIR / "fake.sbatch").read_text()
     assert sbatch_lines(script) == [
-        "#SBATCH --job-name=ppo-benchmark-fake",
-        f"#SBATCH --output={(tmp_path / SLURM_DIR).resolve()}/fake_%A_%a.out",
+        '#SBATCH --job-name="ppo-benchmark-fake"',
+        f'#SBATCH --output="{(tmp_path / SLURM_DIR).resolve()}/fake_%A_%a.out"',
         "#SBATCH --array=0-3",
         "#SBATCH --partition=gpu",
         "#SBATCH --gres=gpu:1",
@@ -76,8 +77,8 @@ def test_job_array_has_a_task_per_run_and_the_resource_lines(tmp_path):
 
     report = (tmp_path / SLURM_DIR / "fake-report.sbatch").read_text()
     assert sbatch_lines(report) == [  # no array, no GPU, the default CPU
-        "#SBATCH --job-name=ppo-benchmark-report",
-        f"#SBATCH --output={(tmp_path / SLURM_DIR).resolve()}/fake-report_%j.out",
+        '#SBATCH --job-name="ppo-benchmark-report"',
+        f'#SBATCH --output="{(tmp_path / SLURM_DIR).resolve()}/fake-report_%j.out"',
         "#SBATCH --partition=gpu",
         "#SBATCH --time=2:00:00",
     ]
@@ -117,6 +118,26 @@ def test_each_task_does_its_run_as_the_local_runner_and_finished_runs_are_left_o
     assert "#SBATCH --array=0" in script.read_text().splitlines()
 
 
+def test_job_names_and_output_paths_are_quoted_for_sbatch(tmp_path):
+    """Unquoted, sbatch ends `--output=` at a space (it refuses the script) and reads a `#` as the
+    start of a comment. The runner quotes the values itself, whether the template has the placeholder
+    bare (as benchmark/slurm_template.sh, and a site's copy of it) or quoted already."""
+    template = (REPO / "benchmark" / "slurm_template.sh").read_text()
+    assert "--output={output}" in template
+    quoted = template.replace("{output}", '"{output}"').replace("{job_name}", '"{job_name}"')
+    (tmp_path / "quoted.sh").write_text(quoted)
+    logs = (tmp_path / "bench logs #1").resolve()
+    for template_options in ([], ["--slurm-template", "quoted.sh"]):
+        result = submit_fake(tmp_path, "--dry-run", "--log-dir", "bench logs #1", *template_options)
+        assert result.returncode == 0, result.stderr
+        assert sbatch_lines((logs / "slurm" / "fake.sbatch").read_text())[:2] == [
+            '#SBATCH --job-name="ppo-benchmark-fake"', f'#SBATCH --output="{logs}/slurm/fake_%A_%a.out"']
+    # Backslashes and double quotes, which end or escape a quoted value, are escaped.
+    filled = run.fill('#SBATCH --output={output}\n#SBATCH --job-name="{job_name}"\n{command}',
+                      {"output": 'a "b"\\c', "job_name": "x y", "command": 'echo "{output}"'})
+    assert filled == '#SBATCH --output="a \\"b\\"\\\\c"\n#SBATCH --job-name="x y"\necho "{output}"'
+
+
 def test_a_site_template_keeps_its_own_lines(tmp_path):
     template = (REPO / "benchmark" / "slurm_template.sh").read_text()
     site = template.replace("set -euo pipefail", "#SBATCH --account=rl-lab\nset -euo pipefail\necho ${HOME}")
@@ -152,7 +173,36 @@ def test_a_refused_submission_shows_slurms_message(tmp_path):
     refuse = ("#!/bin/sh\necho 'sbatch: error: Batch job submission failed: Invalid partition name specified' >&2\n"
               "exit 1\n")
     result = submit_fake(tmp_path, "--partition", "nope", env=bin_dir(tmp_path, sbatch=refuse))
-    expect_error_line(result, "run.py", "sbatch refused", "Invalid partition name specified")
+    expect_error_line(result, "run.py", "sbatch refused", "Invalid partition name specified",
+                      f"the job scripts stay in {SLURM_DIR}")
+    assert (tmp_path / SLURM_DIR / "fake.sbatch").is_file()  # to inspect
+
+
+def test_a_refused_quick_submission_leaves_no_directory_behind(tmp_path):
+    """`--slurm --quick` makes a new directory under the checkout's benchmark/logs/ for each submission;
+    when Slurm refuses it, nothing will run there, and it is removed. From a copy of the runner, whose
+    repository is then tmp_path/checkout, so nothing is written into this one."""
+    checkout = tmp_path / "checkout"
+    (checkout / "benchmark").mkdir(parents=True)
+    for name in ("run.py", "slurm_template.sh"):
+        shutil.copy(REPO / "benchmark" / name, checkout / "benchmark" / name)
+    refuse = "#!/bin/sh\necho 'sbatch: error: Batch job submission failed: Invalid account' >&2\nexit 1\n"
+    result = subprocess.run([sys.executable, str(checkout / "benchmark" / "run.py"), "--quick", "--slurm"],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                            env={**os.environ, **bin_dir(tmp_path, sbatch=refuse)})
+    expect_error_line(result, "run.py", "sbatch refused", "Invalid account",
+                      "made for this submission, is removed again")
+    assert list((checkout / "benchmark" / "logs").iterdir()) == []
+
+
+def test_when_every_run_finished_only_the_report_job_is_written(tmp_path):
+    assert submit_fake(tmp_path, "--dry-run").returncode == 0
+    assert run_tool("run.py", *FAKE_ARGS, cwd=tmp_path).returncode == 0  # every run done here
+    result = submit_fake(tmp_path, "--dry-run")
+    assert result.returncode == 0, result.stderr
+    assert "all 4 run(s) finished earlier: no array job, only the report" in result.stdout
+    assert f"removed {SLURM_DIR}/fake.sbatch, the job array of an earlier submission" in result.stdout
+    assert sorted(path.name for path in (tmp_path / SLURM_DIR).iterdir()) == ["fake-report.sbatch"]
 
 
 def test_a_template_without_the_placeholders_is_refused(tmp_path):
@@ -198,6 +248,30 @@ def test_ppo_sh_slurm_dry_run_of_a_family(tmp_path):
                              env={**os.environ, "PYTHON": sys.executable, **bin_dir(tmp_path)})
     assert missing.returncode == 2 and "run.py: error: sbatch not found" in missing.stderr
     assert "== mujoco" not in missing.stdout
+
+
+def test_ppo_sh_reads_the_paths_it_is_given_from_where_it_is_run(tmp_path):
+    """ppo.sh works from the repository root, but --slurm-template FILE, PYTHON and BENCH_WORKDIR are
+    read from the directory the user runs it in. A checkout in tmp_path, as above."""
+    checkout, caller = tmp_path / "checkout", tmp_path / "caller"
+    (checkout / "benchmark").mkdir(parents=True)
+    for name in ("ppo.sh", "run.py"):
+        (checkout / "benchmark" / name).symlink_to(REPO / "benchmark" / name)
+    (checkout / "ppo").symlink_to(REPO / "ppo")
+    (caller / "bin").mkdir(parents=True)
+    (caller / "bin" / "python").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    (caller / "bin" / "python").chmod(0o755)
+    template = (REPO / "benchmark" / "slurm_template.sh").read_text()
+    for option in (["--slurm-template", "site.sh"], ["--slurm-template=site.sh"]):
+        account = f"#SBATCH --account=from-{len(option)}-word-option"
+        (caller / "site.sh").write_text(template.replace("set -euo pipefail", f"{account}\nset -euo pipefail"))
+        result = subprocess.run(["bash", "../checkout/benchmark/ppo.sh", "--slurm", "--dry-run", *option, "classic"],
+                                cwd=caller, capture_output=True, text=True, timeout=60,
+                                env={**os.environ, "PYTHON": "bin/python", "BENCH_WORKDIR": "work"})
+        assert result.returncode == 0, result.stderr
+        script = (checkout / SLURM_DIR / "ppo.sbatch").read_text()
+        assert account in sbatch_lines(script)
+        assert f"--workdir {caller}/work --log-dir benchmark/logs" in script
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -246,8 +320,11 @@ def measured(page: str) -> list[list[str]]:
 
 
 def test_quick_benchmark_on_a_one_node_slurm_cluster(slurm_cluster, quick_dir, tmp_path):
-    result = run_tool("run.py", "--quick", "--slurm", "--quick-dir", str(tmp_path), "--cpus-per-task", "1",
-                      cwd=tmp_path, env=slurm_cluster.environment())
+    # A space in the path: sbatch has to read the quoted `#SBATCH --output=` line whole.
+    workdir = tmp_path / "quick benchmark"
+    workdir.mkdir()
+    result = run_tool("run.py", "--quick", "--slurm", "--quick-dir", str(workdir), "--cpus-per-task", "1",
+                      cwd=workdir, env=slurm_cluster.environment())
     assert result.returncode == 0, result.stdout + result.stderr
     array_job = re.search(r"submitted job array (\d+) \(4 task\(s\) of ppo\)", result.stdout).group(1)
     report_job = re.search(r"submitted report job (\d+)", result.stdout).group(1)
@@ -255,20 +332,20 @@ def test_quick_benchmark_on_a_one_node_slurm_cluster(slurm_cluster, quick_dir, t
 
     # Every task did its run, with the log and marker of a local run.
     for task in range(4):
-        output = (tmp_path / "logs" / "slurm" / f"ppo_{array_job}_{task}.out").read_text()
+        output = (workdir / "logs" / "slurm" / f"ppo_{array_job}_{task}.out").read_text()
         assert "1 run(s): 1 ran ok, 0 skipped (finished earlier), 0 failed" in output, output
-    assert_quick_runs_finished(tmp_path)
+    assert_quick_runs_finished(workdir)
 
     # The report job wrote the report the local quick run writes, with the same numbers.
-    report_output = (tmp_path / "logs" / "slurm" / f"ppo-report_{report_job}.out").read_text()
+    report_output = (workdir / "logs" / "slurm" / f"ppo-report_{report_job}.out").read_text()
     assert "CartPole-v1" in report_output, report_output
-    slurm_results, local_results = tmp_path / "results", quick_dir / "results"
+    slurm_results, local_results = workdir / "results", quick_dir / "results"
     files = sorted(path.relative_to(slurm_results) for path in slurm_results.rglob("*"))
     assert files == sorted(path.relative_to(local_results) for path in local_results.rglob("*"))
     assert measured((slurm_results / "ppo.md").read_text()) == measured((local_results / "ppo.md").read_text())
 
     # Submitted again, every run is left out: only the report job runs.
-    again = run_tool("run.py", "--quick", "--slurm", "--quick-dir", str(tmp_path), cwd=tmp_path,
+    again = run_tool("run.py", "--quick", "--slurm", "--quick-dir", str(workdir), cwd=workdir,
                      env=slurm_cluster.environment())
     assert again.returncode == 0, again.stdout + again.stderr
     assert "all 4 run(s) finished earlier: no array job, only the report" in again.stdout

@@ -2,10 +2,12 @@
 settings, and that its training measurement skips the warm-up. No timing is checked."""
 
 import pytest
+import torch
 
 import ppo.ppo as classic
 import ppo.ppo_atari_envpool as envpool_script
 from benchmark import speed
+from conftest import expect_usage_error
 
 
 def test_option_sets_are_plain_each_option_and_all_together_where_the_script_has_them():
@@ -20,21 +22,45 @@ def test_option_sets_are_plain_each_option_and_all_together_where_the_script_has
     assert speed.option_sets(classic, "cpu", requested) == [()]
 
 
-def test_settings_take_the_type_of_the_field():
+def test_settings_take_the_type_of_the_field(capsys):
     values = speed.field_values(envpool_script, ["clip_coef=0.2", "num_minibatches=8", "anneal_lr=false",
                                                  "target_kl=0.015"])
     assert values == {"clip_coef": 0.2, "num_minibatches": 8, "anneal_lr": False, "target_kl": 0.015}
     assert type(values["num_minibatches"]) is int
     assert speed.field_values(envpool_script, ["target_kl=None"]) == {"target_kl": None}
-    with pytest.raises(SystemExit, match="has no setting 'clip'"):
-        speed.field_values(envpool_script, ["clip=0.2"])
-    with pytest.raises(SystemExit, match="true or false"):
-        speed.field_values(envpool_script, ["anneal_lr=flase"])
-    with pytest.raises(SystemExit, match="not a valid int"):
-        speed.field_values(envpool_script, ["num_minibatches=8.5"])
+    for assignment, fragment in [("clip=0.2", "has no setting 'clip'"), ("anneal_lr=flase", "true or false"),
+                                 ("num_minibatches=8.5", "not a valid int")]:
+        expect_usage_error(capsys, lambda: speed.field_values(envpool_script, [assignment]), "speed.py",
+                           f"--set {assignment}", fragment)
 
 
-def test_training_speed_is_measured_after_the_warmup_iterations(tmp_path, monkeypatch):
+# --raw-seconds 0.01: were a wrong value not refused, the test would not wait 10 s for the raw speed.
+@pytest.mark.parametrize("argv, fragments", [
+    (["--raw-seconds", "0"], ["--raw-seconds 0.0: give a positive number"]),
+    (["--raw-seconds", "-1"], ["--raw-seconds -1.0"]),
+    (["--num-envs", "0", "--raw-seconds", "0.01"], ["--num-envs 0: give at least 1"]),
+    (["--total-timesteps", "0", "--raw-seconds", "0.01"], ["--total-timesteps 0: give at least 1"]),
+    (["--warmup-iterations", "-1", "--raw-seconds", "0.01"], ["--warmup-iterations -1: give at least 0"]),
+    (["--scripts", "ppo_nope.py"], ["unknown script 'ppo_nope.py'", "ppo_atari_envpool.py"]),
+    (["--options", "compyle", "--raw-seconds", "0.01"],
+     ["--options compyle: ppo.py has no speed option 'compyle'", "it has: plain, compile, cudagraphs"]),
+    (["--options", "plain", "async_envs+compile", "--raw-seconds", "0.01"],
+     ["--options async_envs+compile: ppo.py has no speed option 'async_envs'"]),
+    (["--options", "compile+cudagraphs", "--devices", "cpu", "--raw-seconds", "0.01"],
+     ["--cudagraphs needs CUDA", "--devices cuda"]),
+])
+def test_wrong_input_is_refused_before_anything_is_measured(capsys, argv, fragments):
+    argv = argv if "--scripts" in argv else ["--scripts", "ppo.py", *argv]
+    expect_usage_error(capsys, lambda: speed.main(argv), "speed.py", *fragments)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
+def test_cuda_without_a_gpu_is_refused(capsys):
+    expect_usage_error(capsys, lambda: speed.main(["--scripts", "ppo.py", "--devices", "cuda"]), "speed.py",
+                       "PyTorch sees no CUDA device")
+
+
+def test_training_speed_is_measured_after_the_warmup_iterations(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     args = classic.Args(total_timesteps=6 * 64, num_envs=2, num_steps=32, cuda=False)
     wall, cpu, steps = speed.training_speed(classic, args, warmup_iterations=1)
@@ -43,5 +69,5 @@ def test_training_speed_is_measured_after_the_warmup_iterations(tmp_path, monkey
     assert speed.training_speed(classic, args, warmup_iterations=0)[2] == 6 * 64
     assert classic.SummaryWriter is not None and classic.SummaryWriter.__name__ == "SummaryWriter"  # restored
     assert not (tmp_path / "runs").exists()  # the run went to a temporary directory
-    with pytest.raises(SystemExit, match="too few to measure"):
-        speed.training_speed(classic, args, warmup_iterations=6)
+    expect_usage_error(capsys, lambda: speed.training_speed(classic, args, warmup_iterations=6), "speed.py",
+                       "too few to measure", "raise --total-timesteps")
