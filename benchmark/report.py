@@ -412,6 +412,9 @@ def variant_markdown(variant: str, rows: list[EnvSummary], baselines: dict, runs
                    if row.baseline and row.baseline.get("table_env") not in (None, row.env_id)]
         if renamed:
             lines.append(f"- Compared: {'; '.join(renamed)}.")
+    elif not baselines.get("variants"):  # --baselines /dev/null: a report of runs, no comparison asked for
+        lines.append(f"- No comparison: made with `--baselines {baselines_name(baselines_path)}`, which holds no "
+                     "published numbers.")
     else:
         lines.append(f"- No published numbers for this variant in `{baselines_name(baselines_path)}`.")
 

@@ -453,7 +453,7 @@ def test_report_names_the_baselines_file_it_used(tmp_path):
     shutil.copy(REPO / "benchmark" / "baselines.toml", mine)
     for baselines, named in [(report.DEFAULT_BASELINES, "**Baselines** from `benchmark/baselines.toml`"),
                              (mine, f"**Baselines** from `{mine}`"),
-                             (Path("/dev/null"), "No published numbers for this variant in `/dev/null`")]:
+                             (Path("/dev/null"), "No comparison: made with `--baselines /dev/null`")]:
         report.build_report(runs, tmp_path / "out", baselines_path=baselines)
         assert named in (tmp_path / "out" / "ppo.md").read_text()
 
