@@ -198,6 +198,61 @@ def assert_first_minibatch_replays_the_rollout(script, args, monkeypatch) -> Non
         torch.testing.assert_close(new_value, old_value, rtol=0, atol=1e-5)
 
 
+def assert_target_kl_ends_the_update_early(script, args, monkeypatch) -> None:
+    """--target-kl: an update stops after the epoch whose last minibatch's approx_kl exceeds it. With a
+    target below any KL an update reaches, each update runs one epoch; with one above every KL, all
+    its --update-epochs (3 here). Counts the script's ppo_loss calls, one per minibatch."""
+    from dataclasses import replace
+
+    calls = []
+    ppo_loss = script.ppo_loss
+
+    def counting_loss(*inputs):
+        calls.append(1)
+        return ppo_loss(*inputs)
+
+    monkeypatch.setattr(script, "ppo_loss", counting_loss)
+    num_iterations = args.total_timesteps // (args.num_envs * args.num_steps)
+    for target_kl, epochs in ((1e-12, 1), (1e9, 3)):
+        calls.clear()
+        script.main(replace(args, target_kl=target_kl, update_epochs=3))
+        assert len(calls) == num_iterations * epochs * args.num_minibatches, target_kl
+
+
+def assert_evaluation_plays_the_saved_weights(script, args, monkeypatch) -> None:
+    """Train `args` with --save-model in the working directory, then evaluate the checkpoint for one
+    episode: the agent that evaluate() builds must hold the checkpoint's weights (and whatever else
+    its state_dict carries, such as observation statistics). An evaluation that forgot to load them
+    would play a fresh network and still print a plausible score."""
+    from dataclasses import replace
+
+    import numpy as np
+    import torch
+
+    script.main(replace(args, save_model=True))
+    checkpoint_path = only_run_dir(Path.cwd()) / "checkpoint.pt"
+    built = []
+
+    class RecordingAgent(script.Agent):
+        def __init__(self, *inputs, **options):
+            super().__init__(*inputs, **options)
+            built.append(self)
+
+    monkeypatch.setattr(script, "Agent", RecordingAgent)
+    script.main(script.parse_args(["--evaluate", str(checkpoint_path), "--eval-episodes", "1", "--no-cuda"]))
+    saved = torch.load(checkpoint_path, weights_only=False)["model"]
+    assert len(built) == 1
+    played = built[0].state_dict()
+    assert played.keys() == saved.keys()
+    for name, value in played.items():
+        if isinstance(value, torch.Tensor):
+            assert torch.equal(value.cpu(), saved[name]), name
+        else:  # extra state: a dict of NumPy arrays and numbers
+            assert value.keys() == saved[name].keys(), name
+            for key in value:
+                assert np.array_equal(value[key], saved[name][key]), (name, key)
+
+
 def assert_same_final_weights(unbroken: Path, resumed_checkpoint: Path, total_timesteps: int) -> tuple[dict, dict]:
     """The resumed run's final checkpoint must match the unbroken run's: same step count, bit-identical
     weights; and so must its TensorBoard log. Returns (unbroken, resumed) checkpoints for the script's own further checks."""

@@ -124,6 +124,45 @@ def test_value_loss_clipping_keeps_the_larger_error(script):
     assert stats["value_loss"].item() == pytest.approx(0.5 * (2.0 - 1.0) ** 2)
 
 
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_the_loss_subtracts_the_entropy_bonus_and_adds_the_weighted_value_loss(script):
+    """[Core 10] loss = policy loss - ent_coef x mean entropy + vf_coef x value loss, with both
+    coefficients taken from the arguments (the other tests of the loss pass zero entropy). More
+    entropy must lower the loss: d loss / d entropy_i = -ent_coef / N."""
+    module = load(script)
+    rng = np.random.default_rng(2)
+    size = 8
+    new_logprob = torch.tensor(rng.normal(scale=0.1, size=size), dtype=torch.float32)
+    entropy = torch.tensor(rng.uniform(0.5, 1.5, size), dtype=torch.float32, requires_grad=True)
+    new_value, returns = (torch.tensor(rng.normal(size=size), dtype=torch.float32) for _ in range(2))
+    advantages = torch.tensor(rng.normal(size=size), dtype=torch.float32)
+    args = module.Args(norm_adv=False, clip_vloss=False, ent_coef=0.03, vf_coef=0.7)
+    total, stats = module.ppo_loss(new_logprob, entropy, new_value, torch.zeros(size), new_value.clone(),
+                                   advantages, returns, args)
+    assert stats["entropy"].item() == pytest.approx(entropy.mean().item())
+    assert stats["value_loss"].item() == pytest.approx(0.5 * ((new_value - returns) ** 2).mean().item())
+    expected = stats["policy_loss"] - 0.03 * stats["entropy"] + 0.7 * stats["value_loss"]
+    assert total.item() == pytest.approx(expected.item(), rel=1e-6)
+    total.backward()
+    torch.testing.assert_close(entropy.grad, torch.full((size,), -0.03 / size))
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_explained_variance(script):
+    """[Core 12] 1 - Var(target - predicted) / Var(target): 1 for perfect predictions, 0 for
+    predicting the mean, negative for worse; undefined (nan) when the targets do not vary."""
+    explained_variance = load(script).explained_variance
+    rng = np.random.default_rng(3)
+    target = rng.normal(size=50).astype(np.float32)
+    predicted = (target + rng.normal(scale=0.5, size=50)).astype(np.float32)
+    assert explained_variance(target, target) == pytest.approx(1.0)
+    assert explained_variance(np.full_like(target, target.mean()), target) == pytest.approx(0.0, abs=1e-6)
+    assert explained_variance(predicted, target) == pytest.approx(1 - np.var(target - predicted) / np.var(target),
+                                                                  rel=1e-5)
+    assert explained_variance(-target, target) < 0
+    assert np.isnan(explained_variance(target, np.ones_like(target)))
+
+
 @pytest.mark.parametrize("script", [s for s in SCRIPTS if s != "ppo_atari_multigpu"])
 def test_normalized_advantages_ignore_their_shift_and_scale(script):
     """With --norm-adv the loss sees each minibatch's advantages standardized: shifting and scaling

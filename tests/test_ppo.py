@@ -16,7 +16,8 @@ from conftest import (METRICS, assert_compiled_loss_matches_plain, assert_compil
                       assert_compiles_whole, assert_details_marked, assert_evaluation_output,
                       assert_first_minibatch_replays_the_rollout, assert_logs_every_metric, assert_same_final_weights,
                       expect_missing_package_error, expect_usage_error, interrupt_after_first_progress_line,
-                      only_run_dir, read_scalars, run_script, run_unbroken_and_interrupted, without_module)
+                      only_run_dir, read_scalars, run_script, run_unbroken_and_interrupted, without_module,
+                      assert_evaluation_plays_the_saved_weights, assert_target_kl_ends_the_update_early)
 import ppo.ppo as script
 from ppo.ppo import Agent, Args, main, minibatch_loss, parse_args
 
@@ -56,6 +57,35 @@ class FixedLengthEnv(gym.Env):
 
 
 gym.register(id="FixedLength-v0", entry_point=FixedLengthEnv)
+
+
+class EndlessEnv(FixedLengthEnv):
+    """FixedLengthEnv that never terminates: registered with a time limit of EPISODE_LENGTH steps, its
+    episodes end by truncation only."""
+
+    def step(self, action):
+        obs, reward, _, truncated, info = super().step(action)
+        return obs, reward, False, truncated, info
+
+
+gym.register(id="TimeLimited-v0", entry_point=EndlessEnv, max_episode_steps=EPISODE_LENGTH)
+
+
+def test_a_time_limit_ends_the_episode_for_gae_too(workdir, monkeypatch):
+    """A truncated episode ends like a terminated one in the rollout (the next step begins a new
+    episode, so GAE does not run on into it), and it is logged as a finished episode."""
+    received_dones = []
+    compute_gae = script.compute_gae
+
+    def recording_gae(rewards, values, dones, *rest):
+        received_dones.append(dones.copy())
+        return compute_gae(rewards, values, dones, *rest)
+
+    monkeypatch.setattr(script, "compute_gae", recording_gae)
+    result = main(Args(env_id="TimeLimited-v0", total_timesteps=64, **SMALL))
+    dones = received_dones[0][:, 0]  # the first rollout, first environment: episodes start at 0, 5, 10, ...
+    assert list(np.flatnonzero(dones)) == list(range(EPISODE_LENGTH, len(dones), EPISODE_LENGTH))
+    assert result["recent_returns"] and set(result["recent_returns"]) == {float(EPISODE_LENGTH)}
 
 
 def test_every_stored_transition_is_a_real_step(workdir):
@@ -120,6 +150,15 @@ def test_cartpole_learns_well_above_random(trained_cartpole):
 
 def test_the_first_minibatch_of_each_update_replays_the_rollout(workdir, monkeypatch):
     assert_first_minibatch_replays_the_rollout(script, Args(env_id="CartPole-v1", total_timesteps=256, **SMALL), monkeypatch)
+
+
+def test_target_kl_ends_the_update_early(workdir, monkeypatch):
+    assert_target_kl_ends_the_update_early(script, Args(env_id="CartPole-v1", total_timesteps=128, **SMALL), monkeypatch)
+
+
+def test_evaluation_plays_the_saved_weights(workdir, monkeypatch):
+    assert_evaluation_plays_the_saved_weights(script, Args(env_id="CartPole-v1", total_timesteps=128, **SMALL),
+                                              monkeypatch)
 
 
 def test_same_seed_gives_identical_metrics(workdir, monkeypatch):

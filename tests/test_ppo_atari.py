@@ -15,7 +15,8 @@ pytest.importorskip("cv2")
 from conftest import (assert_compiled_loss_matches_plain, assert_compiles_whole, assert_details_marked,  # noqa: E402
                       assert_evaluation_output, assert_first_minibatch_replays_the_rollout, assert_logs_every_metric,
                       assert_same_final_weights, expect_missing_package_error, expect_usage_error, only_run_dir,
-                      run_script, run_unbroken_and_interrupted, without_module)
+                      run_script, run_unbroken_and_interrupted, without_module,
+                      assert_evaluation_plays_the_saved_weights, assert_target_kl_ends_the_update_early)
 import ppo.ppo_atari as ppo_atari  # noqa: E402
 from ppo.ppo_atari import (Agent, Args, main, make_env, make_envs,  # noqa: E402
                            minibatch_loss, parse_args, pickle_envs, finished_games)
@@ -216,6 +217,14 @@ def test_a_tiny_run_logs_every_metric_and_real_game_scores(workdir):
 
 def test_the_first_minibatch_of_each_update_replays_the_rollout(workdir, monkeypatch):
     assert_first_minibatch_replays_the_rollout(ppo_atari, Args(total_timesteps=96, **TINY_ARGS), monkeypatch)
+
+
+def test_target_kl_ends_the_update_early(workdir, monkeypatch):
+    assert_target_kl_ends_the_update_early(ppo_atari, Args(total_timesteps=64, **TINY_ARGS), monkeypatch)
+
+
+def test_evaluation_plays_the_saved_weights(workdir, monkeypatch):
+    assert_evaluation_plays_the_saved_weights(ppo_atari, Args(total_timesteps=64, **TINY_ARGS), monkeypatch)
 
 
 def test_v5_ids_train_and_name_the_run_without_a_slash(workdir):

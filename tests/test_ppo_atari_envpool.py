@@ -12,7 +12,8 @@ import ppo.ppo_atari_envpool as script  # noqa: E402
 from conftest import (assert_compiled_loss_matches_plain, assert_compiles_whole, assert_details_marked,  # noqa: E402
                       assert_evaluation_output, assert_first_minibatch_replays_the_rollout, assert_logs_every_metric,
                       expect_missing_package_error, expect_usage_error, interrupt_after_first_progress_line,
-                      only_run_dir, read_scalars, run_script, without_module)
+                      only_run_dir, read_scalars, run_script, without_module,
+                      assert_evaluation_plays_the_saved_weights, assert_target_kl_ends_the_update_early)
 from ppo.ppo_atari_envpool import Args, main, make_envs  # noqa: E402
 
 TINY = ["--num-envs", "2", "--num-steps", "16", "--num-minibatches", "2", "--no-cuda"]
@@ -61,6 +62,17 @@ def test_the_step_after_an_episode_ends_is_a_reset_that_ignores_its_action():
         changed[ordinary:ordinary + 3] = action
         variants.append(play(changed))
     assert any(not np.array_equal(a[0], b[0]) for a, b in zip(variants[0][ordinary:], variants[1][ordinary:]))
+
+
+def test_the_pool_is_configured_as_the_atari_details_say():
+    """envpool's settings for the [Atari 1-7] details and the v5 games' deviations from them: the
+    frames and rewards other tests check cannot tell sticky actions or a shorter time limit apart."""
+    envs = make_envs("Breakout-v5", 1, seed=1)
+    expected = {"noop_max": 30, "frame_skip": 4, "episodic_life": True, "use_fire_reset": True, "img_height": 84,
+                "img_width": 84, "gray_scale": True, "reward_clip": True, "stack_num": 4,
+                "repeat_action_probability": 0.0, "max_episode_steps": 27000}
+    assert {name: envs.config[name] for name in expected} == expected
+    envs.close()
 
 
 def test_observations_rewards_and_unclipped_info_rewards():
@@ -147,6 +159,14 @@ def spy_on_the_update(monkeypatch) -> tuple[list, list]:
 
 def test_the_first_minibatch_of_each_update_replays_the_rollout(workdir, monkeypatch):
     assert_first_minibatch_replays_the_rollout(script, Args(total_timesteps=96, **TINY_ARGS), monkeypatch)
+
+
+def test_target_kl_ends_the_update_early(workdir, monkeypatch):
+    assert_target_kl_ends_the_update_early(script, Args(total_timesteps=64, **TINY_ARGS), monkeypatch)
+
+
+def test_evaluation_plays_the_saved_weights(workdir, monkeypatch):
+    assert_evaluation_plays_the_saved_weights(script, Args(total_timesteps=64, **TINY_ARGS), monkeypatch)
 
 
 def test_the_reset_steps_are_left_out_of_the_update(workdir, monkeypatch):

@@ -14,7 +14,8 @@ import torch
 from conftest import (assert_compiled_loss_matches_plain, assert_compiled_run_resumes_exactly, assert_compiles_whole,
                       assert_details_marked, assert_evaluation_output, assert_logs_every_metric,
                       assert_same_agent_state, assert_same_logs, expect_missing_package_error, expect_usage_error,
-                      only_run_dir, read_scalars, run_script, run_unbroken_and_interrupted_in_process, without_module)
+                      only_run_dir, read_scalars, run_script, run_unbroken_and_interrupted_in_process, without_module,
+                      assert_evaluation_plays_the_saved_weights, assert_target_kl_ends_the_update_early)
 from ppo import ppo_continuous_action as script
 from ppo.ppo_continuous_action import Agent, Args, RewardScaler, RunningMeanStd, main, minibatch_loss, parse_args
 
@@ -86,6 +87,38 @@ gym.register(id="ContinuousImage-v0", entry_point=ImageEnv)
 gym.register(id="Target-v0", entry_point=TargetEnv)
 
 
+class EndlessBoundsEnv(TightBoundsEnv):
+    """TightBoundsEnv that never terminates: registered with a time limit of EPISODE_LENGTH steps."""
+
+    def step(self, action):
+        obs, reward, _, truncated, info = super().step(action)
+        return obs, reward, False, truncated, info
+
+
+gym.register(id="TimeLimitedBounds-v0", entry_point=EndlessBoundsEnv, max_episode_steps=EPISODE_LENGTH)
+
+
+def test_a_truncation_ends_the_episode_for_gae_but_not_the_scaled_return(workdir, monkeypatch):
+    """[Continuous 8] The return the rewards are scaled by runs on across a time-limit cut (only a
+    termination cuts it), while GAE, like every script's, stops each episode at the cut."""
+    cut_by_scaler, gae_dones = [], []
+    scale, compute_gae = RewardScaler.scale, script.compute_gae
+
+    def recording_scale(self, reward, terminated):
+        cut_by_scaler.append(np.array(terminated, copy=True))
+        return scale(self, reward, terminated)
+
+    def recording_gae(rewards, values, dones, *rest):
+        gae_dones.append(dones.copy())
+        return compute_gae(rewards, values, dones, *rest)
+
+    monkeypatch.setattr(RewardScaler, "scale", recording_scale)
+    monkeypatch.setattr(script, "compute_gae", recording_gae)
+    main(Args(env_id="TimeLimitedBounds-v0", total_timesteps=64, **SMALL))
+    assert len(cut_by_scaler) == 64 and not np.any(cut_by_scaler)
+    assert list(np.flatnonzero(gae_dones[0][:, 0])) == list(range(EPISODE_LENGTH, 64, EPISODE_LENGTH))
+
+
 def test_the_policy_learns_to_follow_its_observation(workdir):
     """4,096 steps (16 updates) on Target-v0 at the default settings otherwise. The first policy's mean
     is about 0 whatever the target (mean error 0.45 on these targets) with std 1; a trained one puts its
@@ -96,6 +129,25 @@ def test_the_policy_learns_to_follow_its_observation(workdir):
         mean = agent.actor_mean(torch.as_tensor(agent.normalize_obs(targets, update=False))).numpy()
     assert np.abs(mean - targets).mean() < 0.1
     assert agent.actor_logstd.exp().item() < 0.8
+
+
+def test_the_first_policy_has_std_1_and_training_uses_the_observation_clip_given(workdir):
+    """[Continuous 2] the log std starts at 0 for every action dimension; [Continuous 7] --obs-clip
+    reaches the agent that trains (and so its checkpoint and every evaluation of it)."""
+    assert torch.equal(Agent(3, 2).actor_logstd, torch.zeros(1, 2))
+    agent = main(Args(env_id="TightBounds-v0", total_timesteps=64, obs_clip=3.0, **SMALL))["agent"]
+    assert agent.obs_clip == 3.0
+    assert np.abs(agent.normalize_obs(np.full((1, 3), 1e6, dtype=np.float32), update=False)).max() == 3.0
+
+
+def test_target_kl_ends_the_update_early(workdir, monkeypatch):
+    assert_target_kl_ends_the_update_early(script, Args(env_id="TightBounds-v0", total_timesteps=128, **SMALL),
+                                           monkeypatch)
+
+
+def test_evaluation_plays_the_saved_weights_and_observation_statistics(workdir, monkeypatch):
+    assert_evaluation_plays_the_saved_weights(script, Args(env_id="TightBounds-v0", total_timesteps=128, **SMALL),
+                                              monkeypatch)
 
 
 def test_the_rollout_stores_the_sampled_action_and_the_env_gets_it_clipped(workdir, monkeypatch):

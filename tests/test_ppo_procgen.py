@@ -11,7 +11,8 @@ import torch
 from conftest import (assert_compiled_loss_matches_plain, assert_compiled_run_resumes_exactly, assert_compiles_whole,
                       assert_details_marked, assert_evaluation_output, assert_first_minibatch_replays_the_rollout,
                       assert_logs_every_metric, assert_same_agent_state, assert_same_logs, expect_usage_error,
-                      only_run_dir, run_script, run_unbroken_and_interrupted_in_process)
+                      only_run_dir, run_script, run_unbroken_and_interrupted_in_process,
+                      assert_evaluation_plays_the_saved_weights, assert_target_kl_ends_the_update_early)
 from ppo import ppo_procgen as script
 from ppo.ppo_procgen import Agent, Args, main, minibatch_loss, parse_args
 
@@ -60,6 +61,28 @@ def test_impala_network_shapes():
     convs = [m for m in agent.modules() if isinstance(m, torch.nn.Conv2d)]
     assert [c.out_channels for c in convs] == [16] * 5 + [32] * 10
     assert agent.network[-2].in_features == 32 * 8 * 8 and agent.network[-2].out_features == 256
+
+
+def test_impala_blocks_compute_what_the_architecture_says():
+    """Shapes cannot show these: a residual block adds its input back (with zero convolutions it is
+    the identity), each ConvSequence max-pools over 3x3 windows with stride 2, and the trunk's ReLUs
+    sit before and after the 256-unit layer (its input and the features are never negative)."""
+    torch.manual_seed(0)
+    agent = Agent((64, 64, 3), 15)
+    block = agent.network[0].res0
+    for conv in (block.conv0, block.conv1):
+        torch.nn.init.zeros_(conv.weight)
+        torch.nn.init.zeros_(conv.bias)
+    x = torch.randn(2, 16, 32, 32)
+    assert torch.equal(block(x), x)
+    x = torch.randn(2, 16, 64, 64)
+    for sequence in agent.network[:3]:
+        assert torch.equal(sequence.pool(x[:, :1]), torch.nn.functional.max_pool2d(x[:, :1], 3, stride=2, padding=1))
+    dense_inputs = []
+    agent.network[-2].register_forward_hook(lambda module, inputs, output: dense_inputs.append(inputs[0]))
+    features = agent.features(torch.randint(0, 256, (4, 64, 64, 3), dtype=torch.uint8))
+    assert dense_inputs[0].min() >= 0 and (dense_inputs[0] > 0).any()
+    assert features.min() >= 0 and (features > 0).any()
 
 
 def test_the_first_policy_is_close_to_uniform():
@@ -192,6 +215,14 @@ def test_tiny_run_on_starpilot_then_evaluate(tmp_path, monkeypatch, capsys, proc
 
 def test_the_first_minibatch_of_each_update_replays_the_rollout(workdir, monkeypatch, procgen):
     assert_first_minibatch_replays_the_rollout(script, Args(total_timesteps=192, **SMALL), monkeypatch)
+
+
+def test_target_kl_ends_the_update_early(workdir, monkeypatch, procgen):
+    assert_target_kl_ends_the_update_early(script, Args(total_timesteps=128, **SMALL), monkeypatch)
+
+
+def test_evaluation_plays_the_saved_weights(workdir, monkeypatch, procgen):
+    assert_evaluation_plays_the_saved_weights(script, Args(total_timesteps=128, **SMALL), monkeypatch)
 
 
 def test_interrupted_and_resumed_run_ends_exactly_like_an_unbroken_one(workdir, procgen):
