@@ -157,6 +157,36 @@ def spy_on_the_update(monkeypatch) -> tuple[list, list]:
     return rollouts, minibatches
 
 
+def test_an_evaluation_scores_whole_games_unclipped(workdir, monkeypatch):
+    """BeamRider pays 44 points per enemy: the evaluation's score is the sum of envpool's unclipped
+    info["reward"] over the game's lives, not of the clipped rewards the agent trains on."""
+    from dataclasses import asdict
+
+    steps = []
+
+    class Recording:
+        def __init__(self, envs):
+            self.envs = envs
+
+        def __getattr__(self, name):
+            return getattr(self.envs, name)
+
+        def step(self, action):
+            result = self.envs.step(action)
+            steps.append((float(result[1][0]), float(result[4]["reward"][0])))
+            return result
+
+    make = script.make_envs
+    monkeypatch.setattr(script, "make_envs", lambda *args, **kwargs: Recording(make(*args, **kwargs)))
+    torch.manual_seed(0)
+    torch.save({"variant": script.VARIANT, "args": asdict(Args(env_id="BeamRider-v5")), "run_name": "untrained",
+                "model": script.Agent(9).state_dict()}, workdir / "untrained.pt")
+    scores = main(script.parse_args(["--evaluate", "untrained.pt", "--eval-episodes", "1", "--no-cuda"]))
+    clipped, unclipped = (sum(rewards) for rewards in zip(*steps))
+    assert scores["episode_returns"] == [unclipped]
+    assert unclipped >= 44 * clipped > 0
+
+
 def test_the_first_minibatch_of_each_update_replays_the_rollout(workdir, monkeypatch):
     assert_first_minibatch_replays_the_rollout(script, Args(total_timesteps=96, **TINY_ARGS), monkeypatch)
 

@@ -98,6 +98,39 @@ def test_lstm_initialization_and_zero_initial_state():
     assert h.shape == c.shape == (1, 3, 128) and h.abs().sum() == 0 and c.abs().sum() == 0
 
 
+def test_an_evaluation_resets_the_lstm_state_at_every_lost_life(workdir, monkeypatch):
+    """[LSTM 3] as in training: the step after an episode ends (a lost life, with the training
+    wrappers) starts from a zero state, so every done the environment returns reaches the network."""
+    from dataclasses import asdict
+
+    dones_given, ends_returned = [], []
+    get_action_and_value = Agent.get_action_and_value
+
+    def recording_policy(self, obs, lstm_state, done, *rest):
+        dones_given.append(float(done[0]))
+        return get_action_and_value(self, obs, lstm_state, done, *rest)
+
+    def recording_envs(*inputs, **options):
+        envs = make_envs(*inputs, **options)
+        step = envs.step
+
+        def recording_step(action):
+            result = step(action)
+            ends_returned.append(float(result[2][0] or result[3][0]))
+            return result
+
+        envs.step = recording_step
+        return envs
+
+    monkeypatch.setattr(Agent, "get_action_and_value", recording_policy)
+    monkeypatch.setattr(script, "make_envs", recording_envs)
+    torch.save({"variant": script.VARIANT, "args": asdict(Args()), "run_name": "untrained",
+                "model": Agent(4).state_dict()}, workdir / "untrained.pt")
+    main(script.parse_args(["--evaluate", "untrained.pt", "--eval-episodes", "1", "--no-cuda"]))
+    assert sum(ends_returned) == 5  # Breakout's five lives, the last one ending the game
+    assert dones_given == [0.0] + ends_returned[:-1]
+
+
 def test_observations_are_single_frames():
     envs = make_envs("BreakoutNoFrameskip-v4", 2)
     obs, _ = envs.reset(seed=0)
