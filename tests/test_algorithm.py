@@ -255,3 +255,35 @@ def test_rewards_are_scaled_by_the_std_of_the_discounted_return(script):
             std = np.std(counted_returns[:t + 1])
             assert scaled[0] == pytest.approx(reward / std, rel=1e-3)
         assert scaler.discounted_return[0] == pytest.approx(kept_returns[t])
+
+
+# ---------------------------------------------------------------------------------------------------
+# The default hyperparameters: the reference implementation's, per variant
+# ---------------------------------------------------------------------------------------------------
+
+# What every variant shares, then each one's own values (the scripts' pages list them with the
+# source documents' tables); a changed default changes every result the docs report.
+SHARED_DEFAULTS = dict(gae_lambda=0.95, norm_adv=True, clip_vloss=True, vf_coef=0.5, max_grad_norm=0.5,
+                       target_kl=None)
+ATARI_DEFAULTS = dict(total_timesteps=10_000_000, learning_rate=2.5e-4, num_envs=8, num_steps=128, anneal_lr=True,
+                      gamma=0.99, num_minibatches=4, update_epochs=4, clip_coef=0.1, ent_coef=0.01)
+VARIANT_DEFAULTS = {
+    "ppo": dict(total_timesteps=500_000, learning_rate=2.5e-4, num_envs=4, num_steps=128, anneal_lr=True,
+                gamma=0.99, num_minibatches=4, update_epochs=4, clip_coef=0.2, ent_coef=0.01),
+    "ppo_atari": ATARI_DEFAULTS,
+    "ppo_atari_lstm": ATARI_DEFAULTS,
+    "ppo_atari_envpool": ATARI_DEFAULTS,
+    "ppo_atari_multigpu": ATARI_DEFAULTS,
+    "ppo_continuous_action": dict(total_timesteps=1_000_000, learning_rate=3e-4, num_envs=1, num_steps=2048,
+                                  anneal_lr=True, gamma=0.99, num_minibatches=32, update_epochs=10, clip_coef=0.2,
+                                  ent_coef=0.0),
+    "ppo_procgen": dict(total_timesteps=25_000_000, learning_rate=5e-4, num_envs=64, num_steps=256, anneal_lr=False,
+                        gamma=0.999, num_minibatches=8, update_epochs=3, clip_coef=0.2, ent_coef=0.01),
+}
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_the_defaults_are_the_reference_implementations(script):
+    args = load(script).Args()
+    expected = {**SHARED_DEFAULTS, **VARIANT_DEFAULTS[script]}
+    assert {name: getattr(args, name) for name in expected} == expected
