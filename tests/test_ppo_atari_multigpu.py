@@ -31,6 +31,17 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
+def run_as_two_ranks(target, inputs_of_rank) -> None:
+    """Run target(*inputs_of_rank(rank)) for ranks 0 and 1 in two spawned processes, at once (they may
+    join one process group), and wait for both to succeed."""
+    workers = [mp.get_context("spawn").Process(target=target, args=inputs_of_rank(rank)) for rank in range(2)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(timeout=120)
+        assert worker.exitcode == 0
+
+
 def hyperparameters(run_dir) -> str:
     """The `|param|value|` table a run logged to TensorBoard."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -104,14 +115,7 @@ def test_two_ranks_on_half_minibatches_take_the_same_steps_as_one_process_on_who
     the one process. (The advantages' all-reduce runs before the loss, in gradient_step.)"""
     train_on_fixed_minibatches(0, 1, 0, tmp_path)
     port = free_port()
-    workers = [mp.get_context("spawn").Process(target=train_on_fixed_minibatches,
-                                               args=(rank, 2, port, tmp_path, compiled))
-               for rank in range(2)]
-    for worker in workers:
-        worker.start()
-    for worker in workers:
-        worker.join(timeout=120)
-        assert worker.exitcode == 0
+    run_as_two_ranks(train_on_fixed_minibatches, lambda rank: (rank, 2, port, tmp_path, compiled))
     one, rank0, rank1 = (torch.load(tmp_path / name) for name in ("world1_rank0.pt", "world2_rank0.pt", "world2_rank1.pt"))
 
     torch.manual_seed(0)
@@ -214,13 +218,7 @@ def test_the_ranks_play_the_games_one_process_would_play_with_all_the_environmen
     ranks do not replay each other's games. (Breakout's first frames hardly depend on the seed: with
     seed 5, the [Atari 1] no-ops start the third game on a frame of its own, the others on the same.)"""
     port = free_port()
-    workers = [mp.get_context("spawn").Process(target=record_first_frames, args=(rank, port, tmp_path))
-               for rank in range(2)]
-    for worker in workers:
-        worker.start()
-    for worker in workers:
-        worker.join(timeout=120)
-        assert worker.exitcode == 0
+    run_as_two_ranks(record_first_frames, lambda rank: (rank, port, tmp_path))
     world = np.concatenate([np.load(tmp_path / f"rank{rank}.npy") for rank in range(2)])
     envs = make_envs("BreakoutNoFrameskip-v4", 4)
     one_process, _ = envs.reset(seed=5)
