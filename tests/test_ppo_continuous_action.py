@@ -122,7 +122,8 @@ def test_a_truncation_ends_the_episode_for_gae_but_not_the_scaled_return(workdir
 def test_the_policy_learns_to_follow_its_observation(workdir):
     """4,096 steps (16 updates) on Target-v0 at the default settings otherwise. The first policy's mean
     is about 0 whatever the target (mean error 0.45 on these targets) with std 1; a trained one puts its
-    mean on the target (0.02 to 0.03 measured over seeds 1-3) and has narrowed its std."""
+    mean on the target (mean error 0.033, 0.023, 0.019 with this test's settings and seeds 1, 2, 3) and has
+    narrowed its std (to 0.48)."""
     agent = main(Args(env_id="Target-v0", total_timesteps=4096, num_steps=256, cuda=False))["agent"]
     targets = np.linspace(-0.9, 0.9, 19, dtype=np.float32)[:, None]
     with torch.no_grad():
