@@ -154,6 +154,7 @@ def assert_compiled_run_resumes_exactly(script, args, workdir: Path, env_class: 
     resumed = script.main(resumed_args)
     assert resumed["global_step"] == unbroken["global_step"] == args.total_timesteps
     assert_same_agent_state(unbroken["agent"].state_dict(), resumed["agent"].state_dict())
+    assert resumed["recent_returns"] == unbroken["recent_returns"]
     assert_same_logs(only_run_dir(workdir / "unbroken"), checkpoint_path.parent)
     assert_core_optimizer_settings(checkpoint_path.parent, torch.load(checkpoint_path, weights_only=False))
 
@@ -165,11 +166,18 @@ def assert_first_minibatch_replays_the_rollout(script, args, monkeypatch) -> Non
     episode starts or states fell out of step with each other fails this. Runs `script.main(args)` in
     the working directory, spying on its compute_gae (once per rollout) and ppo_loss; checks every
     iteration, since the first starts from zero LSTM states, which hide a wrong one. Also [Core 11]:
-    every minibatch's gradients are clipped, to --max-grad-norm."""
+    every minibatch's gradients are clipped, to --max-grad-norm; and [Core 6]: every epoch shuffles
+    the batch (the LSTM's: its environments) anew, so no two epochs need split it alike."""
+    import numpy as np
     import torch
 
     compute_gae, ppo_loss, clip_grad_norm = script.compute_gae, script.ppo_loss, torch.nn.utils.clip_grad_norm_
-    first_minibatches, waiting_for_first, clipped_to = [], [], []
+    shuffle = np.random.shuffle
+    first_minibatches, waiting_for_first, clipped_to, orders = [], [], [], []
+
+    def recording_shuffle(indices):
+        shuffle(indices)
+        orders.append(np.array(indices))
 
     def recording_clip(parameters, max_norm, *rest, **options):
         clipped_to.append(max_norm)
@@ -189,10 +197,15 @@ def assert_first_minibatch_replays_the_rollout(script, args, monkeypatch) -> Non
     monkeypatch.setattr(script, "compute_gae", recording_gae)
     monkeypatch.setattr(script, "ppo_loss", recording_loss)
     monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", recording_clip)
+    monkeypatch.setattr(np.random, "shuffle", recording_shuffle)
     script.main(args)
     num_iterations = args.total_timesteps // (args.num_envs * args.num_steps)
     assert len(first_minibatches) == num_iterations
     assert clipped_to == [args.max_grad_norm] * (num_iterations * args.update_epochs * args.num_minibatches)
+    assert len(orders) == num_iterations * args.update_epochs
+    for iteration in range(num_iterations):  # each epoch a permutation of the same batch
+        epochs = orders[iteration * args.update_epochs:(iteration + 1) * args.update_epochs]
+        assert all(np.array_equal(np.sort(order), np.sort(epochs[0])) for order in epochs)
     for new_logprob, old_logprob, new_value, old_value in first_minibatches:
         torch.testing.assert_close(new_logprob, old_logprob, rtol=0, atol=1e-5)
         torch.testing.assert_close(new_value, old_value, rtol=0, atol=1e-5)
@@ -255,7 +268,8 @@ def assert_evaluation_plays_the_saved_weights(script, args, monkeypatch) -> None
 
 def assert_same_final_weights(unbroken: Path, resumed_checkpoint: Path, total_timesteps: int) -> tuple[dict, dict]:
     """The resumed run's final checkpoint must match the unbroken run's: same step count, bit-identical
-    weights; and so must its TensorBoard log. Returns (unbroken, resumed) checkpoints for the script's own further checks."""
+    weights, the same latest game scores (the progress line's mean return); and so must its TensorBoard
+    log. Returns (unbroken, resumed) checkpoints for the script's own further checks."""
     import torch
 
     expected = torch.load(only_run_dir(unbroken) / "checkpoint.pt", weights_only=False)
@@ -263,6 +277,7 @@ def assert_same_final_weights(unbroken: Path, resumed_checkpoint: Path, total_ti
     assert actual["global_step"] == expected["global_step"] == total_timesteps
     for name, tensor in expected["model"].items():
         assert torch.equal(tensor, actual["model"][name]), name
+    assert actual["recent_returns"] == expected["recent_returns"]
     assert_same_logs(only_run_dir(unbroken), resumed_checkpoint.parent)
     assert_core_optimizer_settings(only_run_dir(unbroken), expected)
     return expected, actual

@@ -112,6 +112,28 @@ def test_each_game_starts_after_a_random_number_of_no_ops(script):
     assert len(start_frames) > 3
 
 
+def test_every_reset_presses_fire_then_action_2_also_after_a_lost_life(script, monkeypatch):
+    """[Atari 4] Breakout launches its ball only on FIRE: each reset, the game's first and the one
+    after a lost life, ends with FIRE (1) and then action 2, as the original wrapper's does."""
+    actions = []
+    original_step = gym.wrappers.AtariPreprocessing.step
+
+    def recording_step(self, action):
+        actions.append(int(action))
+        return original_step(self, action)
+
+    monkeypatch.setattr(gym.wrappers.AtariPreprocessing, "step", recording_step)
+    env = script.make_env("BreakoutNoFrameskip-v4", 0, False, "videos")()
+    env.reset(seed=0)
+    assert actions[-2:] == [1, 2]
+    lives = env.unwrapped.ale.lives()
+    while env.unwrapped.ale.lives() == lives:  # no action at all: the ball is lost
+        env.step(0)
+    actions.clear()
+    env.reset()
+    assert actions[-2:] == [1, 2]
+
+
 @pytest.mark.parametrize("env_id", ["BreakoutNoFrameskip-v4", "ALE/Breakout-v5"])
 def test_every_step_is_four_frames_for_v4_and_v5_ids(script, env_id):
     """ALE/...-v5 skips 4 frames itself by default; the script makes it with frameskip=1 so that

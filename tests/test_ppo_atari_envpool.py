@@ -212,7 +212,8 @@ def test_the_reset_steps_are_left_out_of_the_update(workdir, monkeypatch):
 
 def test_a_resumed_run_trains_the_saved_weights(workdir, monkeypatch):
     """envpool's games restart on --resume, so no unbroken run can be compared with: the resumed
-    run's first update must start from the checkpoint's weights."""
+    run's first update must start from the checkpoint's weights, and shuffle its batch with the
+    checkpoint's NumPy generator (the rollout between draws nothing from it)."""
     class StopAfterTheFirstIteration(script.StopOnInterrupt):
         def __init__(self):
             super().__init__()
@@ -224,13 +225,22 @@ def test_a_resumed_run_trains_the_saved_weights(workdir, monkeypatch):
     assert stopped["interrupted"] and stopped["global_step"] == 32
 
     _, minibatches = spy_on_the_update(monkeypatch)
+    generator_states, shuffle = [], np.random.shuffle
+
+    def recording_shuffle(indices):
+        generator_states.append(np.random.get_state())
+        shuffle(indices)
+
+    monkeypatch.setattr(np.random, "shuffle", recording_shuffle)
     checkpoint_path = only_run_dir(workdir) / "checkpoint.pt"
-    saved = torch.load(checkpoint_path, weights_only=False)["model"]
+    checkpoint = torch.load(checkpoint_path, weights_only=False)
     resumed = main(script.parse_args(["--resume", str(checkpoint_path)]))
     assert resumed["global_step"] == 96
     _, first_weights = minibatches[0]
-    for name, value in saved.items():
+    for name, value in checkpoint["model"].items():
         assert torch.equal(first_weights[name], value), name
+    for drawn_from, saved in zip(generator_states[0], checkpoint["rng"]["numpy"]):
+        assert np.array_equal(drawn_from, saved)
 
 
 @pytest.mark.parametrize("norm_adv, num_minibatches", [(True, 2), (False, 4)], ids=["size-2", "size-1"])
