@@ -161,6 +161,9 @@ def plan_runs(command: str, env_ids: list[str], seeds: list[int], log_dir: Path)
     if not base:
         fail("--command is empty: give the command to run, e.g. \"python ppo/ppo.py\"")
     check_program(base[0], resolve(base)[0])
+    script = next((token for token in base[1:] if token.endswith(".py")), None)
+    if script is not None and not os.path.isfile(script):  # every run would stop at "can't open file"
+        fail(f"--command: the script {script} does not exist (paths are read from {os.getcwd()}): give the right path")
     variant = variant_name(base)
     runs = []
     for env_id in env_ids:
@@ -376,6 +379,15 @@ def sbatch_quote(value: str) -> str:
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
+def output_pattern(directory: Path, name: str) -> str:
+    """sbatch's --output value for the file `name` in `directory`, where `name` may hold Slurm's
+    replacement symbols (%A the array's job id, %a the task index, %j the job id). Absolute, as Slurm
+    reads a relative path from where sbatch is run, and a script may be resubmitted by hand. A `%` of the
+    directory's own is doubled, Slurm's escape for it: `runs%j/` would otherwise become `runs123/`, a
+    directory that does not exist, and Slurm would write no output at all."""
+    return f"{str(directory.resolve()).replace('%', '%%')}/{name}"
+
+
 def fill(template: str, values: dict[str, str]) -> str:
     """The template with the runner's placeholders filled. Only those names are replaced, so the braces
     of a site's own shell code (`${HOME}`) stay as they are. The values of {job_name} and {output} are
@@ -443,11 +455,9 @@ def submit(bench: Benchmark, report_dir: Path, args: argparse.Namespace, templat
     here = f"cd {shlex.quote(os.getcwd())}\n"
 
     array_script = slurm_dir / f"{variant}.sbatch"
-    # Absolute, as Slurm reads a relative one from where sbatch is run, and a script may be resubmitted by hand.
-    array_output = slurm_dir.resolve() / f"{variant}_%A_%a.out"
     if todo:
         array_script.write_text(fill(template, {
-            "job_name": f"ppo-benchmark-{variant}", "output": str(array_output),
+            "job_name": f"ppo-benchmark-{variant}", "output": output_pattern(slurm_dir, f"{variant}_%A_%a.out"),
             "array_line": f"#SBATCH --array={array_spec(todo)}",
             "resource_lines": resource_lines(args, report_job=False),
             "command": task_command(bench, runs, args.force)}))
@@ -459,10 +469,9 @@ def submit(bench: Benchmark, report_dir: Path, args: argparse.Namespace, templat
             array_script.unlink()
             print(f"slurm: removed {array_script}, the job array of an earlier submission", flush=True)
     report_script = slurm_dir / f"{variant}-report.sbatch"
-    report_output = slurm_dir.resolve() / f"{variant}-report_%j.out"
     report = bench.report_command(report_dir)
     report_script.write_text(fill(template, {
-        "job_name": REPORT_JOB_NAME, "output": str(report_output), "array_line": "",
+        "job_name": REPORT_JOB_NAME, "output": output_pattern(slurm_dir, f"{variant}-report_%j.out"), "array_line": "",
         "resource_lines": resource_lines(args, report_job=True), "command": here + f"exec {shlex.join(report)}"}))
     print(f"slurm: wrote {report_script}: the report into {report_dir}", flush=True)
 
@@ -487,9 +496,8 @@ def submit(bench: Benchmark, report_dir: Path, args: argparse.Namespace, templat
              f"  each run's output, as without --slurm: {bench.log_dir / variant}/<env id>__seed<S>.log "
              "(.done beside it when the run succeeded)"]
     if todo:
-        hints.append(f"  Slurm's output of each task: "
-                     f"{str(array_output).replace('%A', jobs[0]).replace('%a', '<task>')}")
-    hints += [f"  the report job's output: {str(report_output).replace('%j', report_job)}",
+        hints.append(f"  Slurm's output of each task: {slurm_dir.resolve() / f'{variant}_{jobs[0]}_<task>.out'}")
+    hints += [f"  the report job's output: {slurm_dir.resolve() / f'{variant}-report_{report_job}.out'}",
               f"  the report, when the array is done: {report_dir}/ (or by hand: {shlex.join(report)})",
               f"  cancel:  scancel {' '.join(jobs)}; submitting again leaves out the runs that finished"]
     print("\n".join(hints), flush=True)

@@ -144,6 +144,7 @@ def test_runner_starts_runs_in_workdir(tmp_path):
     ("nosuchprog --x", "the program 'nosuchprog' is not found on PATH"),
     ("./missing.sh", "./missing.sh does not exist"),
     ("./not-executable.sh", "./not-executable.sh is not executable"),
+    ("python ppo/nosuch.py --x 1", "the script ppo/nosuch.py does not exist"),
     ('python "fake.py', "cannot be split into words (no closing quotation)"),
     ("  ", "--command is empty"),
 ])

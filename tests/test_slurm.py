@@ -138,6 +138,19 @@ def test_job_names_and_output_paths_are_quoted_for_sbatch(tmp_path):
     assert filled == '#SBATCH --output="a \\"b\\"\\\\c"\n#SBATCH --job-name="x y"\necho "{output}"'
 
 
+def test_a_percent_sign_in_the_log_directory_is_escaped_for_sbatch(tmp_path):
+    """sbatch replaces %j, %A, %a... anywhere in an --output path, the directories included: in a log
+    directory named `logs%j` the output would go to `logs<job id>/`, which does not exist, and be lost.
+    `%%` is Slurm's escape for a `%` (checked on slurm-wlm 22.05)."""
+    result = submit_fake(tmp_path, "--dry-run", "--log-dir", "logs%j")
+    assert result.returncode == 0, result.stderr
+    slurm_dir = (tmp_path / "logs%j" / "slurm").resolve()
+    escaped = str(slurm_dir).replace("%", "%%")
+    assert sbatch_lines((slurm_dir / "fake.sbatch").read_text())[1] == f'#SBATCH --output="{escaped}/fake_%A_%a.out"'
+    assert sbatch_lines((slurm_dir / "fake-report.sbatch").read_text())[1] == \
+        f'#SBATCH --output="{escaped}/fake-report_%j.out"'
+
+
 def test_a_site_template_keeps_its_own_lines(tmp_path):
     template = (REPO / "benchmark" / "slurm_template.sh").read_text()
     site = template.replace("set -euo pipefail", "#SBATCH --account=rl-lab\nset -euo pipefail\necho ${HOME}")
@@ -320,8 +333,9 @@ def measured(page: str) -> list[list[str]]:
 
 
 def test_quick_benchmark_on_a_one_node_slurm_cluster(slurm_cluster, quick_dir, tmp_path):
-    # A space in the path: sbatch has to read the quoted `#SBATCH --output=` line whole.
-    workdir = tmp_path / "quick benchmark"
+    # A space and a %j in the path: sbatch has to read the quoted `#SBATCH --output=` line whole, and
+    # leave the directory's own %j as it is.
+    workdir = tmp_path / "quick benchmark %j"
     workdir.mkdir()
     result = run_tool("run.py", "--quick", "--slurm", "--quick-dir", str(workdir), "--cpus-per-task", "1",
                       cwd=workdir, env=slurm_cluster.environment())
