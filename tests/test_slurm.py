@@ -197,8 +197,9 @@ def test_a_refused_quick_submission_leaves_no_directory_behind(tmp_path):
     repository is then tmp_path/checkout, so nothing is written into this one."""
     checkout = tmp_path / "checkout"
     (checkout / "benchmark").mkdir(parents=True)
-    for name in ("run.py", "slurm_template.sh"):
-        shutil.copy(REPO / "benchmark" / name, checkout / "benchmark" / name)
+    (checkout / "ppo").mkdir()
+    for name in ("benchmark/run.py", "benchmark/slurm_template.sh", "ppo/ppo.py"):  # ppo.py: the quick runs' script
+        shutil.copy(REPO / name, checkout / name)
     refuse = "#!/bin/sh\necho 'sbatch: error: Batch job submission failed: Invalid account' >&2\nexit 1\n"
     result = subprocess.run([sys.executable, str(checkout / "benchmark" / "run.py"), "--quick", "--slurm"],
                             cwd=tmp_path, capture_output=True, text=True, timeout=60,
