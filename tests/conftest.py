@@ -211,6 +211,58 @@ def assert_first_minibatch_replays_the_rollout(script, args, monkeypatch) -> Non
         torch.testing.assert_close(new_value, old_value, rtol=0, atol=1e-5)
 
 
+# Tensor methods that read a tensor's values on the host: on a GPU, each one waits for the device.
+HOST_READS = ("cpu", "numpy", "item", "tolist", "__bool__", "__float__", "__int__", "__index__", "__array__")
+
+
+def assert_one_copy_to_the_host_per_step(script, args, monkeypatch, step_owner: type, action_shape: tuple,
+                                         step_method: str = "step") -> None:
+    """[Speed: one host transfer per step] Between two steps of the games the rollout reads one tensor
+    on the host, the sampled actions, with action.cpu().numpy(): on a GPU each read of a tensor waits
+    for the device, so a log-prob, a value or a done flag read at every step would stall the rollout
+    again. Runs `script.main(args)` under a TorchFunctionMode that records every HOST_READS call, split
+    at the calls of `step_owner.step_method` (the games' step); the spans that hold an update (marked
+    by compute_gae) are left out. The calls are the same on a CPU, so a CPU run counts them."""
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    reads = {getattr(torch.Tensor, name): name for name in HOST_READS}
+    events = []
+
+    class RecordHostReads(TorchFunctionMode):
+        def __torch_function__(self, func, types, inputs=(), options=None):
+            if func in reads:
+                events.append((reads[func], tuple(inputs[0].shape)))
+            return func(*inputs, **(options or {}))
+
+    step, compute_gae = getattr(step_owner, step_method), script.compute_gae
+
+    def marking_step(self, *inputs, **options):
+        events.append("step")
+        return step(self, *inputs, **options)
+
+    def marking_gae(*inputs):
+        events.append("update")
+        return compute_gae(*inputs)
+
+    monkeypatch.setattr(step_owner, step_method, marking_step)
+    monkeypatch.setattr(script, "compute_gae", marking_gae)
+    with RecordHostReads():
+        script.main(args)
+    spans, span = [], []
+    for event in events:
+        if event == "step":
+            spans.append(span)
+            span = []
+        else:
+            span.append(event)
+    rollout = [span for span in spans[1:] if "update" not in span]  # spans[0]: before the first step
+    num_iterations = args.total_timesteps // (args.num_envs * args.num_steps)
+    assert len(rollout) >= num_iterations * (args.num_steps - 1)
+    for span in rollout:
+        assert span == [("cpu", action_shape), ("numpy", action_shape)]
+
+
 def assert_target_kl_ends_the_update_early(script, args, monkeypatch) -> None:
     """--target-kl: an update stops after the epoch whose last minibatch's approx_kl exceeds it. With a
     target below any KL an update reaches, each update runs one epoch; with one above every KL, all

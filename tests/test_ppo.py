@@ -17,7 +17,7 @@ from conftest import (METRICS, assert_compiled_loss_matches_plain, assert_compil
                       assert_first_minibatch_replays_the_rollout, assert_logs_every_metric, assert_same_final_weights,
                       expect_missing_package_error, expect_usage_error, interrupt_after_first_progress_line,
                       only_run_dir, read_scalars, run_script, run_unbroken_and_interrupted, without_module,
-                      assert_evaluation_plays_the_saved_weights, assert_target_kl_ends_the_update_early)
+                      assert_evaluation_plays_the_saved_weights, assert_target_kl_ends_the_update_early, assert_one_copy_to_the_host_per_step)
 import ppo.ppo as script
 from ppo.ppo import Agent, Args, main, minibatch_loss, parse_args
 
@@ -150,6 +150,11 @@ def test_cartpole_learns_well_above_random(trained_cartpole):
 
 def test_the_first_minibatch_of_each_update_replays_the_rollout(workdir, monkeypatch):
     assert_first_minibatch_replays_the_rollout(script, Args(env_id="CartPole-v1", total_timesteps=256, **SMALL), monkeypatch)
+
+
+def test_the_rollout_copies_only_the_actions_to_the_host(workdir, monkeypatch):
+    assert_one_copy_to_the_host_per_step(script, Args(env_id="CartPole-v1", total_timesteps=128, **SMALL), monkeypatch,
+                                         gym.vector.SyncVectorEnv, action_shape=(2,))
 
 
 def test_target_kl_ends_the_update_early(workdir, monkeypatch):

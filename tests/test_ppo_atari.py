@@ -16,7 +16,7 @@ from conftest import (assert_compiled_loss_matches_plain, assert_compiles_whole,
                       assert_evaluation_output, assert_first_minibatch_replays_the_rollout, assert_logs_every_metric,
                       assert_same_final_weights, expect_missing_package_error, expect_usage_error, only_run_dir,
                       run_script, run_unbroken_and_interrupted, without_module,
-                      assert_evaluation_plays_the_saved_weights, assert_target_kl_ends_the_update_early)
+                      assert_evaluation_plays_the_saved_weights, assert_target_kl_ends_the_update_early, assert_one_copy_to_the_host_per_step)
 import ppo.ppo_atari as ppo_atari  # noqa: E402
 from ppo.ppo_atari import (Agent, Args, main, make_env, make_envs,  # noqa: E402
                            minibatch_loss, parse_args, pickle_envs, finished_games)
@@ -239,6 +239,11 @@ def test_a_tiny_run_logs_every_metric_and_real_game_scores(workdir):
 
 def test_the_first_minibatch_of_each_update_replays_the_rollout(workdir, monkeypatch):
     assert_first_minibatch_replays_the_rollout(ppo_atari, Args(total_timesteps=96, **TINY_ARGS), monkeypatch)
+
+
+def test_the_rollout_copies_only_the_actions_to_the_host(workdir, monkeypatch):
+    assert_one_copy_to_the_host_per_step(ppo_atari, Args(total_timesteps=64, **TINY_ARGS), monkeypatch,
+                                         gym.vector.SyncVectorEnv, action_shape=(2,))
 
 
 def test_target_kl_ends_the_update_early(workdir, monkeypatch):

@@ -13,7 +13,7 @@ from conftest import (assert_compiled_loss_matches_plain, assert_compiles_whole,
                       assert_evaluation_output, assert_first_minibatch_replays_the_rollout, assert_logs_every_metric,
                       expect_missing_package_error, expect_usage_error, interrupt_after_first_progress_line,
                       only_run_dir, read_scalars, run_script, without_module,
-                      assert_evaluation_plays_the_saved_weights, assert_target_kl_ends_the_update_early)
+                      assert_evaluation_plays_the_saved_weights, assert_target_kl_ends_the_update_early, assert_one_copy_to_the_host_per_step)
 from ppo.ppo_atari_envpool import Args, main, make_envs  # noqa: E402
 
 TINY = ["--num-envs", "2", "--num-steps", "16", "--num-minibatches", "2", "--no-cuda"]
@@ -189,6 +189,15 @@ def test_an_evaluation_scores_whole_games_unclipped(workdir, monkeypatch):
 
 def test_the_first_minibatch_of_each_update_replays_the_rollout(workdir, monkeypatch):
     assert_first_minibatch_replays_the_rollout(script, Args(total_timesteps=96, **TINY_ARGS), monkeypatch)
+
+
+@pytest.mark.parametrize("async_envs, pool_size", [(False, 2), (True, 1)], ids=["one-pool", "two-pools"])
+def test_the_rollout_copies_only_the_actions_to_the_host(workdir, monkeypatch, async_envs, pool_size):
+    """Between two sends to a pool, whichever pool: its actions, and nothing else."""
+    from envpool.python.envpool import EnvPoolMixin
+
+    assert_one_copy_to_the_host_per_step(script, Args(total_timesteps=64, async_envs=async_envs, **TINY_ARGS),
+                                         monkeypatch, EnvPoolMixin, action_shape=(pool_size,), step_method="send")
 
 
 def test_target_kl_ends_the_update_early(workdir, monkeypatch):

@@ -2,6 +2,7 @@
 episode ends, zero at the start; one-frame observations; a short run; exact resumption with the
 LSTM state in the checkpoint; the errors."""
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
@@ -12,7 +13,7 @@ pytest.importorskip("cv2")
 from conftest import (assert_compiled_loss_matches_plain, assert_details_marked, assert_evaluation_output,  # noqa: E402
                       assert_first_minibatch_replays_the_rollout, assert_logs_every_metric, assert_same_final_weights,
                       expect_usage_error, only_run_dir, run_script, run_unbroken_and_interrupted,
-                      assert_evaluation_plays_the_saved_weights, assert_target_kl_ends_the_update_early)
+                      assert_evaluation_plays_the_saved_weights, assert_target_kl_ends_the_update_early, assert_one_copy_to_the_host_per_step)
 import ppo.ppo_atari_lstm as script  # noqa: E402
 from ppo.ppo_atari_lstm import (Agent, Args, EnvCursor, collect_rollout, main, make_envs,  # noqa: E402
                                 minibatch_loss, replay_sequences)
@@ -65,6 +66,12 @@ def test_the_first_minibatch_of_each_update_replays_the_rollout(workdir, monkeyp
     minibatches of 2)."""
     args = Args(total_timesteps=256, num_envs=4, num_steps=16, num_minibatches=2, cuda=False)
     assert_first_minibatch_replays_the_rollout(script, args, monkeypatch)
+
+
+def test_the_rollout_copies_only_the_actions_to_the_host(workdir, monkeypatch):
+    """The recurrent state and the episode starts stay on the device too."""
+    assert_one_copy_to_the_host_per_step(script, Args(total_timesteps=64, **TINY_ARGS), monkeypatch,
+                                         gym.vector.SyncVectorEnv, action_shape=(2,))
 
 
 def test_target_kl_ends_the_update_early(workdir, monkeypatch):

@@ -17,8 +17,8 @@ pytest.importorskip("ale_py")
 pytest.importorskip("cv2")
 
 from conftest import (REPO, assert_details_marked, assert_evaluation_output, assert_logs_every_metric,  # noqa: E402
-                      assert_same_final_weights, expect_usage_error, only_run_dir, run_script,
-                      run_unbroken_and_interrupted, torchrun)
+                      assert_one_copy_to_the_host_per_step, assert_same_final_weights, expect_usage_error,
+                      only_run_dir, run_script, run_unbroken_and_interrupted, torchrun)
 from ppo.ppo_atari_multigpu import Agent, Args, gradient_step, main, make_envs, minibatch_loss, parse_args  # noqa: E402
 
 TINY = ["--num-envs", "2", "--num-steps", "16", "--num-minibatches", "2", "--no-cuda"]
@@ -225,6 +225,17 @@ def test_the_ranks_play_the_games_one_process_would_play_with_all_the_environmen
     envs.close()
     assert np.array_equal(world, one_process)
     assert not np.array_equal(world[:2], world[2:]), "the ranks start the same games"
+
+
+def test_the_rollout_copies_only_the_actions_to_the_host(workdir, monkeypatch):
+    """In one process (a world of one): the rollout is the single-GPU script's."""
+    import gymnasium as gym
+
+    import ppo.ppo_atari_multigpu as script
+
+    assert_one_copy_to_the_host_per_step(script, Args(num_envs=2, num_steps=16, num_minibatches=2, total_timesteps=64,
+                                                       cuda=False), monkeypatch, gym.vector.SyncVectorEnv,
+                                         action_shape=(2,))
 
 
 def test_cudagraphs_without_cuda_is_a_one_line_error(capsys, workdir):

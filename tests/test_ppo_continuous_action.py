@@ -15,7 +15,8 @@ from conftest import (assert_compiled_loss_matches_plain, assert_compiled_run_re
                       assert_details_marked, assert_evaluation_output, assert_logs_every_metric,
                       assert_same_agent_state, assert_same_logs, expect_missing_package_error, expect_usage_error,
                       only_run_dir, read_scalars, run_script, run_unbroken_and_interrupted_in_process, without_module,
-                      assert_evaluation_plays_the_saved_weights, assert_target_kl_ends_the_update_early)
+                      assert_evaluation_plays_the_saved_weights, assert_target_kl_ends_the_update_early,
+                      assert_one_copy_to_the_host_per_step)
 from ppo import ppo_continuous_action as script
 from ppo.ppo_continuous_action import Agent, Args, RewardScaler, RunningMeanStd, main, minibatch_loss, parse_args
 
@@ -139,6 +140,13 @@ def test_the_first_policy_has_std_1_and_training_uses_the_observation_clip_given
     agent = main(Args(env_id="TightBounds-v0", total_timesteps=64, obs_clip=3.0, **SMALL))["agent"]
     assert agent.obs_clip == 3.0
     assert np.abs(agent.normalize_obs(np.full((1, 3), 1e6, dtype=np.float32), update=False)).max() == 3.0
+
+
+def test_the_rollout_copies_only_the_actions_to_the_host(workdir, monkeypatch):
+    """The observation statistics are kept on the host, where the observations are: nothing else
+    comes back from the device."""
+    assert_one_copy_to_the_host_per_step(script, Args(env_id="TightBounds-v0", total_timesteps=128, **SMALL),
+                                         monkeypatch, gym.vector.SyncVectorEnv, action_shape=(1, 2))
 
 
 def test_target_kl_ends_the_update_early(workdir, monkeypatch):
