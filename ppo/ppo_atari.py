@@ -669,11 +669,6 @@ def main(args: Args) -> dict:
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
     if args.cudagraphs and device.type != "cuda":
         fail("--cudagraphs needs a CUDA device: drop it, or run on a GPU (and without --no-cuda)")
-    # One PyTorch thread unless OMP_NUM_THREADS asks for more: the environments share the cores with
-    # the network, and on the 2-core machine of docs/ppo_atari.md a second thread made training
-    # several times slower, spent waiting for the first.
-    if "OMP_NUM_THREADS" not in os.environ:
-        torch.set_num_threads(1)
     if args.evaluate:
         return {"episode_returns": evaluate(args, device)}
 
