@@ -211,6 +211,42 @@ def assert_first_minibatch_replays_the_rollout(script, args, monkeypatch) -> Non
         torch.testing.assert_close(new_value, old_value, rtol=0, atol=1e-5)
 
 
+def assert_logged_losses_are_the_updates_own(script, args, monkeypatch, reset_steps_left_out: bool = False) -> None:
+    """[Core 12: Debug variables] What a run logs under losses/ is its updates' own: each iteration's
+    value_loss, policy_loss, entropy, old_approx_kl, approx_kl and clipfrac are the means of the
+    statistics its minibatches' ppo_loss returned, and explained_variance compares the rollout's
+    values with the returns GAE made of them (over the trained steps: envpool's reset steps, marked
+    done there, are left out, `reset_steps_left_out`). Runs `script.main(args)` in the working directory."""
+    import numpy as np
+    import pytest
+
+    compute_gae, ppo_loss = script.compute_gae, script.ppo_loss
+    updates = []  # per iteration: (values, dones, returns, [each minibatch's statistics])
+
+    def recording_gae(rewards, values, dones, *rest):
+        advantages, returns = compute_gae(rewards, values, dones, *rest)
+        updates.append((np.array(values), np.array(dones), np.array(returns), []))
+        return advantages, returns
+
+    def recording_loss(*inputs):
+        loss, stats = ppo_loss(*inputs)
+        updates[-1][3].append({key: float(value) for key, value in stats.items()})
+        return loss, stats
+
+    monkeypatch.setattr(script, "compute_gae", recording_gae)
+    monkeypatch.setattr(script, "ppo_loss", recording_loss)
+    script.main(args)
+    logged = {tag: [value for _, value in points] for tag, points in read_scalars(only_run_dir(Path.cwd())).items()}
+    assert len(updates) == len(logged["losses/approx_kl"]) > 1
+    for key in ("value_loss", "policy_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac"):
+        expected = [np.mean([stats[key] for stats in minibatches]) for *_, minibatches in updates]
+        assert logged[f"losses/{key}"] == pytest.approx(expected, rel=1e-5, abs=1e-7), key
+    for (values, dones, returns, _), explained in zip(updates, logged["losses/explained_variance"]):
+        trained = dones.reshape(-1) == 0 if reset_steps_left_out else slice(None)
+        assert explained == pytest.approx(script.explained_variance(values.reshape(-1)[trained],
+                                                                    returns.reshape(-1)[trained]), rel=1e-5)
+
+
 # Tensor methods that read a tensor's values on the host: on a GPU, each one waits for the device.
 HOST_READS = ("cpu", "numpy", "item", "tolist", "__bool__", "__float__", "__int__", "__index__", "__array__")
 

@@ -139,6 +139,27 @@ def test_flags_given_with_resume_or_evaluate_are_checked_too(script, capsys, wor
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
+def test_a_resume_refuses_a_changed_hyperparameter_and_takes_run_time_options(script, capsys, workdir):
+    """A resumed run must end where the unbroken one ends: a changed hyperparameter (--gamma,
+    --update-epochs) is refused by name, while what only changes how the run is carried out
+    (--compile, --save-interval, --no-cuda) is taken. An evaluation starts from the run-time defaults,
+    not from the training run's: a run trained with --capture-video and --cudagraphs is evaluated
+    without video and, on a machine without CUDA, at all."""
+    module = load(script)
+    path = str(workdir / "checkpoint.pt")
+    trained = asdict(module.Args(capture_video=True, cudagraphs=True, save_interval=5))
+    torch.save({"variant": module.VARIANT, "args": trained}, path)
+    for name, value in (("gamma", "0.5"), ("update_epochs", "7")):
+        expect_usage_error(capsys, lambda: module.parse_args(["--resume", path, flag(name), value]), f"{script}.py",
+                           f"made with {flag(name)}", f"drop {flag(name)}")
+    resumed = module.parse_args(["--resume", path, "--compile", "--save-interval", "3", "--no-cuda"])
+    assert resumed.compile and resumed.save_interval == 3 and not resumed.cuda and resumed.capture_video
+    evaluation = module.parse_args(["--evaluate", path])
+    assert not (evaluation.capture_video or evaluation.cudagraphs)
+    assert evaluation.save_interval == module.Args().save_interval
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
 def test_resume_and_evaluate_together_are_refused(script, capsys, workdir):
     """Each would read its own checkpoint's settings; together they evaluated one run's weights in the
     other's environment (a traceback when the two games had different actions)."""

@@ -17,7 +17,8 @@ from conftest import (METRICS, assert_compiled_loss_matches_plain, assert_compil
                       assert_first_minibatch_replays_the_rollout, assert_logs_every_metric, assert_same_final_weights,
                       expect_missing_package_error, expect_usage_error, interrupt_after_first_progress_line,
                       only_run_dir, read_scalars, run_script, run_unbroken_and_interrupted, without_module,
-                      assert_evaluation_plays_the_saved_weights, assert_target_kl_ends_the_update_early, assert_one_copy_to_the_host_per_step)
+                      assert_evaluation_plays_the_saved_weights, assert_target_kl_ends_the_update_early,
+                      assert_one_copy_to_the_host_per_step, assert_logged_losses_are_the_updates_own)
 import ppo.ppo as script
 from ppo.ppo import Agent, Args, main, minibatch_loss, parse_args
 
@@ -35,10 +36,11 @@ SMALL_FLAGS = ["--num-envs", "2", "--num-steps", "32", "--num-minibatches", "2",
 # ---------------------------------------------------------------------------------------------------
 
 EPISODE_LENGTH = 5
+REWARD = 2.0  # per step: an episode's return is never its length, so a logged return can't be a length
 
 
 class FixedLengthEnv(gym.Env):
-    """Every episode lasts exactly EPISODE_LENGTH steps with reward 1 per step; the class counts the
+    """Every episode lasts exactly EPISODE_LENGTH steps with REWARD per step; the class counts the
     step() calls that really reach an environment."""
 
     observation_space = gym.spaces.Box(0.0, EPISODE_LENGTH, (1,), np.float32)
@@ -53,7 +55,7 @@ class FixedLengthEnv(gym.Env):
     def step(self, action):
         FixedLengthEnv.step_calls += 1
         self.t += 1
-        return np.array([self.t], dtype=np.float32), 1.0, self.t == EPISODE_LENGTH, False, {}
+        return np.array([self.t], dtype=np.float32), REWARD, self.t == EPISODE_LENGTH, False, {}
 
 
 gym.register(id="FixedLength-v0", entry_point=FixedLengthEnv)
@@ -85,14 +87,14 @@ def test_a_time_limit_ends_the_episode_for_gae_too(workdir, monkeypatch):
     result = main(Args(env_id="TimeLimited-v0", total_timesteps=64, **SMALL))
     dones = received_dones[0][:, 0]  # the first rollout, first environment: episodes start at 0, 5, 10, ...
     assert list(np.flatnonzero(dones)) == list(range(EPISODE_LENGTH, len(dones), EPISODE_LENGTH))
-    assert result["recent_returns"] and set(result["recent_returns"]) == {float(EPISODE_LENGTH)}
+    assert result["recent_returns"] and set(result["recent_returns"]) == {REWARD * EPISODE_LENGTH}
 
 
 def test_every_stored_transition_is_a_real_step(workdir):
     """With gymnasium's default NEXT_STEP autoreset, the step after an episode's end only resets the
     environment and ignores the action; storing it would train on a transition that never happened.
     Here every one of the run's transitions must have reached an environment's step(), and every
-    logged episode must have exactly EPISODE_LENGTH real steps with reward 1."""
+    logged episode must have exactly EPISODE_LENGTH real steps, each with its REWARD."""
     FixedLengthEnv.step_calls = 0
     args = Args(env_id="FixedLength-v0", total_timesteps=128, **SMALL)
     result = main(args)
@@ -103,8 +105,19 @@ def test_every_stored_transition_is_a_real_step(workdir):
     returns = [value for _, value in scalars["charts/episodic_return"]]
     lengths = [value for _, value in scalars["charts/episodic_length"]]
     assert len(returns) == 2 * (64 // EPISODE_LENGTH)  # 64 steps per env, a finished episode every 5
-    assert set(returns) == {float(EPISODE_LENGTH)}
+    assert set(returns) == {REWARD * EPISODE_LENGTH}
     assert set(lengths) == {float(EPISODE_LENGTH)}
+
+
+def test_evaluation_prints_each_episodes_own_return(workdir, capsys):
+    """Every episode of FixedLength-v0 returns the same, whatever the policy: an evaluation that
+    carried one episode's return into the next would print a growing sequence."""
+    main(Args(env_id="FixedLength-v0", total_timesteps=128, save_model=True, **SMALL))
+    capsys.readouterr()
+    checkpoint_path = only_run_dir(workdir) / "checkpoint.pt"
+    result = main(parse_args(["--evaluate", str(checkpoint_path), "--eval-episodes", "3", "--no-cuda"]))
+    assert result["episode_returns"] == [REWARD * EPISODE_LENGTH] * 3
+    assert assert_evaluation_output(capsys.readouterr().out, "FixedLength-v0", 3) == [REWARD * EPISODE_LENGTH] * 3
 
 
 def test_the_env_factory_returns_the_next_episode_on_the_step_that_ends_one():
@@ -155,6 +168,11 @@ def test_the_first_minibatch_of_each_update_replays_the_rollout(workdir, monkeyp
 def test_the_rollout_copies_only_the_actions_to_the_host(workdir, monkeypatch):
     assert_one_copy_to_the_host_per_step(script, Args(env_id="CartPole-v1", total_timesteps=128, **SMALL), monkeypatch,
                                          gym.vector.SyncVectorEnv, action_shape=(2,))
+
+
+def test_the_logged_losses_are_the_updates_own(workdir, monkeypatch):
+    assert_logged_losses_are_the_updates_own(script, Args(env_id="CartPole-v1", total_timesteps=128, **SMALL),
+                                             monkeypatch)
 
 
 def test_target_kl_ends_the_update_early(workdir, monkeypatch):

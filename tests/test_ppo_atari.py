@@ -16,7 +16,8 @@ from conftest import (assert_compiled_loss_matches_plain, assert_compiles_whole,
                       assert_evaluation_output, assert_first_minibatch_replays_the_rollout, assert_logs_every_metric,
                       assert_same_final_weights, expect_missing_package_error, expect_usage_error, only_run_dir,
                       run_script, run_unbroken_and_interrupted, without_module,
-                      assert_evaluation_plays_the_saved_weights, assert_target_kl_ends_the_update_early, assert_one_copy_to_the_host_per_step)
+                      assert_evaluation_plays_the_saved_weights, assert_target_kl_ends_the_update_early,
+                      assert_one_copy_to_the_host_per_step, assert_logged_losses_are_the_updates_own)
 import ppo.ppo_atari as ppo_atari  # noqa: E402
 from ppo.ppo_atari import (Agent, Args, main, make_env, make_envs,  # noqa: E402
                            minibatch_loss, parse_args, pickle_envs, finished_games)
@@ -134,6 +135,33 @@ def test_every_reset_presses_fire_then_action_2_also_after_a_lost_life(script, m
     assert actions[-2:] == [1, 2]
 
 
+class ThreeStepEpisodes(gym.Env):
+    observation_space = gym.spaces.Box(0.0, 1.0, (1,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        self.t = 0
+        return np.zeros(1, np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        return np.zeros(1, np.float32), 1.0, self.t == 3, False, {}
+
+
+def test_a_lost_life_beside_a_finished_game_is_not_a_game(script):
+    """In one step, game 0 loses a life (its training episode ends, with no game statistics) while
+    game 1 is over: only game 1 is a finished game. The vector env files both ends under final_info;
+    the game statistics' own mask says which games they belong to."""
+    with_statistics = lambda: gym.wrappers.RecordEpisodeStatistics(ThreeStepEpisodes())  # noqa: E731
+    envs = gym.vector.SyncVectorEnv([ThreeStepEpisodes, with_statistics],
+                                    autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    envs.reset(seed=0)
+    for _ in range(3):
+        *_, infos = envs.step(np.zeros(2, dtype=np.int64))
+    assert list(infos["_final_info"]) == [True, True]
+    assert script.finished_games(infos) == [(1, 3.0, 3)]
+
+
 @pytest.mark.parametrize("env_id", ["BreakoutNoFrameskip-v4", "ALE/Breakout-v5"])
 def test_every_step_is_four_frames_for_v4_and_v5_ids(script, env_id):
     """ALE/...-v5 skips 4 frames itself by default; the script makes it with frameskip=1 so that
@@ -244,6 +272,10 @@ def test_the_first_minibatch_of_each_update_replays_the_rollout(workdir, monkeyp
 def test_the_rollout_copies_only_the_actions_to_the_host(workdir, monkeypatch):
     assert_one_copy_to_the_host_per_step(ppo_atari, Args(total_timesteps=64, **TINY_ARGS), monkeypatch,
                                          gym.vector.SyncVectorEnv, action_shape=(2,))
+
+
+def test_the_logged_losses_are_the_updates_own(workdir, monkeypatch):
+    assert_logged_losses_are_the_updates_own(ppo_atari, Args(total_timesteps=64, **TINY_ARGS), monkeypatch)
 
 
 def test_target_kl_ends_the_update_early(workdir, monkeypatch):

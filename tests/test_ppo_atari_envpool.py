@@ -13,7 +13,8 @@ from conftest import (assert_compiled_loss_matches_plain, assert_compiles_whole,
                       assert_evaluation_output, assert_first_minibatch_replays_the_rollout, assert_logs_every_metric,
                       expect_missing_package_error, expect_usage_error, interrupt_after_first_progress_line,
                       only_run_dir, read_scalars, run_script, without_module,
-                      assert_evaluation_plays_the_saved_weights, assert_target_kl_ends_the_update_early, assert_one_copy_to_the_host_per_step)
+                      assert_evaluation_plays_the_saved_weights, assert_target_kl_ends_the_update_early,
+                      assert_one_copy_to_the_host_per_step, assert_logged_losses_are_the_updates_own)
 from ppo.ppo_atari_envpool import Args, main, make_envs  # noqa: E402
 
 TINY = ["--num-envs", "2", "--num-steps", "16", "--num-minibatches", "2", "--no-cuda"]
@@ -198,6 +199,12 @@ def test_the_rollout_copies_only_the_actions_to_the_host(workdir, monkeypatch, a
 
     assert_one_copy_to_the_host_per_step(script, Args(total_timesteps=64, async_envs=async_envs, **TINY_ARGS),
                                          monkeypatch, EnvPoolMixin, action_shape=(pool_size,), step_method="send")
+
+
+def test_the_logged_losses_are_the_updates_own(workdir, monkeypatch):
+    """320 random steps lose lives: reset steps are in the rollouts."""
+    assert_logged_losses_are_the_updates_own(script, Args(total_timesteps=320, **TINY_ARGS), monkeypatch,
+                                             reset_steps_left_out=True)
 
 
 def test_target_kl_ends_the_update_early(workdir, monkeypatch):

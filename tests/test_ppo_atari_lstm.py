@@ -13,7 +13,8 @@ pytest.importorskip("cv2")
 from conftest import (assert_compiled_loss_matches_plain, assert_details_marked, assert_evaluation_output,  # noqa: E402
                       assert_first_minibatch_replays_the_rollout, assert_logs_every_metric, assert_same_final_weights,
                       expect_usage_error, only_run_dir, run_script, run_unbroken_and_interrupted,
-                      assert_evaluation_plays_the_saved_weights, assert_target_kl_ends_the_update_early, assert_one_copy_to_the_host_per_step)
+                      assert_evaluation_plays_the_saved_weights, assert_target_kl_ends_the_update_early,
+                      assert_one_copy_to_the_host_per_step, assert_logged_losses_are_the_updates_own)
 import ppo.ppo_atari_lstm as script  # noqa: E402
 from ppo.ppo_atari_lstm import (Agent, Args, EnvCursor, collect_rollout, main, make_envs,  # noqa: E402
                                 minibatch_loss, replay_sequences)
@@ -72,6 +73,10 @@ def test_the_rollout_copies_only_the_actions_to_the_host(workdir, monkeypatch):
     """The recurrent state and the episode starts stay on the device too."""
     assert_one_copy_to_the_host_per_step(script, Args(total_timesteps=64, **TINY_ARGS), monkeypatch,
                                          gym.vector.SyncVectorEnv, action_shape=(2,))
+
+
+def test_the_logged_losses_are_the_updates_own(workdir, monkeypatch):
+    assert_logged_losses_are_the_updates_own(script, Args(total_timesteps=64, **TINY_ARGS), monkeypatch)
 
 
 def test_target_kl_ends_the_update_early(workdir, monkeypatch):

@@ -159,6 +159,18 @@ def test_evaluation_plays_the_saved_weights_and_observation_statistics(workdir, 
                                               monkeypatch)
 
 
+def test_evaluation_scores_each_episode_with_the_environments_own_rewards(workdir, capsys):
+    """Every TightBounds-v0 episode returns EPISODE_LENGTH x REWARD whatever the actions: an evaluation
+    that scored the scaled, clipped training rewards, or carried a return into the next episode,
+    would print something else."""
+    main(Args(env_id="TightBounds-v0", total_timesteps=128, save_model=True, **SMALL))
+    capsys.readouterr()
+    checkpoint_path = only_run_dir(workdir) / "checkpoint.pt"
+    result = main(parse_args(["--evaluate", str(checkpoint_path), "--eval-episodes", "3", "--no-cuda"]))
+    assert result["episode_returns"] == [EPISODE_LENGTH * REWARD] * 3
+    assert assert_evaluation_output(capsys.readouterr().out, "TightBounds-v0", 3) == [EPISODE_LENGTH * REWARD] * 3
+
+
 def test_the_rollout_stores_the_sampled_action_and_the_env_gets_it_clipped(workdir, monkeypatch):
     """[Continuous 5] The loss must score the action the Gaussian drew, not the clipped one the
     environment executed: the log-probability of a clipped action is not the one it was drawn with."""

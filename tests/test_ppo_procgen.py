@@ -12,7 +12,8 @@ from conftest import (assert_compiled_loss_matches_plain, assert_compiled_run_re
                       assert_details_marked, assert_evaluation_output, assert_first_minibatch_replays_the_rollout,
                       assert_logs_every_metric, assert_same_agent_state, assert_same_logs, expect_usage_error,
                       only_run_dir, run_script, run_unbroken_and_interrupted_in_process,
-                      assert_evaluation_plays_the_saved_weights, assert_target_kl_ends_the_update_early, assert_one_copy_to_the_host_per_step)
+                      assert_evaluation_plays_the_saved_weights, assert_target_kl_ends_the_update_early,
+                      assert_one_copy_to_the_host_per_step, assert_logged_losses_are_the_updates_own)
 from ppo import ppo_procgen as script
 from ppo.ppo_procgen import Agent, Args, main, minibatch_loss, parse_args
 
@@ -220,6 +221,10 @@ def test_the_first_minibatch_of_each_update_replays_the_rollout(workdir, monkeyp
 def test_the_rollout_copies_only_the_actions_to_the_host(workdir, monkeypatch, procgen):
     assert_one_copy_to_the_host_per_step(script, Args(total_timesteps=128, **SMALL), monkeypatch,
                                          script.ProcgenVectorEnv, action_shape=(4,))
+
+
+def test_the_logged_losses_are_the_updates_own(workdir, monkeypatch, procgen):
+    assert_logged_losses_are_the_updates_own(script, Args(total_timesteps=128, **SMALL), monkeypatch)
 
 
 def test_target_kl_ends_the_update_early(workdir, monkeypatch, procgen):
