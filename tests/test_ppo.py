@@ -127,7 +127,7 @@ def test_the_env_factory_returns_the_next_episode_on_the_step_that_ends_one():
     obs, _ = envs.reset(seed=0)
     for t in range(1, EPISODE_LENGTH + 3):
         obs, reward, terminated, truncated, info = envs.step(np.array([0]))
-        assert reward[0] == 1.0  # never the zero-reward reset step
+        assert reward[0] == REWARD  # never the zero-reward reset step
         if t == EPISODE_LENGTH:
             assert terminated[0]
             assert obs[0, 0] == 0.0  # already the first observation of the next episode
