@@ -448,6 +448,22 @@ def ctrl_c_during_step(env_class: type, step_number: int):
         env_class.step = original_step
 
 
+def assert_every_evaluated_episode_returns(script, args, capsys, expected: float, episodes: int = 3) -> None:
+    """Train `args` with --save-model in the working directory, then evaluate the checkpoint for
+    `episodes` episodes of an environment whose every episode returns `expected` whatever the policy:
+    each episode's return, as main() returns it and as it is printed, must be `expected`, not a
+    running total over episodes nor a sum of the training's scaled rewards."""
+    from dataclasses import replace
+
+    script.main(replace(args, save_model=True))
+    capsys.readouterr()
+    checkpoint_path = only_run_dir(Path.cwd()) / "checkpoint.pt"
+    result = script.main(script.parse_args(["--evaluate", str(checkpoint_path), "--eval-episodes", str(episodes),
+                                            "--no-cuda"]))
+    assert result["episode_returns"] == [expected] * episodes
+    assert assert_evaluation_output(capsys.readouterr().out, args.env_id, episodes) == [expected] * episodes
+
+
 def assert_evaluation_output(output: str, env_id: str, episodes: int) -> list[float]:
     """What --evaluate prints: a line per episode, `episode K: return R ...`, then `<env_id>: mean return
     M +- S over N episodes`, with M and S the mean and standard deviation of the N returns (within the

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from conftest import (METRICS, assert_compiled_loss_matches_plain, assert_compiled_run_resumes_exactly,
+                      assert_every_evaluated_episode_returns,
                       assert_compiles_whole, assert_details_marked, assert_evaluation_output,
                       assert_first_minibatch_replays_the_rollout, assert_logs_every_metric, assert_same_final_weights,
                       expect_missing_package_error, expect_usage_error, interrupt_after_first_progress_line,
@@ -112,12 +113,8 @@ def test_every_stored_transition_is_a_real_step(workdir):
 def test_evaluation_prints_each_episodes_own_return(workdir, capsys):
     """Every episode of FixedLength-v0 returns the same, whatever the policy: an evaluation that
     carried one episode's return into the next would print a growing sequence."""
-    main(Args(env_id="FixedLength-v0", total_timesteps=128, save_model=True, **SMALL))
-    capsys.readouterr()
-    checkpoint_path = only_run_dir(workdir) / "checkpoint.pt"
-    result = main(parse_args(["--evaluate", str(checkpoint_path), "--eval-episodes", "3", "--no-cuda"]))
-    assert result["episode_returns"] == [REWARD * EPISODE_LENGTH] * 3
-    assert assert_evaluation_output(capsys.readouterr().out, "FixedLength-v0", 3) == [REWARD * EPISODE_LENGTH] * 3
+    assert_every_evaluated_episode_returns(script, Args(env_id="FixedLength-v0", total_timesteps=128, **SMALL), capsys,
+                                           expected=REWARD * EPISODE_LENGTH)
 
 
 def test_the_env_factory_returns_the_next_episode_on_the_step_that_ends_one():

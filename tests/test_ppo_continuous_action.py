@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import (assert_compiled_loss_matches_plain, assert_compiled_run_resumes_exactly, assert_compiles_whole,
+from conftest import (assert_compiled_loss_matches_plain, assert_every_evaluated_episode_returns,
+                      assert_compiled_run_resumes_exactly, assert_compiles_whole,
                       assert_details_marked, assert_evaluation_output, assert_logs_every_metric,
                       assert_same_agent_state, assert_same_logs, expect_missing_package_error, expect_usage_error,
                       only_run_dir, read_scalars, run_script, run_unbroken_and_interrupted_in_process, without_module,
@@ -163,12 +164,8 @@ def test_evaluation_scores_each_episode_with_the_environments_own_rewards(workdi
     """Every TightBounds-v0 episode returns EPISODE_LENGTH x REWARD whatever the actions: an evaluation
     that scored the scaled, clipped training rewards, or carried a return into the next episode,
     would print something else."""
-    main(Args(env_id="TightBounds-v0", total_timesteps=128, save_model=True, **SMALL))
-    capsys.readouterr()
-    checkpoint_path = only_run_dir(workdir) / "checkpoint.pt"
-    result = main(parse_args(["--evaluate", str(checkpoint_path), "--eval-episodes", "3", "--no-cuda"]))
-    assert result["episode_returns"] == [EPISODE_LENGTH * REWARD] * 3
-    assert assert_evaluation_output(capsys.readouterr().out, "TightBounds-v0", 3) == [EPISODE_LENGTH * REWARD] * 3
+    assert_every_evaluated_episode_returns(script, Args(env_id="TightBounds-v0", total_timesteps=128, **SMALL), capsys,
+                                           expected=EPISODE_LENGTH * REWARD)
 
 
 def test_the_rollout_stores_the_sampled_action_and_the_env_gets_it_clipped(workdir, monkeypatch):
