@@ -18,7 +18,7 @@ pytest.importorskip("cv2")
 
 from conftest import (REPO, assert_details_marked, assert_evaluation_output, assert_logs_every_metric,  # noqa: E402
                       assert_one_copy_to_the_host_per_step, assert_same_final_weights, expect_usage_error,
-                      only_run_dir, run_script, run_unbroken_and_interrupted, torchrun)
+                      only_run_dir, read_scalars, run_script, run_unbroken_and_interrupted, torchrun)
 from ppo.ppo_atari_multigpu import Agent, Args, gradient_step, main, make_envs, minibatch_loss, parse_args  # noqa: E402
 
 TINY = ["--num-envs", "2", "--num-steps", "16", "--num-minibatches", "2", "--no-cuda"]
@@ -225,6 +225,34 @@ def test_the_ranks_play_the_games_one_process_would_play_with_all_the_environmen
     envs.close()
     assert np.array_equal(world, one_process)
     assert not np.array_equal(world[:2], world[2:]), "the ranks start the same games"
+
+
+def train_with_a_game_ending_every_step(rank: int, port: int, out_dir) -> None:
+    """Rank `rank` of a 2-process world of ppo_atari_multigpu.py, in this process, for 4 iterations of 4
+    steps, each step of its games reporting one finished game whose score names the rank and the step:
+    1000 x rank + the step's number (1, 2, ...)."""
+    import itertools
+    import os
+
+    import ppo.ppo_atari_multigpu as script
+
+    os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE="2",
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.chdir(out_dir)
+    step_numbers = itertools.count(1)
+    script.finished_games = lambda infos: [(0, float(1000 * rank + next(step_numbers)), 7)]
+    script.main(Args(seed=1, num_envs=4, num_steps=4, num_minibatches=2, total_timesteps=64, cuda=False))
+
+
+def test_rank_0_logs_the_games_of_every_rank_at_the_steps_they_ended(tmp_path):
+    """The world's figures include every rank's games: rank 0 logs its own and rank 1's finished games,
+    each once, at the world step in which it ended (4 world steps of 4 environments each iteration)."""
+    port = free_port()
+    run_as_two_ranks(train_with_a_game_ending_every_step, lambda rank: (rank, port, tmp_path))
+    scalars = read_scalars(only_run_dir(tmp_path))
+    expected = sorted((4 * step, float(1000 * rank + step)) for rank in range(2) for step in range(1, 17))
+    assert sorted(scalars["charts/episodic_return"]) == expected
+    assert [length for _, length in scalars["charts/episodic_length"]] == [7] * 32
 
 
 def test_the_rollout_copies_only_the_actions_to_the_host(workdir, monkeypatch):
