@@ -136,22 +136,50 @@ def run_unbroken_and_interrupted_in_process(main, args, workdir: Path, env_class
     return unbroken, interrupted, only_run_dir(interrupted_dir) / "checkpoint.pt"
 
 
+@contextlib.contextmanager
+def clock_of_the_steps(script, env_class: type):
+    """Within the block, `script` reads the time from a clock that stands still except in
+    `env_class.step`, each call of which advances it by 1/1024 s (a power of 2: the sums stay exact), so
+    the steps per second that a run logs are a known figure, not a measurement."""
+    import types
+
+    original_step, now = env_class.step, 1_700_000_000.0
+
+    def step_and_tick(self, actions):
+        nonlocal now
+        now += 1 / 1024
+        return original_step(self, actions)
+
+    env_class.step = step_and_tick
+    original_time, script.time = script.time, types.SimpleNamespace(time=lambda: now)
+    try:
+        yield
+    finally:
+        env_class.step, script.time = original_step, original_time
+
+
 def assert_compiled_run_resumes_exactly(script, args, workdir: Path, env_class: type,
                                         interrupt_at_step: int) -> None:
     """A run with --compile (args) trains and logs every metric, and interrupted by a Ctrl-C during
     the `interrupt_at_step`-th call of `env_class.step`, then resumed with `--resume PATH` alone (the
-    checkpoint keeps --compile), it ends bit for bit where an unbroken --compile run ends, with the same log."""
+    checkpoint keeps --compile), it ends bit for bit where an unbroken --compile run ends, with the same log.
+    Its charts/SPS, under clock_of_the_steps, is the steps of each sitting over that sitting's time."""
     import torch
 
     assert args.compile and args.save_model
-    unbroken, stopped, checkpoint_path = run_unbroken_and_interrupted_in_process(
-        script.main, args, workdir, env_class, interrupt_at_step)
-    assert stopped["interrupted"] and 0 < stopped["global_step"] < args.total_timesteps
-    assert_logs_every_metric(only_run_dir(workdir / "unbroken"))
+    with clock_of_the_steps(script, env_class):
+        unbroken, stopped, checkpoint_path = run_unbroken_and_interrupted_in_process(
+            script.main, args, workdir, env_class, interrupt_at_step)
+        assert stopped["interrupted"] and 0 < stopped["global_step"] < args.total_timesteps
+        assert_logs_every_metric(only_run_dir(workdir / "unbroken"))
 
-    resumed_args = script.parse_args(["--resume", str(checkpoint_path)])
-    assert resumed_args.compile
-    resumed = script.main(resumed_args)
+        resumed_args = script.parse_args(["--resume", str(checkpoint_path)])
+        assert resumed_args.compile
+        resumed = script.main(resumed_args)
+    # Each step took 1/1024 s of the clock: every iteration's rate is num_envs x 1024 steps per second,
+    # after the resume too (counted from where the resumed run began, not from step 0).
+    for run_dir in (only_run_dir(workdir / "unbroken"), checkpoint_path.parent):
+        assert {sps for _, sps in read_scalars(run_dir)["charts/SPS"]} == {args.num_envs * 1024}, run_dir
     assert resumed["global_step"] == unbroken["global_step"] == args.total_timesteps
     assert_same_agent_state(unbroken["agent"].state_dict(), resumed["agent"].state_dict())
     assert resumed["recent_returns"] == unbroken["recent_returns"]
