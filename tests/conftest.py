@@ -399,6 +399,27 @@ def assert_same_final_weights(unbroken: Path, resumed_checkpoint: Path, total_ti
     return expected, actual
 
 
+def assert_resume_keeps_the_latest_scores(script: str, checkpoint_path: Path, workdir: Path,
+                                          launcher: list[str] | None = None) -> None:
+    """A resumed run goes on with the checkpoint's latest game scores, which its progress line
+    averages: a copy of the checkpoint, given the scores 4 and 6, resumes to "mean return 5.00 (last 2
+    episodes)" and ends with them first. (For runs too short for a game to end, whose resume test
+    compares empty lists.)"""
+    import shutil
+
+    import torch
+
+    copy = workdir / "with_scores" / checkpoint_path.parent.name / checkpoint_path.name
+    shutil.copytree(checkpoint_path.parent, copy.parent)
+    checkpoint = torch.load(copy, weights_only=False)
+    assert checkpoint["recent_returns"] == [] and checkpoint["global_step"] < checkpoint["args"]["total_timesteps"]
+    torch.save({**checkpoint, "recent_returns": [4.0, 6.0]}, copy)
+    resumed = run_script(script, "--resume", str(copy), cwd=copy.parent.parent, launcher=launcher)
+    progress = [line for line in resumed.stdout.splitlines() if line.startswith("step")]
+    assert progress[0].endswith("mean return     5.00 (last 2 episodes)"), resumed.stdout
+    assert torch.load(copy, weights_only=False)["recent_returns"][:2] == [4.0, 6.0]
+
+
 def assert_core_optimizer_settings(run_dir: Path, checkpoint: dict) -> None:
     """[Core 3] Adam's epsilon is 1e-5, not PyTorch's 1e-8; [Core 4] the learning rate falls linearly
     from its start at the first of N iterations to 1/N of it at the last (it reaches 0 only after the

@@ -14,8 +14,8 @@ pytest.importorskip("cv2")
 
 from conftest import (assert_compiled_loss_matches_plain, assert_compiles_whole, assert_details_marked,  # noqa: E402
                       assert_evaluation_output, assert_first_minibatch_replays_the_rollout, assert_logs_every_metric,
-                      assert_same_final_weights, expect_missing_package_error, expect_usage_error, only_run_dir,
-                      run_script, run_unbroken_and_interrupted, without_module,
+                      assert_resume_keeps_the_latest_scores, assert_same_final_weights, expect_missing_package_error,
+                      expect_usage_error, only_run_dir, run_script, run_unbroken_and_interrupted, without_module,
                       assert_evaluation_plays_the_saved_weights, assert_target_kl_ends_the_update_early,
                       assert_one_copy_to_the_host_per_step, assert_logged_losses_are_the_updates_own)
 import ppo.ppo_atari as ppo_atari  # noqa: E402
@@ -310,6 +310,7 @@ def test_interrupted_and_resumed_run_ends_with_the_same_weights_and_evaluates(tm
     stopped = torch.load(checkpoint_path, weights_only=False)
     assert 0 < stopped["global_step"] < 160
     assert stopped["envs"] is not None  # the games themselves were saved
+    assert_resume_keeps_the_latest_scores("ppo_atari.py", checkpoint_path, tmp_path)
 
     resumed = run_script("ppo_atari.py", "--resume", str(checkpoint_path), cwd=interrupted)
     assert f"resuming {run_dir.name} at step {stopped['global_step']:,}" in resumed.stdout

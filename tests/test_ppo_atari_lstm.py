@@ -11,7 +11,8 @@ pytest.importorskip("ale_py")
 pytest.importorskip("cv2")
 
 from conftest import (assert_compiled_loss_matches_plain, assert_details_marked, assert_evaluation_output,  # noqa: E402
-                      assert_first_minibatch_replays_the_rollout, assert_logs_every_metric, assert_same_final_weights,
+                      assert_first_minibatch_replays_the_rollout, assert_logs_every_metric,
+                      assert_resume_keeps_the_latest_scores, assert_same_final_weights,
                       expect_usage_error, only_run_dir, run_script, run_unbroken_and_interrupted,
                       assert_evaluation_plays_the_saved_weights, assert_target_kl_ends_the_update_early,
                       assert_one_copy_to_the_host_per_step, assert_logged_losses_are_the_updates_own)
@@ -157,6 +158,7 @@ def test_interrupted_and_resumed_run_ends_with_the_same_weights(tmp_path):
     checkpoint_path = only_run_dir(interrupted) / "checkpoint.pt"
     stopped = torch.load(checkpoint_path, weights_only=False)
     assert 0 < stopped["global_step"] < 160
+    assert_resume_keeps_the_latest_scores("ppo_atari_lstm.py", checkpoint_path, tmp_path)
     h, c = stopped["next_lstm_state"]
     assert h.shape == c.shape == (1, 2, 128) and h.abs().sum() > 0
 

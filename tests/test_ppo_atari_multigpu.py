@@ -17,8 +17,8 @@ pytest.importorskip("ale_py")
 pytest.importorskip("cv2")
 
 from conftest import (REPO, assert_details_marked, assert_evaluation_output, assert_logs_every_metric,  # noqa: E402
-                      assert_one_copy_to_the_host_per_step, assert_same_final_weights, expect_usage_error,
-                      only_run_dir, read_scalars, run_script, run_unbroken_and_interrupted, torchrun)
+                      assert_one_copy_to_the_host_per_step, assert_resume_keeps_the_latest_scores,
+                      assert_same_final_weights, expect_usage_error, only_run_dir, read_scalars, run_script, run_unbroken_and_interrupted, torchrun)
 from ppo.ppo_atari_multigpu import Agent, Args, gradient_step, main, make_envs, minibatch_loss, parse_args  # noqa: E402
 
 TINY = ["--num-envs", "2", "--num-steps", "16", "--num-minibatches", "2", "--no-cuda"]
@@ -156,6 +156,7 @@ def test_an_interrupted_group_resumes_to_the_same_weights_and_evaluates_in_one_p
     checkpoint_path = only_run_dir(interrupted) / "checkpoint.pt"
     stopped = torch.load(checkpoint_path, weights_only=False)
     assert 0 < stopped["global_step"] < 320, output
+    assert_resume_keeps_the_latest_scores("ppo_atari_multigpu.py", checkpoint_path, tmp_path, TWO_PROCESSES)
     assert stopped["world_size"] == 2 and len(stopped["envs"]) == len(stopped["rng"]) == 2
     assert f"stopped at step {stopped['global_step']:,}" in output
 
