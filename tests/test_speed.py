@@ -1,13 +1,15 @@
 """Tests of benchmark/speed.py's machinery: which option combinations it measures, how it reads
 settings, and that its training measurement skips the warm-up. No timing is checked."""
 
+import types
+
 import pytest
 import torch
 
 import ppo.ppo as classic
 import ppo.ppo_atari_envpool as envpool_script
 from benchmark import speed
-from conftest import expect_usage_error
+from conftest import expect_usage_error, table_rows
 
 
 def test_option_sets_are_plain_each_option_and_all_together_where_the_script_has_them():
@@ -71,3 +73,67 @@ def test_training_speed_is_measured_after_the_warmup_iterations(tmp_path, monkey
     assert not (tmp_path / "runs").exists()  # the run went to a temporary directory
     expect_usage_error(capsys, lambda: speed.training_speed(classic, args, warmup_iterations=6), "speed.py",
                        "too few to measure", "raise --total-timesteps")
+
+
+def test_table_divides_training_by_raw_speed_and_leaves_out_the_cpu_time_of_worker_processes(monkeypatch, capsys):
+    """Each measured option set is a row, whose ratio is training over raw SPS by the wall clock and whose CPU-time
+    ratio is the same by CPU time; where the games play in worker processes (--async-envs of ppo_atari.py) this
+    process's CPU time leaves theirs out, so that ratio is n/a, while envpool's threads are this process's. The
+    measurements return fixed numbers here: the rows and the arithmetic are checked, no timing."""
+    trained = []
+
+    def train(script, args, warmup_iterations):
+        trained.append((script.__name__, args.async_envs, args.compile))
+        return 2000.0, 100.0, 1000
+
+    monkeypatch.setattr(speed, "raw_env_speed", lambda script, env_id, num_envs, seconds: (8000.0, 2000.0))
+    monkeypatch.setattr(speed, "training_speed", train)
+    speed.main(["--scripts", "ppo_atari.py", "ppo_atari_envpool.py", "--devices", "cpu"])
+    rows = table_rows(capsys.readouterr().out, "script")
+    options = ["plain", "async_envs", "compile", "async_envs+compile"]
+    assert [(row["script"], row["options"]) for row in rows] == [
+        (script, option) for script in ("ppo_atari.py", "ppo_atari_envpool.py") for option in options]
+    assert trained == [(f"ppo.{script}", "async_envs" in option, "compile" in option)
+                       for script in ("ppo_atari", "ppo_atari_envpool") for option in options]
+    for row in rows:
+        assert [row[column] for column in ("device", "raw env SPS", "training SPS", "ratio")] == [
+            "cpu", "8,000", "2,000", "0.25"]
+        in_workers = row["script"] == "ppo_atari.py" and "async_envs" in row["options"]
+        assert row["CPU-time ratio"] == ("n/a" if in_workers else "0.05"), row
+
+
+def test_raw_speed_counts_the_steps_of_every_environment(monkeypatch):
+    """The raw speed is environment steps, num_envs per step of the vector env, over the clocks: counting the vector
+    env's steps alone would make it num_envs times too slow, and the ratio of training to raw speed num_envs times
+    too high. The clocks are fixed (2 s wall, 4 s CPU); the steps are counted on the script's own vector env."""
+    stepped = []
+
+    def counted_envs(env_id, num_envs):
+        envs = classic.make_envs(env_id, num_envs)
+        step = envs.step
+
+        def counted_step(actions):
+            stepped.append(len(actions))
+            return step(actions)
+
+        envs.step = counted_step
+        return envs
+
+    monkeypatch.setattr(speed, "timed", lambda function: (function(), (2.0, 4.0))[1])
+    wall, cpu = speed.raw_env_speed(types.SimpleNamespace(make_envs=counted_envs), "CartPole-v1", 3, seconds=1e-3)
+    assert set(stepped) == {3} and len(stepped) % 256 == 0  # whole passes over the 256 actions drawn beforehand
+    assert (wall, cpu) == (sum(stepped) / 2.0, sum(stepped) / 4.0)
+
+
+def test_a_real_measurement_prints_a_row_whose_ratio_is_its_two_speeds_divided(capsys):
+    """ppo.py measured for real, briefly: one row for the one option set asked for, with both ratios, the first
+    being the printed training SPS over the printed raw SPS (to the rounding of the printed figures)."""
+    speed.main(["--scripts", "ppo.py", "--devices", "cpu", "--options", "plain", "--raw-seconds", "0.2",
+                "--set", "num_steps=16", "--total-timesteps", str(4 * 4 * 16)])
+    (row,) = table_rows(capsys.readouterr().out, "script")
+    assert [row[column] for column in ("script", "env", "envs", "device", "options")] == [
+        "ppo.py", "CartPole-v1", "4", "cpu", "plain"]
+    raw, training = (float(row[column].replace(",", "")) for column in ("raw env SPS", "training SPS"))
+    # The ratio has 3 significant digits, the speeds are rounded to whole steps per second.
+    assert float(row["ratio"]) == pytest.approx(training / raw, rel=0.005 + 0.5 / training + 0.5 / raw)
+    assert float(row["CPU-time ratio"]) > 0
