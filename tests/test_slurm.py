@@ -44,6 +44,13 @@ def submit_fake(tmp_path: Path, *options: str, env: dict | None = None) -> subpr
     return run_tool("run.py", *FAKE_ARGS, "--slurm", *options, cwd=tmp_path, env=env)
 
 
+def run_task(script: Path, index: int, cwd: Path, **env: str) -> subprocess.CompletedProcess:
+    """Task `index` of the job array `script`, run as Slurm runs it: by bash, in `cwd`, with SLURM_ARRAY_TASK_ID
+    (and `env`) set."""
+    return subprocess.run(["bash", str(script)], cwd=cwd, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "SLURM_ARRAY_TASK_ID": str(index), **env})
+
+
 # ---------------------------------------------------------------------------------------------------
 # The job scripts, without Slurm
 # ---------------------------------------------------------------------------------------------------
@@ -90,9 +97,8 @@ def test_each_task_does_its_run_as_the_local_runner_and_finished_runs_are_left_o
     script = tmp_path / SLURM_DIR / "fake.sbatch"
     elsewhere = tmp_path / "elsewhere"  # Slurm may start the job anywhere: the script goes back itself
     elsewhere.mkdir()
-    for task in ("1", "3"):
-        task_run = subprocess.run(["bash", str(script)], cwd=elsewhere, capture_output=True, text=True,
-                                  env={**os.environ, "SLURM_ARRAY_TASK_ID": task}, timeout=60)
+    for task in (1, 3):
+        task_run = run_task(script, task, cwd=elsewhere)
         assert task_run.returncode == 0, task_run.stdout + task_run.stderr
         assert "1 run(s): 1 ran ok" in task_run.stdout
     assert calls(tmp_path) == ["A-v1 2", "ALE/B-v5 2"]
@@ -110,12 +116,38 @@ def test_each_task_does_its_run_as_the_local_runner_and_finished_runs_are_left_o
     # A task whose run finished meanwhile skips it; a new submission leaves finished runs out.
     (tmp_path / "calls.txt").unlink()
     (logs / "A-v1__seed1.done").unlink()
-    again = subprocess.run(["bash", str(script)], cwd=elsewhere, capture_output=True, text=True,
-                           env={**os.environ, "SLURM_ARRAY_TASK_ID": "3"}, timeout=60)
+    again = run_task(script, 3, cwd=elsewhere)
     assert again.returncode == 0 and "[skip]" in again.stdout and calls(tmp_path) == []
     resubmitted = submit_fake(tmp_path, "--dry-run")
     assert "1 task(s), --array=0; 3 of 4 run(s) finished earlier" in resubmitted.stdout
     assert "#SBATCH --array=0" in script.read_text().splitlines()
+
+
+def test_force_gives_every_run_a_task_and_the_task_reruns_it(tmp_path):
+    """--slurm --force, as --force here, reruns the runs that finished earlier: each gets a task, and the task,
+    which would skip a run with a .done marker, runs it again. Were it ignored, a user who changed a script but not
+    the command would get the old runs reported."""
+    (tmp_path / "fake.py").write_text(FAKE_SCRIPT)
+    assert run_tool("run.py", *FAKE_ARGS, cwd=tmp_path).returncode == 0  # every run done here
+    (tmp_path / "calls.txt").unlink()
+    result = submit_fake(tmp_path, "--dry-run", "--force")
+    assert "4 task(s), --array=0-3; 0 of 4 run(s) finished earlier" in result.stdout
+    task = run_task(tmp_path / SLURM_DIR / "fake.sbatch", 2, cwd=tmp_path)
+    assert "1 run(s): 1 ran ok, 0 skipped" in task.stdout, task.stdout + task.stderr
+    assert calls(tmp_path) == ["ALE/B-v5 1"]
+
+
+def test_a_tasks_run_gets_a_thread_per_cpu_slurm_gave_the_task(tmp_path, monkeypatch):
+    """Runs started here get OMP_NUM_THREADS=1, so that parallel runs do not fight over the cores; a Slurm task has
+    --cpus-per-task CPUs of its own, and its run as many threads (SLURM_CPUS_PER_TASK), else it would use one of
+    them. An OMP_NUM_THREADS the user set is passed on as it is, in a task too."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert submit_fake(tmp_path, "--dry-run", "--cpus-per-task", "3").returncode == 0
+    script, logs = tmp_path / SLURM_DIR / "fake.sbatch", tmp_path / "benchmark" / "logs" / "fake"
+    assert run_task(script, 0, cwd=tmp_path, SLURM_CPUS_PER_TASK="3").returncode == 0
+    assert run_task(script, 1, cwd=tmp_path, SLURM_CPUS_PER_TASK="3", OMP_NUM_THREADS="2").returncode == 0
+    assert "OMP_NUM_THREADS=3" in (logs / "A-v1__seed1.log").read_text()
+    assert "OMP_NUM_THREADS=2" in (logs / "A-v1__seed2.log").read_text()
 
 
 def test_job_names_and_output_paths_are_quoted_for_sbatch(tmp_path):
