@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 
 from benchmark import report
-from conftest import (FAKE_SCRIPT, REPO, assert_quick_runs_finished, calls, expect_error_line, read_scalars, run_tool,
-                      table_rows)
+from benchmark import run as runner
+from conftest import (FAKE_SCRIPT, REPO, assert_quick_runs_finished, calls, expect_error_line, expect_usage_error,
+                      read_scalars, run_tool, table_rows)
 
 SEED_DOCUMENT = REPO.parent / "shared" / "seeds" / "000_858a261d7ff62938.txt"
 
@@ -138,6 +139,31 @@ def test_runner_starts_runs_in_workdir(tmp_path):
                       "--workdir", "work", "--log-dir", "logs", cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     assert calls(tmp_path / "work") == ["A-v1 1", "B-v1 1"]
+
+
+def test_runner_keeps_workers_runs_going_at_a_time(tmp_path, monkeypatch):
+    """--workers 3 starts three runs at once and a new one as each ends, never a fourth beside them: runs share
+    the machine's cores (one thread each), and a runner that ignored the cap would overload them, or, run one at
+    a time, take three times as long. Counted by the runner's own start and finish of each real run."""
+    (tmp_path / "fake.py").write_text(FAKE_SCRIPT)
+    monkeypatch.chdir(tmp_path)
+    runs = runner.plan_runs("python fake.py", ["A-v1"], [1, 2, 3, 4, 5], tmp_path / "logs")
+    start, finish = runner.start, runner.finish
+    running = []  # how many runs were going after each start
+
+    def counted_start(run, workdir):
+        running.append((running[-1] if running else 0) + 1)
+        return start(run, workdir)
+
+    def counted_finish(*arguments):
+        running.append(running[-1] - 1)
+        return finish(*arguments)
+
+    monkeypatch.setattr(runner, "start", counted_start)
+    monkeypatch.setattr(runner, "finish", counted_finish)
+    assert runner.run_all(runs, workers=3, workdir=tmp_path) == {"ok": 5, "skipped": 0, "failed": 0}
+    assert running[:3] == [1, 2, 3] and max(running) == 3 and running[-1] == 0
+    assert calls(tmp_path) == [f"A-v1 {seed}" for seed in range(1, 6)]
 
 
 @pytest.mark.parametrize("command, fragment", [
@@ -262,8 +288,10 @@ def test_published_table_above_is_the_whole_source_document():
 
 
 def write_run(runs_dir: Path, env_id: str, exp_name: str, seed: int, started: int, total_timesteps: int,
-              episodes: list[tuple[int, float]], last_step: int | None = None, batch_size: int = 100) -> Path:
-    """A run directory as the scripts write it: hyperparameters text, episodic returns, SPS per batch."""
+              episodes: list[tuple[int, float]], last_step: int | None = None, batch_size: int = 100,
+              seconds_per_step: float = 0.001) -> Path:
+    """A run directory as the scripts write it: hyperparameters text, episodic returns, SPS per batch; each
+    point is logged `seconds_per_step` per step after the run began."""
     from torch.utils.tensorboard import SummaryWriter
 
     run_dir = runs_dir / f"{env_id}__{exp_name}__{seed}__{started}"
@@ -273,12 +301,56 @@ def write_run(runs_dir: Path, env_id: str, exp_name: str, seed: int, started: in
     writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in params.items()))
     now = time.time()
     for step, value in episodes:
-        writer.add_scalar("charts/episodic_return", value, step, walltime=now + step / 1000)
+        writer.add_scalar("charts/episodic_return", value, step, walltime=now + step * seconds_per_step)
     last_step = total_timesteps if last_step is None else last_step
     for step in range(batch_size, last_step + 1, batch_size):
-        writer.add_scalar("charts/SPS", step // 10, step, walltime=now + step / 1000)
+        writer.add_scalar("charts/SPS", step // 10, step, walltime=now + step * seconds_per_step)
     writer.close()
     return run_dir
+
+
+FINAL_RETURN = "final return, mean ± std over seeds (last 10% of steps)"  # the header of the table's result column
+
+# Published numbers for the variant `demo`, whose two columns' bands differ from each other and from the spread of
+# the runs the tests write.
+BAND_BASELINES = """
+[variants.demo]
+ours_label = "ours"
+reference_label = "theirs"
+[[variants.demo.envs]]
+env_id = "CartPole-v1"
+ours = { mean = 100.0, std = 10.0 }
+reference = { mean = 80.0, std = 1.0 }
+"""
+
+
+def runs_used(page: str) -> list[dict[str, str]]:
+    """The rows of a variant page's "Runs used" table, one per run."""
+    return table_rows(page.split("## Runs used")[1], "env")
+
+
+def record_saved_figures(monkeypatch) -> dict[str, dict]:
+    """From now on, what each figure holds when it is saved, by `<variant>/<file name>`: its title, x label, lines
+    ({label: (x, y, line style)}) and shaded bands ({label: the (x, y) points of their outlines})."""
+    import matplotlib.figure
+
+    figures, savefig = {}, matplotlib.figure.Figure.savefig
+
+    def outline(band) -> np.ndarray:
+        return np.concatenate([path.vertices for path in band.get_paths()] or [np.empty((0, 2))])
+
+    def record_then_save(figure, path, *rest, **options):
+        (axes,) = figure.axes
+        figures[f"{Path(path).parent.name}/{Path(path).name}"] = {
+            "title": axes.get_title(), "xlabel": axes.get_xlabel(),
+            "lines": {line.get_label(): (np.asarray(line.get_xdata(), dtype=float),
+                                         np.asarray(line.get_ydata(), dtype=float), line.get_linestyle())
+                      for line in axes.get_lines()},
+            "bands": {band.get_label(): outline(band) for band in axes.collections}}
+        return savefig(figure, path, *rest, **options)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", record_then_save)
+    return figures
 
 
 def test_report_uses_the_newest_complete_run_per_seed(tmp_path):
@@ -308,7 +380,7 @@ def test_report_uses_the_newest_complete_run_per_seed(tmp_path):
     (row,) = table_rows(page, "env")
     assert row["env"] == "Acrobot-v1"
     assert row["seeds"] == "2" and row["steps per run"] == "1,000"
-    assert row["final return, mean ± std over seeds (last 10% of steps)"] == "-97.50 ± 12.50"
+    assert row[FINAL_RETURN] == "-97.50 ± 12.50"
     assert row["mean SPS"] == "100"
     assert row["baseline: ppo.py (source document)"] == "-89.93 ± 6.34"
     assert row["openai/baselines' PPO (Huang et al. 2022)"] == "-81.82 ± 5.58"
@@ -333,32 +405,25 @@ def test_report_uses_the_newest_complete_run_per_seed(tmp_path):
 
 
 def test_report_leaves_out_a_seed_without_episodes_and_says_so(tmp_path, monkeypatch):
-    import matplotlib.axes
-
     runs = tmp_path / "runs"
     write_run(runs, "CartPole-v1", "ppo", 1, 100, 1000, [(950, 40.0), (1000, 60.0)])
     write_run(runs, "CartPole-v1", "ppo", 2, 100, 1000, [])  # no episode ended in the whole run
     write_run(runs, "Acrobot-v1", "ppo", 1, 100, 1000, [])
     out = tmp_path / "results"
-    curve_labels, plot = [], matplotlib.axes.Axes.plot
-
-    def plot_and_note_the_label(axes, *data, **style):
-        curve_labels.append(style.get("label"))
-        return plot(axes, *data, **style)
-
-    monkeypatch.setattr(matplotlib.axes.Axes, "plot", plot_and_note_the_label)
+    figures = record_saved_figures(monkeypatch)
     rows = {row.env_id: row for row in report.build_report(runs, out)["ppo"]}
     # The plots' legends count the seeds the mean curve averages: those in which an episode ended.
-    assert curve_labels.count("ppo, mean of 1 seed(s) (1 without an episode left out)") == 2  # step, time
-    assert curve_labels.count("ppo, mean of 0 seed(s) (1 without an episode left out)") == 2
+    for env_id, seeds in (("CartPole-v1", 1), ("Acrobot-v1", 0)):
+        for suffix in ("", "-time"):
+            label = f"ppo, mean of {seeds} seed(s) (1 without an episode left out)"
+            assert label in figures[f"ppo/{env_id}{suffix}.png"]["lines"]
     assert rows["CartPole-v1"].values.tolist() == [50.0] and rows["CartPole-v1"].seeds_without_episodes == [2]
     assert rows["Acrobot-v1"].status == "no data"
 
     page = (out / "ppo.md").read_text()
     table = {row["env"]: row for row in table_rows(page, "env")}
-    band = "final return, mean ± std over seeds (last 10% of steps)"
-    assert table["CartPole-v1"][band] == "50.00 ± 0.00†" and table["CartPole-v1"]["seeds"] == "2"
-    assert table["Acrobot-v1"][band] == "n/a†"
+    assert table["CartPole-v1"][FINAL_RETURN] == "50.00 ± 0.00†" and table["CartPole-v1"]["seeds"] == "2"
+    assert table["Acrobot-v1"][FINAL_RETURN] == "n/a†"
     assert "nan" not in page
     assert "† leave out a run in which no episode ended" in page
     assert (out / "ppo" / "CartPole-v1.png").is_file() and (out / "ppo" / "Acrobot-v1.png").is_file()
@@ -395,6 +460,126 @@ def test_progress_table_averages_each_tenth_of_the_steps_per_seed_then_over_seed
     assert progress_rows[0] == {"steps": "0-100", "mean return": "4.00", "episodes": "3"}
     assert progress_rows[1]["mean return"] == "n/a"
     assert progress_rows[9]["steps"] == "900-1k"
+
+
+def test_a_run_without_an_episode_in_its_last_tenth_counts_its_last_episode(tmp_path):
+    """With no episode ended in a run's last 10% of steps (long episodes, a short budget), its final return is its
+    last episode's, marked *: not its first, nor the mean of the whole run, which would show where the run began
+    rather than where it got to. The other seed's episode in its last 10% counts as usual."""
+    runs = tmp_path / "runs"
+    write_run(runs, "CartPole-v1", "demo", 1, 100, 1000, [(200, 10.0), (500, 50.0), (800, 20.0)])
+    write_run(runs, "CartPole-v1", "demo", 2, 100, 1000, [(300, 5.0), (950, 40.0)])
+    out = tmp_path / "results"
+    (row,) = report.build_report(runs, out, baselines_path=Path("/dev/null"))["demo"]
+    assert row.finals == [(20.0, 1, True), (40.0, 1, False)]
+    page = (out / "demo.md").read_text()
+    assert table_rows(page, "env")[0][FINAL_RETURN] == "30.00 ± 10.00*"
+    assert "Values marked * include a run in which no episode ended in that window: its last episode counts" in page
+    assert [(run["seed"], run["final return"], run["episodes averaged"]) for run in runs_used(page)] == [
+        ("1", "20.00", "1"), ("2", "40.00", "1")]
+
+
+def test_status_places_the_mean_in_the_published_band_not_the_measured_spread(tmp_path, capsys):
+    """A row's status is where its mean falls in the band mean ± std of the baseline's own column ("ours": 100 ± 10),
+    as the page says: the measured std (1 here) would make 92 read below, the comparison column's band (80 ± 1)
+    above."""
+    (tmp_path / "band.toml").write_text(BAND_BASELINES)
+    for seed, value in ((1, 91.0), (2, 93.0)):
+        write_run(tmp_path / "runs", "CartPole-v1", "demo", seed, 100, 1000, [(1000, value)])
+    assert report.main(["--runs-dir", str(tmp_path / "runs"), "--out-dir", str(tmp_path / "out"),
+                        "--baselines", str(tmp_path / "band.toml")]) == 0
+    (row,) = table_rows((tmp_path / "out" / "demo.md").read_text(), "env")
+    assert [row[column] for column in (FINAL_RETURN, "baseline: ours", "theirs", "status")] == [
+        "92.00 ± 1.00", "100.00 ± 10.00", "80.00 ± 1.00", "within"]
+    assert re.search(r"^  CartPole-v1 +92\.00 ± 1\.00  2 seed\(s\)  within$", capsys.readouterr().out, re.MULTILINE)
+
+
+@pytest.mark.parametrize("total_timesteps, batch_size, last_step, complete", [
+    (500_000, 512, 499_712, True),  # ppo.py's 500k budget in batches of 512: 976 whole batches, 288 steps short
+    (1000, 100, 900, True),         # one batch short, a batch being more than 1% of the budget
+    (1000, 100, 899, False),
+    (100_000, 100, 99_000, True),   # 1% of the budget short, that being more than a batch
+    (100_000, 100, 98_999, False),
+])
+def test_a_run_is_complete_within_one_batch_or_one_percent_of_its_budget(tmp_path, total_timesteps, batch_size,
+                                                                         last_step, complete):
+    """A run logs at the end of each batch, so one whose budget is not a whole number of batches stops short of it,
+    and would otherwise never count as complete: every 500k-step ppo.py run would be left out of the report."""
+    run_dir = write_run(tmp_path, "CartPole-v1", "demo", 1, 100, total_timesteps, [(last_step, 1.0)],
+                        last_step=last_step, batch_size=batch_size)
+    run = report.load_run(run_dir, tmp_path)
+    assert (run.total_timesteps, run.batch_size, run.last_step) == (total_timesteps, batch_size, last_step)
+    assert run.complete is complete
+
+
+def test_wall_time_is_each_runs_span_of_events_averaged_over_seeds(tmp_path):
+    """The wall time per run is the time from a run's first event to its last, in seconds below two minutes,
+    minutes below two hours, hours above: per run in the runs' table, their mean over seeds in the result table."""
+    runs = tmp_path / "runs"
+    write_run(runs, "CartPole-v1", "demo", 1, 100, 1000, [(1000, 1.0)], seconds_per_step=0.06)  # 60 s
+    write_run(runs, "CartPole-v1", "demo", 2, 100, 1000, [(1000, 1.0)], seconds_per_step=0.15)  # 150 s
+    write_run(runs, "Acrobot-v1", "demo", 1, 100, 1000, [(1000, 1.0)], seconds_per_step=9.0)  # 9000 s
+    out = tmp_path / "results"
+    report.build_report(runs, out, baselines_path=Path("/dev/null"))
+    page = (out / "demo.md").read_text()
+    assert {row["env"]: row["wall time per run"] for row in table_rows(page, "env")} == {
+        "CartPole-v1": "105.0 s", "Acrobot-v1": "2.50 h"}
+    assert [(row["env"], row["seed"], row["wall time"]) for row in runs_used(page)] == [
+        ("Acrobot-v1", "1", "2.50 h"), ("CartPole-v1", "1", "60.0 s"), ("CartPole-v1", "2", "2.5 min")]
+
+
+def test_plots_show_the_mean_over_seeds_their_range_and_the_published_means(tmp_path, monkeypatch):
+    """Each env's two plots, return against global step and against wall time (in minutes beyond 3 minutes), draw
+    the mean of the seeds' smoothed returns, shade their min–max range, and draw a line at each published mean
+    with its column's label; an env without published numbers gets no such line. The seeds always return 10, 20
+    and 60 (mean 30, median 20), from step 100 (a tenth of the run, 0.5 of its 5 minutes) on."""
+    (tmp_path / "band.toml").write_text(BAND_BASELINES)
+    runs = tmp_path / "runs"
+    for seed, value in ((1, 10.0), (2, 20.0), (3, 60.0)):
+        write_run(runs, "CartPole-v1", "demo", seed, 100, 1000, [(step, value) for step in range(100, 1001, 100)],
+                  seconds_per_step=0.3)
+    write_run(runs, "Acrobot-v1", "demo", 1, 100, 1000, [(1000, -90.0)])
+    figures = record_saved_figures(monkeypatch)
+    report.build_report(runs, tmp_path / "out", baselines_path=tmp_path / "band.toml")
+    assert sorted(figures) == ["demo/Acrobot-v1-time.png", "demo/Acrobot-v1.png", "demo/CartPole-v1-time.png",
+                               "demo/CartPole-v1.png"]
+    for suffix, xlabel, x_end in (("", "global step", 1000.0), ("-time", "wall time (minutes)", 5.0)):
+        figure = figures[f"demo/CartPole-v1{suffix}.png"]
+        assert (figure["title"], figure["xlabel"]) == ("demo on CartPole-v1", xlabel)
+        assert list(figure["lines"]) == ["demo, mean of 3 seed(s)", "ours: 100.00", "theirs: 80.00"]
+        x, y, _ = figure["lines"]["demo, mean of 3 seed(s)"]
+        assert len(x) == report.CURVE_POINTS and x[0] == 0 and x[-1] == pytest.approx(x_end, rel=1e-3)
+        started = x > x_end / 10
+        # The last point may lie past the end of a seed's clock, a few milliseconds shorter than another's.
+        assert np.isnan(y[~started]).all() and (y[started][:-1] == 30.0).all()
+        band = figure["bands"]["min–max over seeds"]
+        assert set(band[band[:, 0] < x[-1], 1]) == {10.0, 60.0}
+        published = [figure["lines"][label] for label in ("ours: 100.00", "theirs: 80.00")]
+        assert [(level.tolist(), style) for _, level, style in published] == [([100.0] * 2, "--"), ([80.0] * 2, ":")]
+    assert list(figures["demo/Acrobot-v1.png"]["lines"]) == ["demo, mean of 1 seed(s)"]  # no published numbers
+    assert figures["demo/Acrobot-v1-time.png"]["xlabel"] == "wall time (seconds)"
+
+
+def test_variants_reports_only_those_and_each_page_lists_only_its_own_left_out_runs(tmp_path, capsys):
+    """--variants writes the pages of the variants named, and no other (a report of one family must not rewrite
+    another's page from older runs); a page's "Runs left out" lists that variant's runs only, and a page without
+    such a run has no such list."""
+    runs = tmp_path / "runs"
+    for variant in ("demo", "other", "third"):
+        write_run(runs, "CartPole-v1", variant, 1, 100, 1000, [(1000, 50.0)])
+    for variant in ("demo", "third"):
+        write_run(runs, "CartPole-v1", variant, 2, 100, 1000, [(500, 5.0)], last_step=500)
+    out = tmp_path / "out"
+    arguments = ["--runs-dir", str(runs), "--out-dir", str(out), "--baselines", "/dev/null"]
+    assert report.main([*arguments, "--variants", "demo", "other"]) == 0
+    assert sorted(path.name for path in out.iterdir()) == ["demo", "demo.md", "index.md", "other", "other.md"]
+    pages = re.findall(r"^\S+\.md$", capsys.readouterr().out, re.MULTILINE)
+    assert pages == [str(out / "demo.md"), str(out / "other.md")]
+    left_out = (out / "demo.md").read_text().split("Runs left out:")[1].split("##")[0]
+    assert re.findall(r"`([^`]+)`", left_out) == ["CartPole-v1__demo__2__100"]
+    assert "Runs left out" not in (out / "other.md").read_text()
+    expect_usage_error(capsys, lambda: report.main([*arguments, "--variants", "nope"]), "report.py",
+                       "no complete runs of nope under")
 
 
 @pytest.mark.parametrize("value, expected", [
@@ -550,8 +735,7 @@ def test_quick_report_numbers_match_the_tensorboard_logs(quick_dir):
             sps.append(scalars["charts/SPS"][-1][1])
         assert len(finals) == 2
         row = rows[env_id]
-        assert row["final return, mean ± std over seeds (last 10% of steps)"] == \
-            f"{np.mean(finals):.2f} ± {np.std(finals):.2f}"
+        assert row[FINAL_RETURN] == f"{np.mean(finals):.2f} ± {np.std(finals):.2f}"
         assert row["seeds"] == "2" and row["steps per run"] == "2,048"
         assert row["mean SPS"] == f"{np.mean(sps):,.0f}"
         assert row["baseline: ppo.py (source document)"] == published
