@@ -519,12 +519,21 @@ class Agent(nn.Module):
         num_envs = lstm_state[0].shape[1]
         hidden = hidden.reshape(-1, num_envs, self.lstm.input_size)
         done = done.reshape(-1, num_envs)
+        num_steps = hidden.shape[0]
+        # [Speed: the LSTM over whole stretches] Between two steps at which some environment begins an
+        # episode, the LSTM runs over the whole stretch in one call: the result of one call per step (to
+        # float rounding), but in the update a minibatch's 128 steps take a few calls, forward and
+        # backward, instead of 128 small ones each way. (The rollout's sequences are one step long:
+        # there is nothing to look up, so nothing is read from the device.)
+        starts = (done[1:].any(dim=1).nonzero().flatten() + 1).tolist() if num_steps > 1 else []
+        bounds = [0, *starts, num_steps]
         outputs = []
-        for step_hidden, step_done in zip(hidden, done):
+        for begin, end in zip(bounds[:-1], bounds[1:]):
             # [LSTM 3: Reset LSTM states at the end of the episode] the state is multiplied by
-            # 1 - done at every step, so an episode that begins within the sequence starts from zeros.
-            keep = (1.0 - step_done).view(1, -1, 1)
-            output, lstm_state = self.lstm(step_hidden.unsqueeze(0), (keep * lstm_state[0], keep * lstm_state[1]))
+            # 1 - done where an episode begins, so an episode that begins within the sequence starts
+            # from zeros; no episode begins between `begin` and `end`.
+            keep = (1.0 - done[begin]).view(1, -1, 1)
+            output, lstm_state = self.lstm(hidden[begin:end], (keep * lstm_state[0], keep * lstm_state[1]))
             outputs.append(output)
         return torch.cat(outputs).flatten(0, 1), lstm_state
 
@@ -835,7 +844,8 @@ def main(args: Args) -> dict:
     # [Speed: torch.compile] the policy step and the minibatch loss compiled into fused kernels, so a GPU
     # runs a few large kernels instead of waiting for Python to launch many small ones. torch.compile
     # leaves the nn.LSTM out (its default): the convolutions, heads and loss are compiled, and the
-    # rest of get_states (the done masks and the LSTM's steps) runs as plain PyTorch between them.
+    # rest of get_states (finding the episode starts, the done masks, the LSTM's calls) runs as plain
+    # PyTorch between them.
     # docs/ppo_atari_lstm.md says why it stays so.
     policy_step, loss_on_minibatch = agent.get_action_and_value, minibatch_loss
     if args.compile or args.cudagraphs:
