@@ -87,6 +87,18 @@ class RunData:
         tolerance = max(self.batch_size or 0, COMPLETE_MIN_TOLERANCE * self.total_timesteps)
         return self.last_step >= self.total_timesteps - tolerance
 
+    @property
+    def steps_run(self) -> int:
+        """The steps this run covers: its budget when it reached it, else the last step it logged
+        (a run used with --include-incomplete)."""
+        return self.total_timesteps if self.complete and self.total_timesteps is not None else self.last_step
+
+    def steps_label(self) -> str:
+        """Its steps for a table: the budget, or `<reached> of <budget>` for an incomplete run."""
+        if self.complete:
+            return f"{self.total_timesteps:,}" if self.total_timesteps is not None else "?"
+        return f"{self.last_step:,} of {self.total_timesteps:,}"
+
     def final_return(self) -> tuple[float, int, bool]:
         """(final return, number of episodes it averages, whether it fell back to the last episode)."""
         if len(self.return_values) == 0:
@@ -310,6 +322,13 @@ def format_steps(steps: set[int | None]) -> str:
     return ", ".join(f"{step:,}" if step is not None else "?" for step in sorted(steps, key=lambda s: s or 0))
 
 
+def format_run_steps(runs: list[RunData]) -> str:
+    """The steps of a row's runs, each different one once, fewest first: `1,000` when all reached the
+    same budget, `3,989,504 of 10,000,000` for a run that stopped before its budget."""
+    labels = [run.steps_label() for run in sorted(runs, key=lambda run: (run.steps_run, run.complete))]
+    return ", ".join(dict.fromkeys(labels))
+
+
 def format_step_count(steps: float) -> str:
     """A step count, short, for a table: 0, 40k, 1M, 2.5M."""
     if steps >= 1e6:
@@ -321,10 +340,10 @@ def format_step_count(steps: float) -> str:
 
 def progress(row: EnvSummary, spans: int = PROGRESS_SPANS) -> list[tuple[float, float, float, int]]:
     """(first step, last step, mean return, episodes) for each of `spans` equal spans of the runs'
-    budget (total_timesteps, else the last step logged): per seed, the mean return of the episodes
+    steps (the budget, or the last step logged of a run that stopped before it): per seed, the mean return of the episodes
     that ended in the span, averaged over the seeds that have one (NaN where none has), and the
     number of those episodes summed over the seeds."""
-    edges = np.linspace(0.0, max(run.total_timesteps or run.last_step for run in row.runs), spans + 1)
+    edges = np.linspace(0.0, max(run.steps_run for run in row.runs), spans + 1)
     per_seed_means = [[] for _ in range(spans)]
     episodes = [0] * spans
     for run in row.runs:
@@ -375,7 +394,7 @@ def variant_markdown(variant: str, rows: list[EnvSummary], baselines: dict, runs
                      if row.baseline else "n/a")
         lines.append(
             f"| {row.env_id} | {format_band(row.mean, row.std)}{fallback} | {len(row.runs)} "
-            f"| {format_steps({run.total_timesteps for run in row.runs})} "
+            f"| {format_run_steps(row.runs)} "
             f"| {f'{np.mean(sps):,.0f}' if sps else 'n/a'} "
             f"| {format_duration(float(np.mean([run.wall_seconds for run in row.runs])))} "
             f"| {ours} | {reference} | {row.status} |")

@@ -462,6 +462,29 @@ def test_progress_table_averages_each_tenth_of_the_steps_per_seed_then_over_seed
     assert progress_rows[9]["steps"] == "900-1k"
 
 
+def test_include_incomplete_reports_how_far_each_run_got(tmp_path):
+    """A run stopped before its budget (Ctrl-C at 40% of 1,000 steps) is used only with --include-incomplete,
+    and then the table says how far it got and the progress spans the steps it ran, not its whole budget
+    (which would leave six of the ten spans empty). A complete seed beside it keeps its budget."""
+    runs = tmp_path / "runs"
+    write_run(runs, "CartPole-v1", "demo", 1, 100, 1000, [(50, 1.0), (150, 2.0), (390, 3.0)], last_step=400)
+    out = tmp_path / "results"
+    assert report.build_report(runs, out) == {}  # no complete run: nothing to report without the flag
+    (row,) = report.build_report(runs, out, include_incomplete=True)["demo"]
+    assert row.finals == [(3.0, 1, False)]  # the last 10% of the 400 steps it ran: (360, 400]
+    spans = report.progress(row)
+    assert [(first, last) for first, last, _, _ in spans[:2]] == [(0, 40), (40, 80)] and spans[9][1] == 400
+    assert [mean for _, _, mean, _ in spans if not math.isnan(mean)] == [1.0, 2.0, 3.0]
+    (table_row,) = table_rows((out / "demo.md").read_text(), "env")
+    assert table_row["steps per run"] == "400 of 1,000"
+
+    write_run(runs, "CartPole-v1", "demo", 2, 100, 1000, [(950, 5.0), (1000, 7.0)])
+    (row,) = report.build_report(runs, out, include_incomplete=True)["demo"]
+    assert report.progress(row)[9][:2] == (900, 1000)  # the longest run's steps: seed 2's whole budget
+    (table_row,) = table_rows((out / "demo.md").read_text(), "env")
+    assert table_row["steps per run"] == "400 of 1,000, 1,000"
+
+
 def test_a_run_without_an_episode_in_its_last_tenth_counts_its_last_episode(tmp_path):
     """With no episode ended in a run's last 10% of steps (long episodes, a short budget), its final return is its
     last episode's, marked *: not its first, nor the mean of the whole run, which would show where the run began
