@@ -340,9 +340,9 @@ def format_step_count(steps: float) -> str:
 
 def progress(row: EnvSummary, spans: int = PROGRESS_SPANS) -> list[tuple[float, float, float, int]]:
     """(first step, last step, mean return, episodes) for each of `spans` equal spans of the runs'
-    steps (the budget, or the last step logged of a run that stopped before it): per seed, the mean return of the episodes
-    that ended in the span, averaged over the seeds that have one (NaN where none has), and the
-    number of those episodes summed over the seeds."""
+    steps (the budget, or the last step logged of a run that stopped before it): per seed, the mean
+    return of the episodes that ended in the span, averaged over the seeds that have one (NaN where
+    none has), and the number of those episodes summed over the seeds."""
     edges = np.linspace(0.0, max(run.steps_run for run in row.runs), spans + 1)
     per_seed_means = [[] for _ in range(spans)]
     episodes = [0] * spans
