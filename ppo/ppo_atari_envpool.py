@@ -10,29 +10,24 @@ the whole Atari preprocessing, so the Python side is one call per step. The agen
 settings are ppo_atari.py's. What changes is how episodes end: envpool resets a finished environment
 on the *next* step, which it spends on the reset and whose action it ignores; those steps are kept
 out of training. The 13 core details are marked `[Core N: ...]`, the 9 Atari details `[Atari N: ...]`;
-docs/ppo_atari_envpool.md lists them all. Works with envpool 1.0.x and 1.2.x.
+docs/ppo_atari_envpool.md lists them all. Works with envpool 1.0.x and 1.2.x. What a run needs beyond
+PPO (the command line, checkpoints, logs, Ctrl-C) is in ppo/harness.py, whose calls read `harness.`...:
+take that file along when you copy this one.
 """
 
 import contextlib
 import io
-import os
-import random
-import signal
-import sys
-import time
-import warnings
 from collections import deque
-from dataclasses import asdict, dataclass, fields, replace
-from typing import NoReturn
+from dataclasses import dataclass
 
 import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn as nn
 import torch.optim as optim
-import tyro
 from torch.distributions.categorical import Categorical
-from torch.utils.tensorboard import SummaryWriter
+
+import harness  # the run machinery, beside this file
 
 try:
     # envpool 1.0 imports the retired `gym` package where it is installed (Procgen's extra brings it),
@@ -43,10 +38,6 @@ except ImportError:  # reported with the command that installs it when an enviro
     envpool = None
 
 VARIANT = "ppo_atari_envpool"  # written into checkpoints, so another variant's checkpoint is refused
-
-# Procgen's gym3 holds imageio-ffmpeg below 0.4, which warns when the first video is written that
-# pkg_resources is deprecated: noise about a library this script never calls itself.
-warnings.filterwarnings("ignore", message="pkg_resources is deprecated", category=UserWarning)
 
 
 @dataclass
@@ -112,6 +103,8 @@ class Args:
     """if toggled, normalize advantages within each minibatch"""
     clip_coef: float = 0.1
     """the surrogate clipping coefficient"""
+    anneal_clip: bool = False
+    """if toggled, anneal the clipping coefficient linearly to zero, as the PPO paper does for Atari"""
     clip_vloss: bool = True
     """if toggled, clip the value loss as the original PPO code does"""
     ent_coef: float = 0.01
@@ -124,107 +117,6 @@ class Args:
     """if set, stop the update epochs early once the approximate KL exceeds it"""
 
 
-# Settings that may differ between a run and its resumption; every other field must stay the same.
-RUNTIME_FIELDS = {"cuda", "track", "wandb_project_name", "wandb_entity", "capture_video", "save_model",
-                  "save_interval", "resume", "evaluate", "eval_episodes", "async_envs", "compile", "cudagraphs"}
-# The training setting an evaluation also reads and may change: the seed of its games.
-EVALUATION_FIELDS = {"seed"}
-
-
-def fail(message: str) -> NoReturn:
-    """Stop with one line saying what to do and exit code 2: for wrong input, never for bugs."""
-    print(f"{VARIANT}.py: error: {message}", file=sys.stderr)
-    raise SystemExit(2)
-
-
-def load_checkpoint(path: str) -> dict:
-    """Read a checkpoint written by this script; refuse anything else with a clear message."""
-    if not os.path.isfile(path):
-        fail(f"no checkpoint at {path!r}")
-    try:
-        # weights_only=False: the checkpoint holds NumPy and Python RNG states, not only tensors.
-        # Only load checkpoints you wrote yourself.
-        checkpoint = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as error:  # torch raises many kinds of errors for a file it cannot read
-        fail(f"cannot read checkpoint {path!r}: {error}")
-    if not isinstance(checkpoint, dict) or "variant" not in checkpoint:
-        fail(f"{path!r} is not a checkpoint of this collection")
-    if checkpoint["variant"] != VARIANT:
-        fail(f"{path!r} was written by {checkpoint['variant']}.py: use ppo/{checkpoint['variant']}.py for it")
-    return checkpoint
-
-
-def parse_args(argv: list[str] | None = None) -> Args:
-    """Read the command line. With --resume or --evaluate the checkpoint's settings are the defaults,
-    so `--resume PATH` alone continues the run. A resumed run refuses a training flag that contradicts
-    the checkpoint. An evaluation needs the same environment, may change the EVALUATION_FIELDS, and
-    refuses every other training flag."""
-    args = tyro.cli(Args, args=argv)
-    if args.resume and args.evaluate:
-        fail("--resume goes on training a saved run and --evaluate plays a saved agent: give one of them")
-    checkpoint_path = args.resume or args.evaluate
-    if checkpoint_path is None:
-        return args
-    saved = replace(Args(**load_checkpoint(checkpoint_path)["args"]), resume=None, evaluate=None)
-    if args.evaluate:  # an evaluation starts from the default run-time options, not the training run's
-        saved = replace(saved, **{name: getattr(Args(), name) for name in RUNTIME_FIELDS})
-    args = tyro.cli(Args, args=argv, default=saved)
-    must_match = ["env_id"] if args.evaluate else [f.name for f in fields(Args) if f.name not in RUNTIME_FIELDS]
-    for name in must_match:
-        if getattr(args, name) != getattr(saved, name):
-            flag = "--" + name.replace("_", "-")
-            fail(f"the checkpoint was made with {flag} {getattr(saved, name)}, not "
-                 f"{getattr(args, name)}: drop {flag} to keep the checkpoint's value")
-    if args.evaluate:  # any other training flag would be silently ignored: say so instead
-        for name in (f.name for f in fields(Args) if f.name not in RUNTIME_FIELDS | EVALUATION_FIELDS):
-            if getattr(args, name) != getattr(saved, name):
-                flag = "--" + name.replace("_", "-")
-                fail(f"{flag} is a training setting, which --evaluate does not use: drop it")
-    return args
-
-
-def check_args(args: Args) -> None:
-    """Refuse settings that cannot make a valid run, before any environment is built: first each flag
-    on its own (one rule per numeric or choice flag), then the sizes that must fit together."""
-    rules = [  # (field, whether its value is allowed, what it must be)
-        ("env_id", args.env_id.strip() != "", "an envpool Atari id such as Breakout-v5"),
-        ("seed", 0 <= args.seed < 2**31, "a whole number from 0 to 2**31 - 1"),
-        ("save_interval", args.save_interval >= 0, "0 (save only at the end) or more"),
-        ("eval_episodes", args.eval_episodes >= 1, "at least 1"),
-        ("total_timesteps", args.total_timesteps >= 1, "at least 1"),
-        ("learning_rate", 0 < args.learning_rate < np.inf, "a finite number above 0"),
-        ("num_envs", args.num_envs >= 1, "at least 1"),
-        ("num_steps", args.num_steps >= 1, "at least 1"),
-        ("gamma", 0 <= args.gamma <= 1, "between 0 and 1"),
-        ("gae_lambda", 0 <= args.gae_lambda <= 1, "between 0 and 1"),
-        ("num_minibatches", args.num_minibatches >= 1, "at least 1"),
-        ("update_epochs", args.update_epochs >= 1, "at least 1"),
-        ("clip_coef", args.clip_coef > 0, "above 0"),
-        ("ent_coef", args.ent_coef >= 0, "0 or more"),
-        ("vf_coef", args.vf_coef >= 0, "0 or more"),
-        ("max_grad_norm", args.max_grad_norm > 0, "above 0"),
-        ("target_kl", args.target_kl is None or args.target_kl > 0, "above 0 (leave it out to never stop early)"),
-    ]
-    for name, allowed, rule in rules:
-        if not allowed:
-            default = getattr(Args(), name)
-            fail(f"--{name.replace('_', '-')} must be {rule}, got {getattr(args, name)!r}"
-                 + ("" if default is None else f": the default is {default!r}"))
-    batch_size = args.num_envs * args.num_steps
-    if batch_size % args.num_minibatches != 0:
-        fail(f"--num-envs x --num-steps = {batch_size} does not divide into --num-minibatches "
-             f"{args.num_minibatches} equal minibatches: pick sizes whose product is a multiple of it")
-    if args.norm_adv and batch_size // args.num_minibatches < 2:
-        fail(f"minibatches of {batch_size // args.num_minibatches} transition cannot be normalized (--norm-adv "
-             f"divides by their standard deviation): use fewer --num-minibatches or a larger batch")
-    if args.total_timesteps < batch_size:
-        fail(f"--total-timesteps {args.total_timesteps} is smaller than one batch "
-             f"(--num-envs x --num-steps = {batch_size}): raise it or shrink the batch")
-    if args.async_envs and args.num_envs % 2 != 0:
-        fail(f"--async-envs splits the games into two equal envpools, so --num-envs must be even, "
-             f"not {args.num_envs}")
-
-
 # ---------------------------------------------------------------------------------------------------
 # Environments: envpool does the Atari preprocessing
 # ---------------------------------------------------------------------------------------------------
@@ -233,17 +125,17 @@ def check_args(args: Args) -> None:
 def check_env_id(env_id: str) -> None:
     """Refuse, with the script to use instead, an id that is not one of envpool's Atari games."""
     if envpool is None:
-        fail("ppo_atari_envpool.py needs envpool: pip install -e '.[envpool]'")
+        harness.fail(VARIANT, f"{VARIANT}.py needs envpool: pip install -e '.[envpool]'")
     if env_id not in envpool.list_all_envs():
         hint = ""
         if env_id.endswith("NoFrameskip-v4") or env_id.startswith("ALE/"):
             game = env_id.removeprefix("ALE/").removesuffix("NoFrameskip-v4").removesuffix("-v5")
             hint = f" (envpool names the game {game}-v5; ale-py ids such as {env_id} need ppo/ppo_atari.py)"
-        fail(f"unknown env id {env_id!r}{hint}: envpool's Atari games are named like Breakout-v5")
+        harness.fail(VARIANT, f"unknown env id {env_id!r}{hint}: envpool's Atari games are named like Breakout-v5")
     kind = type(envpool.make_spec(env_id)).__name__
     if kind != "AtariEnvSpec":
-        fail(f"{env_id} is not an Atari game ({kind}): ppo_atari_envpool.py trains on Atari frames only; use "
-             "ppo/ppo.py for vector observations and ppo/ppo_continuous_action.py for Box actions")
+        harness.fail(VARIANT, f"{env_id} is not an Atari game ({kind}): {VARIANT}.py trains on Atari frames only; "
+                              "use ppo/ppo.py for vector observations and ppo/ppo_continuous_action.py for Box actions")
 
 
 def make_envs(env_id: str, num_envs: int, seed: int = 0, capture_video: bool = False):
@@ -278,9 +170,8 @@ def make_envs(env_id: str, num_envs: int, seed: int = 0, capture_video: bool = F
     )
     # envpool's action_space is one game's (a gymnasium vector env's would be the batch's).
     if not isinstance(envs.action_space, gym.spaces.Discrete):
-        kind = type(envs.action_space).__name__
-        fail(f"{env_id} has a {kind} action space but ppo_atari_envpool.py needs Discrete actions: "
-             f"use ppo/ppo_continuous_action.py for Box actions")
+        harness.fail(VARIANT, f"{env_id} has a {type(envs.action_space).__name__} action space but "
+                              f"{VARIANT}.py needs Discrete actions: use ppo/ppo_continuous_action.py for Box actions")
     return envs
 
 
@@ -392,8 +283,9 @@ def compute_gae(rewards: np.ndarray, values: np.ndarray, dones: np.ndarray, next
 
 def ppo_loss(new_logprob: torch.Tensor, entropy: torch.Tensor, new_value: torch.Tensor,
              old_logprob: torch.Tensor, old_value: torch.Tensor, advantages: torch.Tensor,
-             returns: torch.Tensor, args: Args) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """The PPO objective on one minibatch; returns the loss to minimize and detached statistics."""
+             returns: torch.Tensor, clip_coef: float, args: Args) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The PPO objective on one minibatch, with the clipping coefficient of this update; returns the
+    loss to minimize and detached statistics."""
     logratio = new_logprob - old_logprob
     ratio = logratio.exp()
 
@@ -405,14 +297,14 @@ def ppo_loss(new_logprob: torch.Tensor, entropy: torch.Tensor, new_value: torch.
 
     # [Core 8: Clipped surrogate objective] pessimistic bound: the larger of the two losses.
     pg_loss_unclipped = -advantages * ratio
-    pg_loss_clipped = -advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
+    pg_loss_clipped = -advantages * torch.clamp(ratio, 1 - clip_coef, 1 + clip_coef)
     pg_loss = torch.max(pg_loss_unclipped, pg_loss_clipped).mean()
 
     if args.clip_vloss:
         # [Core 9: Value function loss clipping] the new value may move at most clip_coef away from
         # the value recorded during the rollout before the clipped term takes over.
         v_loss_unclipped = (new_value - returns) ** 2
-        v_clipped = old_value + torch.clamp(new_value - old_value, -args.clip_coef, args.clip_coef)
+        v_clipped = old_value + torch.clamp(new_value - old_value, -clip_coef, clip_coef)
         v_loss_clipped = (v_clipped - returns) ** 2
         v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
     else:
@@ -427,92 +319,26 @@ def ppo_loss(new_logprob: torch.Tensor, entropy: torch.Tensor, new_value: torch.
         # [Core 12: Debug variables] two estimators of KL(old || new) and how often clipping bites.
         old_approx_kl = (-logratio).mean()
         approx_kl = ((ratio - 1) - logratio).mean()
-        clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
+        clipfrac = ((ratio - 1.0).abs() > clip_coef).float().mean()
     stats = {"policy_loss": pg_loss.detach(), "value_loss": v_loss.detach(), "entropy": entropy_mean.detach(),
              "old_approx_kl": old_approx_kl, "approx_kl": approx_kl, "clipfrac": clipfrac}
     return loss, stats
 
 
 def minibatch_loss(agent: Agent, obs: torch.Tensor, actions: torch.Tensor, old_logprob: torch.Tensor,
-                   old_value: torch.Tensor, advantages: torch.Tensor, returns: torch.Tensor,
+                   old_value: torch.Tensor, advantages: torch.Tensor, returns: torch.Tensor, clip_coef: float,
                    args: Args) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """The network on one minibatch, then the PPO loss: the unit that --compile compiles."""
+    """The network on one minibatch, then the PPO loss: the unit --compile compiles."""
     _, new_logprob, entropy, new_value = agent.get_action_and_value(obs, actions)
-    return ppo_loss(new_logprob, entropy, new_value.flatten(), old_logprob, old_value, advantages, returns, args)
+    return ppo_loss(new_logprob, entropy, new_value.flatten(), old_logprob, old_value, advantages, returns,
+                    clip_coef, args)
 
 
 def explained_variance(predicted: np.ndarray, target: np.ndarray) -> float:
-    """1 - Var[target - predicted] / Var[target]: 1 is a perfect value function, 0 no better than
-    a constant, negative worse than one; nan when the targets do not vary."""
+    """[Core 12: Debug variables] 1 - Var[target - predicted] / Var[target]: 1 is a perfect value
+    function, 0 no better than a constant, negative worse than one; nan when the targets do not vary."""
     target_variance = np.var(target)
     return np.nan if target_variance == 0 else float(1 - np.var(target - predicted) / target_variance)
-
-
-# ---------------------------------------------------------------------------------------------------
-# Checkpoints, interruption and evaluation
-# ---------------------------------------------------------------------------------------------------
-
-
-def save_checkpoint(path: str, state: dict) -> None:
-    """Write atomically: a crash or a second Ctrl-C while writing leaves the previous file intact."""
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    torch.save(state, path + ".tmp")
-    os.replace(path + ".tmp", path)
-
-
-class StopOnInterrupt:
-    """The first Ctrl-C only prints `notice` and sets `requested`: training then stops after the
-    current iteration, so the run can flush its logs and save a checkpoint at a clean point. A second
-    Ctrl-C stops at once (KeyboardInterrupt)."""
-
-    def __init__(self, notice: str = "Ctrl-C: stopping after this iteration (press Ctrl-C again to quit at once)"):
-        self.requested, self.notice = False, notice
-        self.previous_handler = signal.signal(signal.SIGINT, self.handle)
-
-    def handle(self, signum, frame):
-        if self.requested:
-            raise KeyboardInterrupt
-        self.requested = True
-        print("\n" + self.notice, flush=True)
-
-    def restore(self):
-        signal.signal(signal.SIGINT, self.previous_handler)
-
-
-def evaluate(args: Args, device: torch.device) -> list[float]:
-    """Play `eval_episodes` games with the saved policy (actions sampled, as in training) and print
-    the mean and standard deviation of their scores: the sums of envpool's unclipped rewards over all
-    the lives of a game, in the same environment as training."""
-    checkpoint = load_checkpoint(args.evaluate)
-    video_folder = f"videos/{checkpoint['run_name']}-eval"
-    # Seeds unlike any training seed, so the scores come from games the agent never trained on.
-    envs = make_envs(args.env_id, 1, seed=args.seed + 100_000, capture_video=args.capture_video)
-    agent = Agent(envs.action_space.n).to(device)
-    agent.load_state_dict(checkpoint["model"])
-    agent.eval()
-    torch.manual_seed(args.seed)
-    recorder = VideoRecorder(video_folder) if args.capture_video else None
-
-    obs, _ = envs.reset()
-    game_scores, score = [], 0.0
-    while len(game_scores) < args.eval_episodes:
-        with torch.inference_mode():
-            action, _, _, _ = agent.get_action_and_value(torch.as_tensor(obs, device=device))
-        obs, _, _, truncated, info = envs.step(action.cpu().numpy())
-        score += float(info["reward"][0])
-        game_over = bool(info["terminated"][0] or truncated[0])
-        if recorder:
-            recorder.step(envs, game_over)
-        if game_over:
-            game_scores.append(score)
-            print(f"episode {len(game_scores)}: return {score:.1f} ({int(info['elapsed_step'][0])} steps)")
-            score = 0.0
-    envs.close()
-    print(f"{args.env_id}: mean return {np.mean(game_scores):.2f} +- {np.std(game_scores):.2f} "
-          f"over {len(game_scores)} episodes")
-    if args.capture_video:
-        print(f"videos in {video_folder}/")
-    return game_scores
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -520,32 +346,14 @@ def evaluate(args: Args, device: torch.device) -> list[float]:
 # ---------------------------------------------------------------------------------------------------
 
 
-def main(args: Args) -> dict:
-    """Train (or evaluate) as `args` says; returns a summary of the run for callers such as tests."""
+def main(args: Args, checkpoint: dict | None = None) -> dict:
+    """Train as `args` says, from `checkpoint` (read by parse_args) with --resume; returns a summary of
+    the run for callers such as tests."""
     check_args(args)
     batch_size = args.num_envs * args.num_steps
     num_iterations = args.total_timesteps // batch_size
-    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-    if args.cudagraphs and device.type != "cuda":
-        fail("--cudagraphs needs a CUDA device: drop it, or run on a GPU (and without --no-cuda)")
-    if args.evaluate:
-        return {"episode_returns": evaluate(args, device)}
-
-    checkpoint = load_checkpoint(args.resume) if args.resume else None
-    if checkpoint:
-        run_name = checkpoint["run_name"]
-    else:
-        run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
-    # The run's folder: its TensorBoard log and checkpoint. A resumed run goes on in the folder of the
-    # checkpoint it was given, from wherever it is started.
-    run_dir = (os.path.dirname(args.resume) or ".") if checkpoint else f"runs/{run_name}"
-    checkpoint_path = os.path.join(run_dir, "checkpoint.pt")
-
-    # Seeding. A resumed run overwrites these RNG states with the checkpoint's below.
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
-    torch.backends.cudnn.deterministic = args.torch_deterministic
+    run = harness.Run(args, VARIANT, checkpoint, num_iterations)  # its name and folder, device, seeds
+    device = run.device
 
     # envpool is seeded when it is made, and its games cannot be saved: a resumed run starts new games,
     # on seeds that depend on where it resumes so that it does not replay the games it began with.
@@ -566,37 +374,12 @@ def main(args: Args) -> dict:
     # gradients are tiny, which Adam would otherwise scale up to full size.
     # fused=True: the same Adam, in one kernel for all parameters instead of a dozen small ops each.
     optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
-
-    # [Speed: torch.compile] --compile turns the policy step and the minibatch loss (forward and
-    # backward) into a few fused kernels; [Speed: CUDA graphs] --cudagraphs also records each of them
-    # once as a CUDA graph and replays it, one launch instead of dozens, which is most of the network's
-    # time on a GPU at these batch sizes. The plain functions are the same computation.
-    policy_step, loss_on_minibatch = agent.get_action_and_value, minibatch_loss
-    if args.compile or args.cudagraphs:
-        mode = "reduce-overhead" if args.cudagraphs else "default"  # reduce-overhead = CUDA graphs
-        policy_step = torch.compile(policy_step, mode=mode)
-        loss_on_minibatch = torch.compile(loss_on_minibatch, mode=mode)
-
-    if args.track:
-        try:
-            import wandb
-        except ImportError:
-            fail("--track needs wandb: pip install wandb")
-        try:
-            wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
-                       config=asdict(args), name=run_name, id=run_name, resume="allow", save_code=True)
-        except wandb.errors.Error as error:  # no API key, no network
-            fail(f"--track could not start Weights & Biases ({str(error).splitlines()[0]}): log in with "
-                 "`wandb login`, or set WANDB_MODE=offline to keep the run on this machine")
-    # purge_step: after a resume, TensorBoard drops anything the interrupted run logged past the checkpoint.
-    writer = SummaryWriter(run_dir, purge_step=checkpoint["global_step"] + 1 if checkpoint else None)
-    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(
-        f"|{key}|{value}|" for key, value in {**asdict(args), "batch_size": batch_size,
-                                              "minibatch_size": batch_size // args.num_minibatches,
-                                              "num_iterations": num_iterations}.items()))
-    # A resumed run's videos go into a folder of their own: its episode count starts again at 0.
-    video_folder = f"videos/{run_name}" + (f"/resumed-at-step-{checkpoint['global_step']}" if checkpoint else "")
-    recorder = VideoRecorder(video_folder) if args.capture_video else None  # the first game of pools[0]
+    # [Speed: torch.compile] the policy step and the minibatch loss compiled into fused kernels, so a GPU
+    # runs a few large kernels instead of waiting for Python to launch many small ones.
+    policy_step, loss_on_minibatch = harness.compiled(args, agent.get_action_and_value, minibatch_loss)
+    writer = run.open_logs(batch_size=batch_size, minibatch_size=batch_size // args.num_minibatches,
+                           num_iterations=num_iterations)
+    recorder = VideoRecorder(run.video_folder) if args.capture_video else None  # the first game of pools[0]
 
     # Rollout storage, (num_steps, num_envs, ...), allocated once and refilled every iteration.
     # [Speed: one host transfer per step] What the network reads and writes lives on its device: the
@@ -610,24 +393,12 @@ def main(args: Args) -> dict:
     rewards = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
     dones = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
 
-    # Game statistics, kept here from envpool's info for all games at once: the running score (the
-    # sum of the unclipped rewards, over all lives) of each environment's current game.
+    # Where the games stand: the running score (the sum of the unclipped rewards, over all lives) of
+    # each environment's current game, kept here from envpool's info for all games at once, and the
+    # scores of the latest finished games.
+    start_iteration, global_step = run.start(agent, optimizer, new_episodes=True)
     game_score = np.zeros(args.num_envs)
-    recent_returns = deque(maxlen=20)  # scores of the latest finished games
-
-    if checkpoint:
-        agent.load_state_dict(checkpoint["model"])
-        optimizer.load_state_dict(checkpoint["optimizer"])
-        random.setstate(checkpoint["rng"]["python"])
-        np.random.set_state(checkpoint["rng"]["numpy"])
-        torch.set_rng_state(checkpoint["rng"]["torch"])
-        if device.type == "cuda" and checkpoint["rng"]["cuda"] is not None:
-            torch.cuda.set_rng_state(checkpoint["rng"]["cuda"], device)
-        start_iteration, global_step = checkpoint["iteration"], checkpoint["global_step"]
-        recent_returns.extend(checkpoint["recent_returns"])
-        print(f"resuming {run_name} at step {global_step:,} of {args.total_timesteps:,} (with new games)")
-    else:
-        start_iteration, global_step = 0, 0
+    recent_returns = deque(checkpoint["recent_returns"] if checkpoint else [], maxlen=20)
     # The games' latest observations, waiting for the network. On a GPU machine they are kept in
     # page-locked ("pinned") memory, which the GPU copies from directly and without blocking.
     next_obs_pinned = torch.zeros((args.num_envs,) + obs_shape, dtype=torch.uint8, pin_memory=device.type == "cuda")
@@ -635,61 +406,47 @@ def main(args: Args) -> dict:
     next_obs[:] = np.concatenate([pool.reset()[0] for pool in pools])
     next_done = np.zeros(args.num_envs, dtype=bool)
 
-    def receive(pool, games: slice, step: int) -> None:
-        """Wait for `pool` to finish the step it was sent, rollout step `step` of its `games`, and
-        record what it returns: rewards, episode ends, the next observations, finished games' scores."""
-        nonlocal global_step
-        pool_obs, reward, terminations, truncations, info = pool.recv()
-        global_step += len(reward)
-        next_obs[games] = pool_obs
-        # A lost life (episodic_life) or a time-limit truncation ends the episode like a termination.
-        next_done[games] = terminations | truncations
-        rewards[step, games] = reward  # clipped
-
-        # The game is over when envpool says the game itself ended (info["terminated"], not a lost
-        # life) or the time limit cut it. envpool's reset steps add reward 0, so they do not count.
-        scores = game_score[games]  # a view: updating it updates game_score
-        scores += info["reward"]
-        game_over = info["terminated"].astype(bool) | truncations
-        if recorder and games.start == 0:
-            recorder.step(pool, game_over[0])
-        for i in np.flatnonzero(game_over):
-            writer.add_scalar("charts/episodic_return", scores[i], global_step)
-            writer.add_scalar("charts/episodic_length", info["elapsed_step"][i], global_step)
-            recent_returns.append(scores[i])
-        scores[game_over] = 0.0
-
-    def write_checkpoint(iteration: int) -> None:
-        cuda_rng = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
-        save_checkpoint(checkpoint_path, {
-            "variant": VARIANT, "args": asdict(args), "run_name": run_name,
-            "iteration": iteration, "global_step": global_step,
-            "model": agent.state_dict(), "optimizer": optimizer.state_dict(),
-            "rng": {"python": random.getstate(), "numpy": np.random.get_state(),
-                    "torch": torch.get_rng_state(), "cuda": cuda_rng},
-            "recent_returns": list(recent_returns),
-        })
-
-    interrupt = StopOnInterrupt()
-    start_time, start_step, last_print = time.time(), global_step, 0.0
     for iteration in range(start_iteration + 1, num_iterations + 1):
         # [Core 4: Adam learning rate annealing] linearly from learning_rate toward 0, which the end of
-        # the run would reach: the last iteration uses learning_rate / num_iterations.
+        # the run would reach: the last iteration uses learning_rate / num_iterations. --anneal-clip
+        # lowers the clipping coefficient alike.
+        frac = 1.0 - (iteration - 1.0) / num_iterations
         if args.anneal_lr:
-            frac = 1.0 - (iteration - 1.0) / num_iterations
             optimizer.param_groups[0]["lr"] = frac * args.learning_rate
+        clip_coef = frac * args.clip_coef if args.anneal_clip else args.clip_coef
 
         # Rollout: num_steps steps in every environment with the current policy. Each pool is sent its
         # actions and plays the step on envpool's threads; its results are received on its next turn,
-        # just before the network needs its observations again (or after the loop, for the last
-        # step). Nothing here loops over the games: envpool steps a whole pool in one call, and the
-        # game statistics are kept with whole-array operations.
-        for step in range(args.num_steps):
+        # just before the network needs its observations again (the last step's, in the extra turn
+        # that ends the rollout). Nothing here loops over the games: envpool steps a whole pool in one
+        # call, and the game statistics are kept with whole-array operations.
+        for step in range(args.num_steps + 1):
             for pool, games in zip(pools, pool_games):
-                if step > 0:
-                    receive(pool, games, step - 1)
+                if step > 0:  # what the pool returns for its step `step - 1`
+                    pool_obs, reward, terminations, truncations, info = pool.recv()
+                    global_step += len(reward)
+                    next_obs[games] = pool_obs
+                    # A lost life (episodic_life) or a time-limit truncation ends the episode like a termination.
+                    next_done[games] = terminations | truncations
+                    rewards[step - 1, games] = reward  # clipped
+
+                    # The game is over when envpool says the game itself ended (info["terminated"], not a
+                    # lost life) or the time limit cut it. envpool's reset steps add reward 0: they do not count.
+                    scores = game_score[games]  # a view: updating it updates game_score
+                    scores += info["reward"]
+                    game_over = info["terminated"].astype(bool) | truncations
+                    if recorder and games.start == 0:
+                        recorder.step(pool, game_over[0])
+                    for i in np.flatnonzero(game_over):
+                        writer.add_scalar("charts/episodic_return", scores[i], global_step)
+                        writer.add_scalar("charts/episodic_length", info["elapsed_step"][i], global_step)
+                        recent_returns.append(scores[i])
+                    scores[game_over] = 0.0
+                if step == args.num_steps:
+                    continue  # every pool has played the rollout's last step: the rollout is complete
+
                 # non_blocking: the copy may overlap the network's start; it is done once action.cpu()
-                # below returns, before the next receive() overwrites next_obs.
+                # below returns, before the next recv() overwrites next_obs.
                 obs[step, games].copy_(next_obs_pinned[games], non_blocking=True)
                 dones[step, games] = next_done[games]
                 if args.cudagraphs:  # the previous replay's outputs are in storage by now
@@ -698,11 +455,10 @@ def main(args: Args) -> dict:
                     action, logprob, _, value = policy_step(obs[step, games])
                 actions[step, games], logprobs[step, games], values[step, games] = action, logprob, value.flatten()
                 pool.send(action.cpu().numpy())  # the one copy to the host
-        for pool, games in zip(pools, pool_games):
-            receive(pool, games, args.num_steps - 1)
 
         with torch.no_grad():
             next_value = agent.get_value(next_obs_pinned.to(device))
+        # GAE runs on the host, in NumPy: one transfer of the rollout's values per iteration.
         host_values = values.cpu().numpy()
         advantages, returns = compute_gae(rewards, host_values, dones, next_value.cpu().numpy().flatten(), next_done,
                                           args.gamma, args.gae_lambda)
@@ -733,7 +489,8 @@ def main(args: Args) -> dict:
                 if args.cudagraphs:
                     torch.compiler.cudagraph_mark_step_begin()
                 loss, stats = loss_on_minibatch(agent, b_obs[mb_inds], b_actions[mb_inds], b_logprobs[mb_inds],
-                                                b_values[mb_inds], b_advantages[mb_inds], b_returns[mb_inds], args)
+                                                b_values[mb_inds], b_advantages[mb_inds], b_returns[mb_inds],
+                                                clip_coef, args)
                 optimizer.zero_grad()
                 loss.backward()
                 # [Core 11: Global gradient clipping] when the norm of all gradients together exceeds
@@ -748,55 +505,99 @@ def main(args: Args) -> dict:
 
         # [Core 12: Debug variables] averaged over every minibatch of this update.
         means = {key: torch.stack([s[key] for s in minibatch_stats]).mean().item() for key in minibatch_stats[0]}
-        sps = int((global_step - start_step) / (time.time() - start_time))
         writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
         for key in ("value_loss", "policy_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac"):
             writer.add_scalar(f"losses/{key}", means[key], global_step)
         writer.add_scalar("losses/explained_variance",
                           explained_variance(host_values.reshape(-1)[real], returns.reshape(-1)[real]), global_step)
+        sps = run.steps_per_second(global_step)
         writer.add_scalar("charts/SPS", sps, global_step)
+        run.print_progress(iteration, global_step, sps, recent_returns)
 
-        if time.time() - last_print > 2.0 or iteration == num_iterations or interrupt.requested:
-            last_print = time.time()
-            mean_return = f"{np.mean(recent_returns):8.2f}" if recent_returns else "     n/a"
-            print(f"step {global_step:>9,}/{args.total_timesteps:,} | {sps:>6,} SPS | "
-                  f"mean return {mean_return} (last {len(recent_returns)} episodes)", flush=True)
-
-        if args.save_model and (interrupt.requested or iteration == num_iterations
-                                or (args.save_interval > 0 and iteration % args.save_interval == 0)):
-            write_checkpoint(iteration)
-        if interrupt.requested:
+        if run.checkpoint_due(iteration):
+            run.save_checkpoint(iteration, global_step, agent, optimizer, recent_returns=list(recent_returns))
+        if run.stopping:  # Ctrl-C: this iteration was finished, logged and saved
             break
 
-    interrupt.restore()
     for pool in pools:
         pool.close()
-    writer.close()
-    if args.track:
-        # wandb.finish() takes seconds, and a Ctrl-C inside it crashes W&B's service and loses the
-        # run's upload: a first Ctrl-C here only says so, a second one abandons the upload.
-        print("saving the W&B run...", flush=True)
-        still_saving = StopOnInterrupt("Ctrl-C: W&B is still saving the run (press Ctrl-C again to abandon it)")
-        wandb.finish()
-        still_saving.restore()
-    if interrupt.requested:
-        how = f"resume with: python ppo/{VARIANT}.py --resume {checkpoint_path}" if args.save_model else \
-            "no checkpoint written (run with --save-model to be able to resume)"
-        print(f"stopped at step {global_step:,}; {how}")
-    elif args.save_model:
-        print(f"checkpoint: {checkpoint_path}\nevaluate it with: python ppo/{VARIANT}.py --evaluate {checkpoint_path}")
-    return {"run_name": run_name, "global_step": global_step, "interrupted": interrupt.requested,
+    run.finish(global_step)
+    return {"run_name": run.name, "global_step": global_step, "interrupted": run.stopping,
             "recent_returns": list(recent_returns), "agent": agent}
 
 
+def evaluate(args: Args, checkpoint: dict) -> list[float]:
+    """--evaluate: play games with the saved agent, its actions sampled as in training, and score them
+    as the sums of envpool's unclipped rewards over all the lives of a game, in the same environment
+    as training."""
+    check_args(args)
+    evaluation = harness.Evaluation(args, VARIANT, checkpoint)  # the device and seeds; prints the scores
+    envs = make_envs(args.env_id, 1, seed=evaluation.seed, capture_video=args.capture_video)
+    agent = evaluation.load(Agent(envs.action_space.n))
+    recorder = VideoRecorder(evaluation.video_folder) if args.capture_video else None
+    obs, _ = envs.reset()
+    score = 0.0
+    while evaluation.playing:
+        with torch.inference_mode():
+            action, _, _, _ = agent.get_action_and_value(torch.as_tensor(obs, device=evaluation.device))
+        obs, _, _, truncated, info = envs.step(action.cpu().numpy())
+        score += float(info["reward"][0])
+        game_over = bool(info["terminated"][0] or truncated[0])
+        if recorder:
+            recorder.step(envs, game_over)
+        if game_over:
+            evaluation.episode_ended(score, int(info["elapsed_step"][0]))
+            score = 0.0
+    envs.close()
+    return evaluation.report()
+
+# ---------------------------------------------------------------------------------------------------
+# The command line: which settings a resumed run may change, and which make no run at all
+# ---------------------------------------------------------------------------------------------------
+
+# Settings that may differ between a run and its resumption; every other field must stay the same.
+RUNTIME_FIELDS = {"cuda", "track", "wandb_project_name", "wandb_entity", "capture_video", "save_model",
+                  "save_interval", "resume", "evaluate", "eval_episodes", "async_envs", "compile", "cudagraphs"}
+# The training setting an evaluation also reads and may change: the seed of its games.
+EVALUATION_FIELDS = {"seed"}
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[Args, dict | None]:
+    """The settings of the command line, and the checkpoint that --resume or --evaluate names."""
+    return harness.parse_args(Args, VARIANT, RUNTIME_FIELDS, EVALUATION_FIELDS, argv)
+
+
+def check_args(args: Args) -> None:
+    """Refuse settings that cannot make a valid run, before any environment is built: first each flag
+    on its own, then the sizes that must fit together."""
+    harness.check_rules(args, VARIANT, [  # (flags, what each must be, which values are allowed)
+        ("env_id", "an envpool Atari id such as Breakout-v5", lambda value: value.strip() != ""),
+        ("seed", "a whole number from 0 to 2**31 - 1", lambda value: 0 <= value < 2**31),
+        ("save_interval", "0 (save only at the end) or more", lambda value: value >= 0),
+        ("eval_episodes total_timesteps num_envs num_steps num_minibatches update_epochs", "at least 1",
+         lambda value: value >= 1),
+        ("learning_rate", "a finite number above 0", lambda value: 0 < value < np.inf),
+        ("gamma gae_lambda", "between 0 and 1", lambda value: 0 <= value <= 1),
+        ("clip_coef max_grad_norm", "above 0", lambda value: value > 0),
+        ("ent_coef vf_coef", "0 or more", lambda value: value >= 0),
+        ("target_kl", "above 0 (leave it out to never stop early)", lambda value: value is None or value > 0),
+    ])
+    batch_size = args.num_envs * args.num_steps
+    if batch_size % args.num_minibatches != 0:
+        harness.fail(VARIANT, f"--num-envs x --num-steps = {batch_size} does not divide into --num-minibatches "
+                              f"{args.num_minibatches} equal minibatches: pick sizes whose product is a multiple of it")
+    if args.norm_adv and batch_size // args.num_minibatches < 2:
+        harness.fail(VARIANT, f"minibatches of {batch_size // args.num_minibatches} transition cannot be normalized "
+                              "(--norm-adv divides by their standard deviation): use fewer --num-minibatches or a "
+                              "larger batch")
+    if args.total_timesteps < batch_size:
+        harness.fail(VARIANT, f"--total-timesteps {args.total_timesteps} is smaller than one batch "
+                              f"(--num-envs x --num-steps = {batch_size}): raise it or shrink the batch")
+    if args.async_envs and args.num_envs % 2 != 0:
+        harness.fail(VARIANT, f"--async-envs splits the games into two equal envpools, so --num-envs must be even, "
+                              f"not {args.num_envs}")
+
+
 if __name__ == "__main__":
-    args = parse_args()
-    try:
-        result = main(args)
-    except gym.error.DependencyNotInstalled as error:
-        # gymnasium imports the video packages only when the first video is written.
-        fail(f"missing optional dependency: {error} (videos need: pip install -e '.[envpool,video]')")
-    except KeyboardInterrupt:  # a second Ctrl-C, or one before training began
-        print("stopped at once by Ctrl-C: what came after the last checkpoint is lost", file=sys.stderr)
-        sys.exit(130)
-    sys.exit(130 if result.get("interrupted") else 0)
+    args, checkpoint = parse_args()
+    harness.run(evaluate if args.evaluate else main, args, checkpoint, VARIANT, extra="envpool")

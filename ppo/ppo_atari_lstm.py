@@ -9,30 +9,22 @@ ppo/ppo_atari.py with memory: the agent sees one frame at a time (no frame stack
 the convolutional network carries what it needs from earlier frames. The rollout records the LSTM
 state it started from, and training replays each environment's whole sequence from that state.
 The 13 core details are marked `[Core N: ...]`, the 9 Atari details `[Atari N: ...]` and the 5 LSTM
-details `[LSTM N: ...]`; docs/ppo_atari_lstm.md lists them all.
+details `[LSTM N: ...]`; docs/ppo_atari_lstm.md lists them all. What a run needs beyond PPO (the
+command line, checkpoints, logs, Ctrl-C) is in ppo/harness.py, whose calls read `harness.`...: take
+that file along when you copy this one.
 """
 
-import functools
-import os
-import pickle
-import random
-import signal
-import sys
-import time
-import warnings
 from collections import deque
-from dataclasses import asdict, dataclass, fields, replace
-from typing import NoReturn
+from dataclasses import dataclass
 
-import cloudpickle
 import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn as nn
 import torch.optim as optim
-import tyro
 from torch.distributions.categorical import Categorical
-from torch.utils.tensorboard import SummaryWriter
+
+import harness  # the run machinery, beside this file
 
 try:
     import ale_py
@@ -40,10 +32,6 @@ except ImportError:  # reported with the command that installs it when an enviro
     ale_py = None
 
 VARIANT = "ppo_atari_lstm"  # written into checkpoints, so another variant's checkpoint is refused
-
-# Procgen's gym3 holds imageio-ffmpeg below 0.4, which warns when the first video is written that
-# pkg_resources is deprecated: noise about a library this script never calls itself.
-warnings.filterwarnings("ignore", message="pkg_resources is deprecated", category=UserWarning)
 
 
 @dataclass
@@ -109,6 +97,8 @@ class Args:
     """if toggled, normalize advantages within each minibatch"""
     clip_coef: float = 0.1
     """the surrogate clipping coefficient"""
+    anneal_clip: bool = False
+    """if toggled, anneal the clipping coefficient linearly to zero, as the PPO paper does for Atari"""
     clip_vloss: bool = True
     """if toggled, clip the value loss as the original PPO code does"""
     ent_coef: float = 0.01
@@ -119,104 +109,6 @@ class Args:
     """the maximum norm for global gradient clipping"""
     target_kl: float | None = None
     """if set, stop the update epochs early once the approximate KL exceeds it"""
-
-
-# Settings that may differ between a run and its resumption; every other field must stay the same.
-RUNTIME_FIELDS = {"cuda", "track", "wandb_project_name", "wandb_entity", "capture_video", "save_model",
-                  "save_interval", "resume", "evaluate", "eval_episodes", "compile", "cudagraphs", "async_envs"}
-# The training setting an evaluation also reads and may change: the seed of its games.
-EVALUATION_FIELDS = {"seed"}
-
-
-def fail(message: str) -> NoReturn:
-    """Stop with one line saying what to do and exit code 2: for wrong input, never for bugs."""
-    print(f"{VARIANT}.py: error: {message}", file=sys.stderr)
-    raise SystemExit(2)
-
-
-def load_checkpoint(path: str) -> dict:
-    """Read a checkpoint written by this script; refuse anything else with a clear message."""
-    if not os.path.isfile(path):
-        fail(f"no checkpoint at {path!r}")
-    try:
-        # weights_only=False: the checkpoint holds NumPy RNG state and pickled environments, not
-        # only tensors. Only load checkpoints you wrote yourself.
-        checkpoint = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as error:  # torch raises many kinds of errors for a file it cannot read
-        fail(f"cannot read checkpoint {path!r}: {error}")
-    if not isinstance(checkpoint, dict) or "variant" not in checkpoint:
-        fail(f"{path!r} is not a checkpoint of this collection")
-    if checkpoint["variant"] != VARIANT:
-        fail(f"{path!r} was written by {checkpoint['variant']}.py: use ppo/{checkpoint['variant']}.py for it")
-    return checkpoint
-
-
-def parse_args(argv: list[str] | None = None) -> Args:
-    """Read the command line. With --resume or --evaluate the checkpoint's settings are the defaults,
-    so `--resume PATH` alone continues the run. A resumed run refuses a training flag that contradicts
-    the checkpoint. An evaluation needs the same environment, may change the EVALUATION_FIELDS, and
-    refuses every other training flag."""
-    args = tyro.cli(Args, args=argv)
-    if args.resume and args.evaluate:
-        fail("--resume goes on training a saved run and --evaluate plays a saved agent: give one of them")
-    checkpoint_path = args.resume or args.evaluate
-    if checkpoint_path is None:
-        return args
-    saved = replace(Args(**load_checkpoint(checkpoint_path)["args"]), resume=None, evaluate=None)
-    if args.evaluate:  # an evaluation starts from the default run-time options, not the training run's
-        saved = replace(saved, **{name: getattr(Args(), name) for name in RUNTIME_FIELDS})
-    args = tyro.cli(Args, args=argv, default=saved)
-    must_match = ["env_id"] if args.evaluate else [f.name for f in fields(Args) if f.name not in RUNTIME_FIELDS]
-    for name in must_match:
-        if getattr(args, name) != getattr(saved, name):
-            flag = "--" + name.replace("_", "-")
-            fail(f"the checkpoint was made with {flag} {getattr(saved, name)}, not "
-                 f"{getattr(args, name)}: drop {flag} to keep the checkpoint's value")
-    if args.evaluate:  # any other training flag would be silently ignored: say so instead
-        for name in (f.name for f in fields(Args) if f.name not in RUNTIME_FIELDS | EVALUATION_FIELDS):
-            if getattr(args, name) != getattr(saved, name):
-                flag = "--" + name.replace("_", "-")
-                fail(f"{flag} is a training setting, which --evaluate does not use: drop it")
-    return args
-
-
-def check_args(args: Args) -> None:
-    """Refuse settings that cannot make a valid run, before any environment is built: first each flag
-    on its own (one rule per numeric or choice flag), then the sizes that must fit together."""
-    rules = [  # (field, whether its value is allowed, what it must be)
-        ("env_id", args.env_id.strip() != "", "an Atari id such as BreakoutNoFrameskip-v4"),
-        ("seed", 0 <= args.seed < 2**31, "a whole number from 0 to 2**31 - 1"),
-        ("save_interval", args.save_interval >= 0, "0 (save only at the end) or more"),
-        ("eval_episodes", args.eval_episodes >= 1, "at least 1"),
-        ("total_timesteps", args.total_timesteps >= 1, "at least 1"),
-        ("learning_rate", 0 < args.learning_rate < np.inf, "a finite number above 0"),
-        ("num_envs", args.num_envs >= 1, "at least 1"),
-        ("num_steps", args.num_steps >= 1, "at least 1"),
-        ("gamma", 0 <= args.gamma <= 1, "between 0 and 1"),
-        ("gae_lambda", 0 <= args.gae_lambda <= 1, "between 0 and 1"),
-        ("num_minibatches", args.num_minibatches >= 1, "at least 1"),
-        ("update_epochs", args.update_epochs >= 1, "at least 1"),
-        ("clip_coef", args.clip_coef > 0, "above 0"),
-        ("ent_coef", args.ent_coef >= 0, "0 or more"),
-        ("vf_coef", args.vf_coef >= 0, "0 or more"),
-        ("max_grad_norm", args.max_grad_norm > 0, "above 0"),
-        ("target_kl", args.target_kl is None or args.target_kl > 0, "above 0 (leave it out to never stop early)"),
-    ]
-    for name, allowed, rule in rules:
-        if not allowed:
-            default = getattr(Args(), name)
-            fail(f"--{name.replace('_', '-')} must be {rule}, got {getattr(args, name)!r}"
-                 + ("" if default is None else f": the default is {default!r}"))
-    batch_size = args.num_envs * args.num_steps
-    if args.num_envs % args.num_minibatches != 0:
-        fail(f"--num-envs {args.num_envs} does not divide into --num-minibatches {args.num_minibatches}: a "
-             "minibatch holds whole environment sequences, so pick a number of envs that is a multiple of it")
-    if args.norm_adv and batch_size // args.num_minibatches < 2:
-        fail(f"minibatches of {batch_size // args.num_minibatches} transition cannot be normalized (--norm-adv "
-             f"divides by their standard deviation): use fewer --num-minibatches or a larger batch")
-    if args.total_timesteps < batch_size:
-        fail(f"--total-timesteps {args.total_timesteps} is smaller than one batch "
-             f"(--num-envs x --num-steps = {batch_size}): raise it or shrink the batch")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -290,12 +182,7 @@ def make_env(env_id: str, idx: int, capture_video: bool, video_folder: str,
         # v5 ids stand for. For the published setting use <Game>NoFrameskip-v4, which has none.
         env = gym.make(env_id, frameskip=1, render_mode="rgb_array" if capture_video and idx == 0 else None)
         if capture_video and idx == 0:
-            trigger = None  # RecordVideo's own: episodes 0, 1, 8, 27, ..., 1000, 2000, ...
-            if video_episodes is not None:  # an evaluation's: none past its last (the reset after it starts one)
-                from gymnasium.utils.save_video import capped_cubic_video_schedule as schedule
-
-                trigger = lambda episode: episode < video_episodes and schedule(episode)  # noqa: E731
-            env = gym.wrappers.RecordVideo(env, video_folder, episode_trigger=trigger)
+            env = harness.record_video(env, video_folder, video_episodes)
         # gymnasium's AtariPreprocessing carries out three of the details as the original wrappers do,
         # with one difference: it max-pools two grayscale frames where the original max-pools two color
         # frames and then converts them. Breakout's observations come out identical; in Pong 0.2% of
@@ -321,64 +208,15 @@ def make_env(env_id: str, idx: int, capture_video: bool, video_folder: str,
         # [Atari 7: FrameStack] with 1 frame: the LSTM remembers the earlier frames instead of a stack
         # of 4. The wrapper only adds the channel axis, (1, 84, 84), so the network is ppo_atari.py's.
         env = gym.wrappers.FrameStackObservation(env, stack_size=1)
-        return SavableGame(env)
+        return harness.SavableGame(env)  # saves the game for a checkpoint, where the game runs
 
     return thunk
-
-
-class SavableGame(gym.Wrapper):
-    """The outermost wrapper: it saves the game it wraps, where the game runs. With --async-envs that
-    is a worker process, which `envs.call("save_game")` reaches as it reaches this process's games.
-
-    Pickling alone is not enough: ale-py's AtariEnv pickles only its constructor arguments, so an
-    unpickled game is a fresh one, at its first frame. The emulator's state (with its random
-    generator) and the environment's own generator (the no-op counts) are saved beside the wrapper
-    stack, which pickles whole (frame stack, lives, running game statistics). cloudpickle, not pickle:
-    it also carries the wrapper classes when they live in a script's __main__, which a worker process
-    or a later run may not have."""
-
-    def save_game(self) -> bytes | None:
-        """The game's full state, for restore_game; None for the game whose video is being recorded:
-        the recorder is not saved, so a resumed run starts new games."""
-        env = self.env
-        while isinstance(env, gym.Wrapper):
-            if isinstance(env, gym.wrappers.RecordVideo):
-                return None
-            env = env.env
-        try:
-            return cloudpickle.dumps((self, self.unwrapped.ale.cloneState(include_rng=True),
-                                      self.unwrapped.np_random.bit_generator.state))
-        except (pickle.PicklingError, TypeError, AttributeError):
-            return None
-
-
-def restore_game(saved_game: bytes) -> gym.Env:
-    """The wrapper stack of SavableGame.save_game, with its emulator put back where it was."""
-    env, emulator_state, rng_state = pickle.loads(saved_game)
-    env.unwrapped.ale.restoreState(emulator_state)
-    env.unwrapped.np_random.bit_generator.state = rng_state
-    return env
-
-
-def in_worker(make_game) -> gym.Env:
-    """Build a game in a worker process of --async-envs. Ctrl-C reaches every process of the terminal's
-    group, but it is the main process's to handle (finish the iteration, save): the worker ignores it.
-    OpenCV, which resizes the frames, runs on one thread: the other workers have the other cores."""
-    import cv2  # installed with ale-py (the atari extra); AtariPreprocessing imports it too
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    cv2.setNumThreads(1)
-    ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Error)  # no banner for every game made
-    # AsyncVectorEnv built the first game once in the main process too, for its spaces; with video
-    # that made the (new) folder, which RecordVideo here would warn of as if it held older videos.
-    warnings.filterwarnings("ignore", message=".*Overwriting existing videos")
-    return make_game()
 
 
 def check_env_id(env_id: str) -> None:
     """Refuse, with the script to use instead, an id that is not an ale-py Atari game."""
     if ale_py is None:
-        fail("ppo_atari_lstm.py needs ale-py and opencv-python: pip install -e '.[atari]'")
+        harness.fail(VARIANT, f"{VARIANT}.py needs ale-py and opencv-python: pip install -e '.[atari]'")
     gym.register_envs(ale_py)  # ale-py >= 0.9 registers its games only when asked
     ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Error)  # no banner for every game made
     try:
@@ -387,17 +225,17 @@ def check_env_id(env_id: str) -> None:
         hint = ""
         if env_id.endswith("-v5") and not env_id.startswith("ALE/"):
             hint = f" (ale-py names it ALE/{env_id}; envpool ids such as {env_id} need ppo/ppo_atari_envpool.py)"
-        fail(f"unknown env id {env_id!r}{hint}: {error}")
+        harness.fail(VARIANT, f"unknown env id {env_id!r}{hint}: {error}")
     if spec.entry_point != "ale_py.env:AtariEnv":
-        fail(f"{env_id} is not an Atari game of ale-py: ppo_atari_lstm.py trains on Atari frames only; use "
-             "ppo/ppo.py for vector observations and ppo/ppo_continuous_action.py for Box actions")
+        harness.fail(VARIANT, f"{env_id} is not an Atari game of ale-py: {VARIANT}.py trains on Atari frames only; "
+                              "use ppo/ppo.py for vector observations and ppo/ppo_continuous_action.py for Box actions")
 
 
 def make_envs(env_id: str, num_envs: int, capture_video: bool = False, video_folder: str = "videos",
               saved_envs: list[bytes] | bytes | None = None, async_envs: bool = False,
               video_episodes: int | None = None) -> gym.vector.VectorEnv:
-    """Build the vector of preprocessed games, checking that this script can train on them; from
-    `saved_envs` (pickle_envs), the very games that were saved.
+    """Build the vector of preprocessed games (from `saved_envs`, the very games a checkpoint saved),
+    checking that this script can train on them.
 
     [Core 1: Vectorized architecture] One learner steps `num_envs` copies of the game in lock step,
     so each rollout holds num_envs x num_steps transitions.
@@ -410,37 +248,19 @@ def make_envs(env_id: str, num_envs: int, capture_video: bool = False, video_fol
     so their frames are the same as in this process: only the time differs.
     """
     check_env_id(env_id)
-    if isinstance(saved_envs, bytes):  # a checkpoint from before SavableGame: all games in one pickle
-        saved_envs = [cloudpickle.dumps((SavableGame(env), emulator_state, rng_state))
-                      for env, emulator_state, rng_state in pickle.loads(saved_envs)]
     if saved_envs is not None:
-        env_fns = [functools.partial(restore_game, saved_game) for saved_game in saved_envs]
+        env_fns = harness.games_to_restore(saved_envs)
     else:
         env_fns = [make_env(env_id, i, capture_video, video_folder, video_episodes) for i in range(num_envs)]
     if async_envs:
-        # forkserver: the workers start from a clean process, not a copy of this one with its threads.
-        # AsyncVectorEnv builds one game here too, for the spaces: keep this process's Ctrl-C handler.
-        sigint_handler = signal.getsignal(signal.SIGINT)
-        envs = gym.vector.AsyncVectorEnv([functools.partial(in_worker, make_game) for make_game in env_fns],
-                                         shared_memory=True, context="forkserver",
-                                         autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
-        signal.signal(signal.SIGINT, sigint_handler)
+        envs = harness.async_vector_env(env_fns)
     else:
         envs = gym.vector.SyncVectorEnv(env_fns, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     if not isinstance(envs.single_action_space, gym.spaces.Discrete):
-        kind = type(envs.single_action_space).__name__
         envs.close()
-        fail(f"{env_id} has a {kind} action space but ppo_atari_lstm.py needs Discrete actions: "
-             f"use ppo/ppo_continuous_action.py for Box actions")
+        harness.fail(VARIANT, f"{env_id} has a {type(envs.single_action_space).__name__} action space but "
+                              f"{VARIANT}.py needs Discrete actions: use ppo/ppo_continuous_action.py for Box actions")
     return envs
-
-
-def pickle_envs(envs: gym.vector.VectorEnv) -> list[bytes] | None:
-    """Every game's full state (SavableGame.save_game), so a resumed run continues the very same
-    games; None where that is impossible (video recording). The same for sync and async envs, so a
-    run saved with --async-envs may resume without it, and the other way round."""
-    saved_games = list(envs.call("save_game"))
-    return None if any(saved_game is None for saved_game in saved_games) else saved_games
 
 
 def finished_games(infos: dict) -> list[tuple[int, float, int]]:
@@ -520,11 +340,9 @@ class Agent(nn.Module):
         hidden = hidden.reshape(-1, num_envs, self.lstm.input_size)
         done = done.reshape(-1, num_envs)
         num_steps = hidden.shape[0]
-        # [Speed: the LSTM over whole stretches] Between two steps at which some environment begins an
-        # episode, the LSTM runs over the whole stretch in one call: the result of one call per step (to
-        # float rounding), but in the update a minibatch's 128 steps take a few calls, forward and
-        # backward, instead of 128 small ones each way. (The rollout's sequences are one step long:
-        # there is nothing to look up, so nothing is read from the device.)
+        # [Speed: the LSTM over whole stretches] Between two steps where some environment begins an
+        # episode, one LSTM call runs the whole stretch: in the update a minibatch's 128 steps take a few
+        # calls instead of 128 (the rollout's one-step sequences read nothing from the device here).
         starts = (done[1:].any(dim=1).nonzero().flatten() + 1).tolist() if num_steps > 1 else []
         bounds = [0, *starts, num_steps]
         outputs = []
@@ -550,92 +368,6 @@ class Agent(nn.Module):
         if action is None:
             action = distribution.sample()
         return action, distribution.log_prob(action), distribution.entropy(), self.critic(hidden), lstm_state
-
-
-# ---------------------------------------------------------------------------------------------------
-# Rollouts, and their replay during training
-# ---------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class Rollout:
-    """One rollout: arrays of (num_steps, num_envs, ...), and the LSTM state it started from.
-    [Speed: one host transfer per step] What the network reads or writes is on the training device
-    (frames as uint8, actions, log-probs, values, LSTM state); rewards and dones, from the games, on
-    the host."""
-
-    obs: torch.Tensor
-    actions: torch.Tensor
-    logprobs: torch.Tensor
-    values: torch.Tensor
-    rewards: np.ndarray
-    dones: np.ndarray  # dones[t] = 1: obs[t] is the first observation of a new episode
-    initial_lstm_state: LSTMState
-
-
-@dataclass
-class EnvCursor:
-    """Where the environments stand between two rollouts: the next observation, whether it begins a
-    new episode, and the LSTM state before it. The next rollout starts from here."""
-
-    obs: np.ndarray
-    done: np.ndarray
-    lstm_state: LSTMState
-
-
-def collect_rollout(agent: Agent, envs: gym.vector.VectorEnv, cursor: EnvCursor, num_steps: int,
-                    device: torch.device, policy_step=None,
-                    cudagraphs: bool = False) -> tuple[Rollout, list[tuple[int, float, int]]]:
-    """Play num_steps steps in every environment with the current policy, carrying the LSTM state
-    from step to step, and advance `cursor`. Returns the rollout and the games that ended in it, as
-    (step, score, length). policy_step is agent.get_action_and_value or its compiled form."""
-    policy_step = policy_step or agent.get_action_and_value
-    num_envs = cursor.obs.shape[0]
-    obs = torch.zeros((num_steps,) + cursor.obs.shape, dtype=torch.uint8, device=device)
-    actions = torch.zeros((num_steps, num_envs), dtype=torch.long, device=device)
-    logprobs = torch.zeros((num_steps, num_envs), device=device)
-    values = torch.zeros((num_steps, num_envs), device=device)
-    rewards = np.zeros((num_steps, num_envs), dtype=np.float32)
-    dones = np.zeros((num_steps, num_envs), dtype=np.float32)
-    initial_lstm_state = (cursor.lstm_state[0].clone(), cursor.lstm_state[1].clone())
-    games = []
-    for step in range(num_steps):
-        obs[step] = torch.as_tensor(cursor.obs, device=device)
-        dones[step] = cursor.done
-        if cudagraphs:
-            # [Speed: CUDA graphs] a replay's outputs live until the next replay: they are copied first.
-            torch.compiler.cudagraph_mark_step_begin()
-        # no_grad, not inference_mode as in the other scripts: with the LSTM left out, torch.compile
-        # compiles get_states' end and the heads as functions of their own, which the update runs
-        # again with gradients, and CUDA graphs of a function first run in inference mode fail when
-        # it is then run for training (pytorch/pytorch#135892).
-        with torch.no_grad():
-            action, logprob, _, value, lstm_state = policy_step(
-                obs[step], cursor.lstm_state, torch.as_tensor(cursor.done, dtype=torch.float32, device=device))
-        actions[step], logprobs[step], values[step] = action, logprob, value.flatten()
-        cursor.lstm_state = (lstm_state[0].clone(), lstm_state[1].clone())
-
-        # The step's one transfer to the host: the actions, which the games need.
-        cursor.obs, reward, terminations, truncations, infos = envs.step(action.cpu().numpy())
-        # A lost life (EpisodicLife) or a time-limit truncation ends the episode like a termination.
-        cursor.done = np.logical_or(terminations, truncations)
-        rewards[step] = reward  # clipped
-        games += [(step, score, length) for _, score, length in finished_games(infos)]
-    return Rollout(obs, actions, logprobs, values, rewards, dones, initial_lstm_state), games
-
-
-def replay_sequences(agent: Agent, obs: torch.Tensor, dones: torch.Tensor, actions: torch.Tensor,
-                     initial_lstm_state: LSTMState) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """[LSTM 5: Reconstruct LSTM states during training] Score the rollout's actions again with the
-    current network, replaying some environments' whole sequences from the LSTM state the rollout
-    started from. obs, dones and actions are (num_steps, E, ...) columns of the rollout, and
-    initial_lstm_state the state of those E environments. Returns log-probs, entropies and values,
-    each (num_steps, E). Before any update they are the rollout's own (tests/test_ppo_atari_lstm.py)."""
-    num_steps, num_envs = actions.shape
-    _, logprob, entropy, value, _ = agent.get_action_and_value(
-        obs.flatten(0, 1), initial_lstm_state, dones.flatten(), actions.flatten())
-    return (logprob.reshape(num_steps, num_envs), entropy.reshape(num_steps, num_envs),
-            value.reshape(num_steps, num_envs))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -669,8 +401,9 @@ def compute_gae(rewards: np.ndarray, values: np.ndarray, dones: np.ndarray, next
 
 def ppo_loss(new_logprob: torch.Tensor, entropy: torch.Tensor, new_value: torch.Tensor,
              old_logprob: torch.Tensor, old_value: torch.Tensor, advantages: torch.Tensor,
-             returns: torch.Tensor, args: Args) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """The PPO objective on one minibatch; returns the loss to minimize and detached statistics."""
+             returns: torch.Tensor, clip_coef: float, args: Args) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The PPO objective on one minibatch, with the clipping coefficient of this update; returns the
+    loss to minimize and detached statistics."""
     logratio = new_logprob - old_logprob
     ratio = logratio.exp()
 
@@ -680,14 +413,14 @@ def ppo_loss(new_logprob: torch.Tensor, entropy: torch.Tensor, new_value: torch.
 
     # [Core 8: Clipped surrogate objective] pessimistic bound: the larger of the two losses.
     pg_loss_unclipped = -advantages * ratio
-    pg_loss_clipped = -advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
+    pg_loss_clipped = -advantages * torch.clamp(ratio, 1 - clip_coef, 1 + clip_coef)
     pg_loss = torch.max(pg_loss_unclipped, pg_loss_clipped).mean()
 
     if args.clip_vloss:
         # [Core 9: Value function loss clipping] the new value may move at most clip_coef away from
         # the value recorded during the rollout before the clipped term takes over.
         v_loss_unclipped = (new_value - returns) ** 2
-        v_clipped = old_value + torch.clamp(new_value - old_value, -args.clip_coef, args.clip_coef)
+        v_clipped = old_value + torch.clamp(new_value - old_value, -clip_coef, clip_coef)
         v_loss_clipped = (v_clipped - returns) ** 2
         v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
     else:
@@ -702,7 +435,7 @@ def ppo_loss(new_logprob: torch.Tensor, entropy: torch.Tensor, new_value: torch.
         # [Core 12: Debug variables] two estimators of KL(old || new) and how often clipping bites.
         old_approx_kl = (-logratio).mean()
         approx_kl = ((ratio - 1) - logratio).mean()
-        clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
+        clipfrac = ((ratio - 1.0).abs() > clip_coef).float().mean()
     stats = {"policy_loss": pg_loss.detach(), "value_loss": v_loss.detach(), "entropy": entropy_mean.detach(),
              "old_approx_kl": old_approx_kl, "approx_kl": approx_kl, "clipfrac": clipfrac}
     return loss, stats
@@ -710,87 +443,25 @@ def ppo_loss(new_logprob: torch.Tensor, entropy: torch.Tensor, new_value: torch.
 
 def minibatch_loss(agent: Agent, obs: torch.Tensor, dones: torch.Tensor, actions: torch.Tensor,
                    old_logprob: torch.Tensor, old_value: torch.Tensor, advantages: torch.Tensor,
-                   returns: torch.Tensor, initial_lstm_state: LSTMState,
+                   returns: torch.Tensor, initial_lstm_state: LSTMState, clip_coef: float,
                    args: Args) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The network on one minibatch, then the PPO loss: the unit --compile compiles. Every tensor is
-    (num_steps, E) columns of the rollout, initial_lstm_state the state of those E environments."""
-    new_logprob, entropy, new_value = replay_sequences(agent, obs, dones, actions, initial_lstm_state)
-    return ppo_loss(new_logprob.flatten(), entropy.flatten(), new_value.flatten(), old_logprob.flatten(),
-                    old_value.flatten(), advantages.flatten(), returns.flatten(), args)
+    (num_steps, E) columns of the rollout, initial_lstm_state the state of those E environments.
+
+    [LSTM 5: Reconstruct LSTM states during training] The rollout's actions are scored again by the
+    current network, replaying the E environments' whole sequences from the LSTM state the rollout
+    started with; before any update they are the rollout's own log-probs and values."""
+    _, new_logprob, entropy, new_value, _ = agent.get_action_and_value(
+        obs.flatten(0, 1), initial_lstm_state, dones.flatten(), actions.flatten())
+    return ppo_loss(new_logprob, entropy, new_value.flatten(), old_logprob.flatten(), old_value.flatten(),
+                    advantages.flatten(), returns.flatten(), clip_coef, args)
 
 
 def explained_variance(predicted: np.ndarray, target: np.ndarray) -> float:
-    """1 - Var[target - predicted] / Var[target]: 1 is a perfect value function, 0 no better than
-    a constant, negative worse than one; nan when the targets do not vary."""
+    """[Core 12: Debug variables] 1 - Var[target - predicted] / Var[target]: 1 is a perfect value
+    function, 0 no better than a constant, negative worse than one; nan when the targets do not vary."""
     target_variance = np.var(target)
     return np.nan if target_variance == 0 else float(1 - np.var(target - predicted) / target_variance)
-
-
-# ---------------------------------------------------------------------------------------------------
-# Checkpoints, interruption and evaluation
-# ---------------------------------------------------------------------------------------------------
-
-
-def save_checkpoint(path: str, state: dict) -> None:
-    """Write atomically: a crash or a second Ctrl-C while writing leaves the previous file intact."""
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    torch.save(state, path + ".tmp")
-    os.replace(path + ".tmp", path)
-
-
-class StopOnInterrupt:
-    """The first Ctrl-C only prints `notice` and sets `requested`: training then stops after the
-    current iteration, so the run can flush its logs and save a checkpoint at a clean point. A second
-    Ctrl-C stops at once (KeyboardInterrupt)."""
-
-    def __init__(self, notice: str = "Ctrl-C: stopping after this iteration (press Ctrl-C again to quit at once)"):
-        self.requested, self.notice = False, notice
-        self.previous_handler = signal.signal(signal.SIGINT, self.handle)
-
-    def handle(self, signum, frame):
-        if self.requested:
-            raise KeyboardInterrupt
-        self.requested = True
-        print("\n" + self.notice, flush=True)
-
-    def restore(self):
-        signal.signal(signal.SIGINT, self.previous_handler)
-
-
-def evaluate(args: Args, device: torch.device) -> list[float]:
-    """Play `eval_episodes` games with the saved policy (actions sampled, as in training) and print
-    the mean and standard deviation of their scores. The games run through the training wrappers,
-    so a game lasts all its lives and its score is the real, unclipped one; the LSTM state is reset
-    where training resets it, at every lost life."""
-    checkpoint = load_checkpoint(args.evaluate)
-    video_folder = f"videos/{checkpoint['run_name']}-eval"
-    envs = make_envs(args.env_id, 1, args.capture_video, video_folder, video_episodes=args.eval_episodes)
-    agent = Agent(envs.single_action_space.n).to(device)
-    agent.load_state_dict(checkpoint["model"])
-    agent.eval()
-    torch.manual_seed(args.seed)
-
-    # Seeds unlike any training seed, so the scores come from games the agent never trained on.
-    obs, _ = envs.reset(seed=args.seed + 100_000)
-    done = np.zeros(1, dtype=bool)
-    lstm_state = agent.initial_state(1, device)
-    game_scores = []
-    while len(game_scores) < args.eval_episodes:
-        with torch.inference_mode():
-            action, _, _, _, lstm_state = agent.get_action_and_value(
-                torch.as_tensor(obs, device=device), lstm_state,
-                torch.as_tensor(done, dtype=torch.float32, device=device))
-        obs, _, terminated, truncated, infos = envs.step(action.cpu().numpy())
-        done = np.logical_or(terminated, truncated)
-        for _, score, length in finished_games(infos):
-            game_scores.append(score)
-            print(f"episode {len(game_scores)}: return {score:.1f} ({length} steps)")
-    envs.close()
-    print(f"{args.env_id}: mean return {np.mean(game_scores):.2f} +- {np.std(game_scores):.2f} "
-          f"over {len(game_scores)} episodes")
-    if args.capture_video:
-        print(f"videos in {video_folder}/")
-    return game_scores
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -798,43 +469,23 @@ def evaluate(args: Args, device: torch.device) -> list[float]:
 # ---------------------------------------------------------------------------------------------------
 
 
-def main(args: Args) -> dict:
-    """Train (or evaluate) as `args` says; returns a summary of the run for callers such as tests."""
+def main(args: Args, checkpoint: dict | None = None) -> dict:
+    """Train as `args` says, from `checkpoint` (read by parse_args) with --resume; returns a summary of
+    the run for callers such as tests."""
     check_args(args)
     batch_size = args.num_envs * args.num_steps
     envs_per_minibatch = args.num_envs // args.num_minibatches
     num_iterations = args.total_timesteps // batch_size
-    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-    if args.cudagraphs and device.type != "cuda":
-        fail("--cudagraphs needs a CUDA device: drop it, or run on a GPU (and without --no-cuda)")
-    if args.evaluate:
-        return {"episode_returns": evaluate(args, device)}
-
-    checkpoint = load_checkpoint(args.resume) if args.resume else None
-    if checkpoint:
-        run_name = checkpoint["run_name"]
-    else:
-        # ALE/Pong-v5 -> ALE-Pong-v5: the run name is a directory name.
-        run_name = f"{args.env_id.replace('/', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}"
-    # The run's folder: its TensorBoard log and checkpoint. A resumed run goes on in the folder of the
-    # checkpoint it was given, from wherever it is started.
-    run_dir = (os.path.dirname(args.resume) or ".") if checkpoint else f"runs/{run_name}"
-    checkpoint_path = os.path.join(run_dir, "checkpoint.pt")
-
-    # Seeding. A resumed run overwrites these RNG states with the checkpoint's below.
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
-    torch.backends.cudnn.deterministic = args.torch_deterministic
+    run = harness.Run(args, VARIANT, checkpoint, num_iterations)  # its name and folder, device, seeds
+    device = run.device
 
     # A resumed run goes on with the saved environments, the very episodes it left; they cannot record
     # video, so with --capture-video it starts new ones instead (and no longer ends exactly as an
     # unbroken run would).
     saved_envs = checkpoint["envs"] if checkpoint and not args.capture_video else None
-    # A resumed run's videos go into a folder of their own: its episode count starts again at 0.
-    video_folder = f"videos/{run_name}" + (f"/resumed-at-step-{checkpoint['global_step']}" if checkpoint else "")
-    envs = make_envs(args.env_id, args.num_envs, args.capture_video, video_folder,
+    envs = make_envs(args.env_id, args.num_envs, args.capture_video, run.video_folder,
                      saved_envs=saved_envs, async_envs=args.async_envs)
+    obs_shape = envs.single_observation_space.shape  # (1, 84, 84)
     agent = Agent(envs.single_action_space.n).to(device)
     # [Core 3: The Adam optimizer's epsilon parameter] 1e-5 as in the original code, not PyTorch's 1e-8.
     # Adam divides each step by sqrt(v) + eps: the larger eps damps the steps of weights whose
@@ -842,101 +493,89 @@ def main(args: Args) -> dict:
     # fused=True: the same Adam, in one kernel for all parameters instead of a dozen small ops each.
     optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
     # [Speed: torch.compile] the policy step and the minibatch loss compiled into fused kernels, so a GPU
-    # runs a few large kernels instead of waiting for Python to launch many small ones. torch.compile
-    # leaves the nn.LSTM out (its default): the convolutions, heads and loss are compiled, and the
-    # rest of get_states (finding the episode starts, the done masks, the LSTM's calls) runs as plain
-    # PyTorch between them.
-    # docs/ppo_atari_lstm.md says why it stays so.
-    policy_step, loss_on_minibatch = agent.get_action_and_value, minibatch_loss
-    if args.compile or args.cudagraphs:
-        mode = "reduce-overhead" if args.cudagraphs else "default"  # reduce-overhead = CUDA graphs
-        policy_step = torch.compile(policy_step, mode=mode)
-        loss_on_minibatch = torch.compile(loss_on_minibatch, mode=mode)
+    # runs a few large kernels instead of waiting for Python to launch many small ones. The nn.LSTM
+    # and get_states' loop over stretches stay plain PyTorch (docs/ppo_atari_lstm.md says why).
+    policy_step, loss_on_minibatch = harness.compiled(args, agent.get_action_and_value, minibatch_loss)
+    writer = run.open_logs(batch_size=batch_size, minibatch_size=envs_per_minibatch * args.num_steps,
+                           num_iterations=num_iterations)
 
-    if args.track:
-        try:
-            import wandb
-        except ImportError:
-            fail("--track needs wandb: pip install wandb")
-        try:
-            wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
-                       config=asdict(args), name=run_name, id=run_name, resume="allow", save_code=True)
-        except wandb.errors.Error as error:  # no API key, no network
-            fail(f"--track could not start Weights & Biases ({str(error).splitlines()[0]}): log in with "
-                 "`wandb login`, or set WANDB_MODE=offline to keep the run on this machine")
-    # purge_step: after a resume, TensorBoard drops anything the interrupted run logged past the checkpoint.
-    writer = SummaryWriter(run_dir, purge_step=checkpoint["global_step"] + 1 if checkpoint else None)
-    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(
-        f"|{key}|{value}|" for key, value in {**asdict(args), "batch_size": batch_size,
-                                              "minibatch_size": envs_per_minibatch * args.num_steps,
-                                              "num_iterations": num_iterations}.items()))
-    recent_returns = deque(maxlen=20)  # scores of the latest finished games
+    # Rollout storage, (num_steps, num_envs, ...), refilled every iteration.
+    # [Speed: one host transfer per step] What the network reads or writes lives on the training
+    # device: frames (uint8 until the network scales them), actions, log-probs and values. Rewards and
+    # dones come from the games and stay on the host for GAE, whose results go to the device once per
+    # iteration.
+    obs = torch.zeros((args.num_steps, args.num_envs) + obs_shape, dtype=torch.uint8, device=device)
+    actions = torch.zeros((args.num_steps, args.num_envs), dtype=torch.long, device=device)
+    logprobs = torch.zeros((args.num_steps, args.num_envs), device=device)
+    values = torch.zeros((args.num_steps, args.num_envs), device=device)
+    rewards = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
+    dones = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
 
-    if checkpoint:
-        agent.load_state_dict(checkpoint["model"])
-        optimizer.load_state_dict(checkpoint["optimizer"])
-        random.setstate(checkpoint["rng"]["python"])
-        np.random.set_state(checkpoint["rng"]["numpy"])
-        torch.set_rng_state(checkpoint["rng"]["torch"])
-        if device.type == "cuda" and checkpoint["rng"]["cuda"] is not None:
-            torch.cuda.set_rng_state(checkpoint["rng"]["cuda"], device)
-        start_iteration, global_step = checkpoint["iteration"], checkpoint["global_step"]
-        lstm_state = tuple(state.to(device) for state in checkpoint["next_lstm_state"])
-        cursor = EnvCursor(checkpoint["next_obs"], checkpoint["next_done"], lstm_state)
-        recent_returns.extend(checkpoint["recent_returns"])
-        if saved_envs is None:  # none saved (a run with video), or video now: new games
-            next_obs, _ = envs.reset(seed=args.seed + global_step)
-            cursor = EnvCursor(next_obs, np.zeros(args.num_envs, dtype=bool),
-                               agent.initial_state(args.num_envs, device))
-        print(f"resuming {run_name} at step {global_step:,} of {args.total_timesteps:,}"
-              + (" (with new episodes)" if saved_envs is None else ""))
-    else:
-        start_iteration, global_step = 0, 0
-        next_obs, _ = envs.reset(seed=args.seed)
-        cursor = EnvCursor(next_obs, np.zeros(args.num_envs, dtype=bool), agent.initial_state(args.num_envs, device))
+    # Where the games stand: the next observation, whether it begins an episode (a life), the LSTM
+    # state before it, and the scores of the latest finished games (the game statistics travel inside
+    # the saved games).
+    start_iteration, global_step = run.start(agent, optimizer, new_episodes=saved_envs is None)
+    if saved_envs is not None:  # a resumed run: the games it left, and the agent's memory of them
+        next_obs, next_done = checkpoint["next_obs"], checkpoint["next_done"]
+        next_lstm_state = tuple(state.to(device) for state in checkpoint["next_lstm_state"])
+    else:  # new games, on seeds that a resumed run has not played yet
+        next_obs, _ = envs.reset(seed=args.seed + global_step)
+        next_done = np.zeros(args.num_envs, dtype=bool)
+        next_lstm_state = agent.initial_state(args.num_envs, device)
+    recent_returns = deque(checkpoint["recent_returns"] if checkpoint else [], maxlen=20)
 
-    def write_checkpoint(iteration: int) -> None:
-        cuda_rng = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
-        save_checkpoint(checkpoint_path, {
-            "variant": VARIANT, "args": asdict(args), "run_name": run_name,
-            "iteration": iteration, "global_step": global_step,
-            "model": agent.state_dict(), "optimizer": optimizer.state_dict(),
-            "rng": {"python": random.getstate(), "numpy": np.random.get_state(),
-                    "torch": torch.get_rng_state(), "cuda": cuda_rng},
-            "envs": pickle_envs(envs), "next_obs": cursor.obs, "next_done": cursor.done,
-            # The LSTM state the next rollout starts from: with the games, it resumes their memory.
-            "next_lstm_state": tuple(state.cpu() for state in cursor.lstm_state),
-            "recent_returns": list(recent_returns),
-        })
-
-    interrupt = StopOnInterrupt()
-    start_time, start_step, last_print = time.time(), global_step, 0.0
     for iteration in range(start_iteration + 1, num_iterations + 1):
         # [Core 4: Adam learning rate annealing] linearly from learning_rate toward 0, which the end of
-        # the run would reach: the last iteration uses learning_rate / num_iterations.
+        # the run would reach: the last iteration uses learning_rate / num_iterations. --anneal-clip
+        # lowers the clipping coefficient alike.
+        frac = 1.0 - (iteration - 1.0) / num_iterations
         if args.anneal_lr:
-            frac = 1.0 - (iteration - 1.0) / num_iterations
             optimizer.param_groups[0]["lr"] = frac * args.learning_rate
+        clip_coef = frac * args.clip_coef if args.anneal_clip else args.clip_coef
 
-        # Rollout: num_steps steps in every environment with the current policy.
-        rollout, games = collect_rollout(agent, envs, cursor, args.num_steps, device, policy_step, args.cudagraphs)
-        for step, score, length in games:
-            writer.add_scalar("charts/episodic_return", score, global_step + (step + 1) * args.num_envs)
-            writer.add_scalar("charts/episodic_length", length, global_step + (step + 1) * args.num_envs)
-            recent_returns.append(score)
-        global_step += batch_size
+        # Rollout: num_steps steps in every environment with the current policy, carrying the LSTM state
+        # from step to step; the state it started from is kept for the update's replay.
+        initial_lstm_state = (next_lstm_state[0].clone(), next_lstm_state[1].clone())
+        for step in range(args.num_steps):
+            global_step += args.num_envs
+            obs[step] = torch.as_tensor(next_obs, device=device)
+            dones[step] = next_done
+
+            # The network runs once per step anyway to choose the action; the log-probability and
+            # value come with it at almost no cost, so they are recorded here, on the device.
+            if args.cudagraphs:
+                # [Speed: CUDA graphs] a replay's outputs live until the next replay: they are copied first.
+                torch.compiler.cudagraph_mark_step_begin()
+            # no_grad, not inference_mode: CUDA graphs of the compiled heads, first run in inference mode,
+            # would fail when the update runs them with gradients (pytorch/pytorch#135892).
+            with torch.no_grad():
+                action, logprob, _, value, lstm_state = policy_step(
+                    obs[step], next_lstm_state, torch.as_tensor(next_done, dtype=torch.float32, device=device))
+            actions[step], logprobs[step], values[step] = action, logprob, value.flatten()
+            next_lstm_state = (lstm_state[0].clone(), lstm_state[1].clone())
+
+            # The step's one transfer to the host: the actions, which the games need.
+            next_obs, reward, terminations, truncations, infos = envs.step(action.cpu().numpy())
+            # A lost life (EpisodicLife) or a time-limit truncation ends the episode like a termination.
+            next_done = np.logical_or(terminations, truncations)
+            rewards[step] = reward  # clipped
+
+            for _, score, length in finished_games(infos):
+                writer.add_scalar("charts/episodic_return", score, global_step)
+                writer.add_scalar("charts/episodic_length", length, global_step)
+                recent_returns.append(score)
 
         with torch.no_grad():
-            next_value = agent.get_value(torch.as_tensor(cursor.obs, device=device), cursor.lstm_state,
-                                         torch.as_tensor(cursor.done, dtype=torch.float32, device=device))
+            next_value = agent.get_value(torch.as_tensor(next_obs, device=device), next_lstm_state,
+                                         torch.as_tensor(next_done, dtype=torch.float32, device=device))
         # GAE runs on the host, in NumPy: one transfer of the rollout's values per iteration.
-        host_values = rollout.values.cpu().numpy()
-        advantages, returns = compute_gae(rollout.rewards, host_values, rollout.dones,
-                                          next_value.cpu().numpy().flatten(), cursor.done, args.gamma, args.gae_lambda)
+        host_values = values.cpu().numpy()
+        advantages, returns = compute_gae(rewards, host_values, dones, next_value.cpu().numpy().flatten(), next_done,
+                                          args.gamma, args.gae_lambda)
 
         # The batch stays (num_steps, num_envs, ...): a minibatch is a set of columns, whole sequences.
-        b_obs, b_actions, b_logprobs, b_values = rollout.obs, rollout.actions, rollout.logprobs, rollout.values
-        b_dones = torch.as_tensor(rollout.dones, device=device)
+        b_obs, b_actions, b_logprobs, b_values = obs, actions, logprobs, values
+        b_dones = torch.as_tensor(dones, device=device)
         b_advantages = torch.as_tensor(advantages, device=device)
         b_returns = torch.as_tensor(returns, device=device)
 
@@ -951,12 +590,12 @@ def main(args: Args) -> dict:
             shuffled_envs = torch.from_numpy(env_inds).to(device)  # one copy to the device per epoch
             for start in range(0, args.num_envs, envs_per_minibatch):
                 mb_envs = shuffled_envs[start:start + envs_per_minibatch]
-                mb_lstm_state = (rollout.initial_lstm_state[0][:, mb_envs], rollout.initial_lstm_state[1][:, mb_envs])
+                mb_lstm_state = (initial_lstm_state[0][:, mb_envs], initial_lstm_state[1][:, mb_envs])
                 if args.cudagraphs:
                     torch.compiler.cudagraph_mark_step_begin()
                 loss, stats = loss_on_minibatch(agent, b_obs[:, mb_envs], b_dones[:, mb_envs], b_actions[:, mb_envs],
                                                 b_logprobs[:, mb_envs], b_values[:, mb_envs], b_advantages[:, mb_envs],
-                                                b_returns[:, mb_envs], mb_lstm_state, args)
+                                                b_returns[:, mb_envs], mb_lstm_state, clip_coef, args)
                 optimizer.zero_grad()
                 loss.backward()
                 # [Core 11: Global gradient clipping] when the norm of all gradients together exceeds
@@ -971,55 +610,96 @@ def main(args: Args) -> dict:
 
         # [Core 12: Debug variables] averaged over every minibatch of this update.
         means = {key: torch.stack([s[key] for s in minibatch_stats]).mean().item() for key in minibatch_stats[0]}
-        sps = int((global_step - start_step) / (time.time() - start_time))
         writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
         for key in ("value_loss", "policy_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac"):
             writer.add_scalar(f"losses/{key}", means[key], global_step)
         writer.add_scalar("losses/explained_variance",
                           explained_variance(host_values.reshape(-1), returns.reshape(-1)), global_step)
+        sps = run.steps_per_second(global_step)
         writer.add_scalar("charts/SPS", sps, global_step)
+        run.print_progress(iteration, global_step, sps, recent_returns)
 
-        if time.time() - last_print > 2.0 or iteration == num_iterations or interrupt.requested:
-            last_print = time.time()
-            mean_return = f"{np.mean(recent_returns):8.2f}" if recent_returns else "     n/a"
-            print(f"step {global_step:>9,}/{args.total_timesteps:,} | {sps:>6,} SPS | "
-                  f"mean return {mean_return} (last {len(recent_returns)} episodes)", flush=True)
-
-        if args.save_model and (interrupt.requested or iteration == num_iterations
-                                or (args.save_interval > 0 and iteration % args.save_interval == 0)):
-            write_checkpoint(iteration)
-        if interrupt.requested:
+        if run.checkpoint_due(iteration):
+            # The LSTM state the next rollout starts from: with the games, it resumes their memory.
+            run.save_checkpoint(iteration, global_step, agent, optimizer, envs=harness.save_games(envs),
+                                next_obs=next_obs, next_done=next_done, recent_returns=list(recent_returns),
+                                next_lstm_state=tuple(state.cpu() for state in next_lstm_state))
+        if run.stopping:  # Ctrl-C: this iteration was finished, logged and saved
             break
 
-    interrupt.restore()
     envs.close()
-    writer.close()
-    if args.track:
-        # wandb.finish() takes seconds, and a Ctrl-C inside it crashes W&B's service and loses the
-        # run's upload: a first Ctrl-C here only says so, a second one abandons the upload.
-        print("saving the W&B run...", flush=True)
-        still_saving = StopOnInterrupt("Ctrl-C: W&B is still saving the run (press Ctrl-C again to abandon it)")
-        wandb.finish()
-        still_saving.restore()
-    if interrupt.requested:
-        how = f"resume with: python ppo/{VARIANT}.py --resume {checkpoint_path}" if args.save_model else \
-            "no checkpoint written (run with --save-model to be able to resume)"
-        print(f"stopped at step {global_step:,}; {how}")
-    elif args.save_model:
-        print(f"checkpoint: {checkpoint_path}\nevaluate it with: python ppo/{VARIANT}.py --evaluate {checkpoint_path}")
-    return {"run_name": run_name, "global_step": global_step, "interrupted": interrupt.requested,
+    run.finish(global_step)
+    return {"run_name": run.name, "global_step": global_step, "interrupted": run.stopping,
             "recent_returns": list(recent_returns), "agent": agent}
 
 
+def evaluate(args: Args, checkpoint: dict) -> list[float]:
+    """--evaluate: play games with the saved agent, its actions sampled as in training. The games run
+    through the training wrappers, so a game lasts all its lives and its score is the real, unclipped one;
+    the LSTM state is reset where training resets it, at every lost life."""
+    check_args(args)
+    evaluation = harness.Evaluation(args, VARIANT, checkpoint)  # the device and seeds; prints the scores
+    envs = make_envs(args.env_id, 1, args.capture_video, evaluation.video_folder, video_episodes=args.eval_episodes)
+    agent = evaluation.load(Agent(envs.single_action_space.n))
+    obs, _ = envs.reset(seed=evaluation.seed)
+    done, lstm_state = np.zeros(1, dtype=bool), agent.initial_state(1, evaluation.device)
+    while evaluation.playing:
+        with torch.inference_mode():
+            action, _, _, _, lstm_state = agent.get_action_and_value(
+                torch.as_tensor(obs, device=evaluation.device), lstm_state,
+                torch.as_tensor(done, dtype=torch.float32, device=evaluation.device))
+        obs, _, terminated, truncated, infos = envs.step(action.cpu().numpy())
+        done = np.logical_or(terminated, truncated)
+        for _, score, length in finished_games(infos):
+            evaluation.episode_ended(score, length)
+    envs.close()
+    return evaluation.report()
+
+# ---------------------------------------------------------------------------------------------------
+# The command line: which settings a resumed run may change, and which make no run at all
+# ---------------------------------------------------------------------------------------------------
+
+# Settings that may differ between a run and its resumption; every other field must stay the same.
+RUNTIME_FIELDS = {"cuda", "track", "wandb_project_name", "wandb_entity", "capture_video", "save_model",
+                  "save_interval", "resume", "evaluate", "eval_episodes", "compile", "cudagraphs", "async_envs"}
+# The training setting an evaluation also reads and may change: the seed of its games.
+EVALUATION_FIELDS = {"seed"}
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[Args, dict | None]:
+    """The settings of the command line, and the checkpoint that --resume or --evaluate names."""
+    return harness.parse_args(Args, VARIANT, RUNTIME_FIELDS, EVALUATION_FIELDS, argv)
+
+
+def check_args(args: Args) -> None:
+    """Refuse settings that cannot make a valid run, before any environment is built: first each flag
+    on its own, then the sizes that must fit together."""
+    harness.check_rules(args, VARIANT, [  # (flags, what each must be, which values are allowed)
+        ("env_id", "an Atari id such as BreakoutNoFrameskip-v4", lambda value: value.strip() != ""),
+        ("seed", "a whole number from 0 to 2**31 - 1", lambda value: 0 <= value < 2**31),
+        ("save_interval", "0 (save only at the end) or more", lambda value: value >= 0),
+        ("eval_episodes total_timesteps num_envs num_steps num_minibatches update_epochs", "at least 1",
+         lambda value: value >= 1),
+        ("learning_rate", "a finite number above 0", lambda value: 0 < value < np.inf),
+        ("gamma gae_lambda", "between 0 and 1", lambda value: 0 <= value <= 1),
+        ("clip_coef max_grad_norm", "above 0", lambda value: value > 0),
+        ("ent_coef vf_coef", "0 or more", lambda value: value >= 0),
+        ("target_kl", "above 0 (leave it out to never stop early)", lambda value: value is None or value > 0),
+    ])
+    batch_size = args.num_envs * args.num_steps
+    if args.num_envs % args.num_minibatches != 0:
+        harness.fail(VARIANT, f"--num-envs {args.num_envs} does not divide into --num-minibatches "
+                              f"{args.num_minibatches}: a minibatch holds whole environment sequences, so pick a "
+                              "number of envs that is a multiple of it")
+    if args.norm_adv and batch_size // args.num_minibatches < 2:
+        harness.fail(VARIANT, f"minibatches of {batch_size // args.num_minibatches} transition cannot be normalized "
+                              "(--norm-adv divides by their standard deviation): use fewer --num-minibatches or a "
+                              "larger batch")
+    if args.total_timesteps < batch_size:
+        harness.fail(VARIANT, f"--total-timesteps {args.total_timesteps} is smaller than one batch "
+                              f"(--num-envs x --num-steps = {batch_size}): raise it or shrink the batch")
+
+
 if __name__ == "__main__":
-    args = parse_args()
-    try:
-        result = main(args)
-    except gym.error.DependencyNotInstalled as error:
-        # AtariPreprocessing imports opencv, and gymnasium the video packages, only when first used.
-        extra = "'.[atari,video]'" if args.capture_video else "'.[atari]'"
-        fail(f"missing optional dependency: {error} (pip install -e {extra})")
-    except KeyboardInterrupt:  # a second Ctrl-C, or one before training began
-        print("stopped at once by Ctrl-C: what came after the last checkpoint is lost", file=sys.stderr)
-        sys.exit(130)
-    sys.exit(130 if result.get("interrupted") else 0)
+    args, checkpoint = parse_args()
+    harness.run(evaluate if args.evaluate else main, args, checkpoint, VARIANT, extra="atari")

@@ -14,31 +14,25 @@ process with all the environments and the full minibatches would. Started withou
 script runs as a world of one process.
 
 The 13 core details are marked `[Core N: ...]`, the 9 Atari details `[Atari N: ...]` and the 3
-data-parallel ones `[Multi-GPU N: ...]`; docs/ppo_atari_multigpu.md lists them all.
+data-parallel ones `[Multi-GPU N: ...]`; docs/ppo_atari_multigpu.md lists them all. What a run needs
+beyond PPO (the command line, checkpoints, logs, Ctrl-C) is in ppo/harness.py, whose calls read
+`harness.`...: take that file along when you copy this one.
 """
 
-import functools
 import os
-import pickle
-import random
-import signal
-import sys
-import time
-import warnings
 from collections import deque
-from dataclasses import asdict, dataclass, field, fields, replace
-from typing import Literal, NoReturn
+from dataclasses import dataclass, field
+from typing import Literal
 
-import cloudpickle
 import gymnasium as gym
 import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.optim as optim
-import tyro
 from torch.distributions.categorical import Categorical
-from torch.utils.tensorboard import SummaryWriter
+
+import harness  # the run machinery, beside this file
 
 try:
     import ale_py
@@ -46,10 +40,6 @@ except ImportError:  # reported with the command that installs it when an enviro
     ale_py = None
 
 VARIANT = "ppo_atari_multigpu"  # written into checkpoints, so another variant's checkpoint is refused
-
-# Procgen's gym3 holds imageio-ffmpeg below 0.4, which warns when the first video is written that
-# pkg_resources is deprecated: noise about a library this script never calls itself.
-warnings.filterwarnings("ignore", message="pkg_resources is deprecated", category=UserWarning)
 
 
 @dataclass
@@ -126,6 +116,8 @@ class Args:
     """if toggled, normalize advantages within each minibatch"""
     clip_coef: float = 0.1
     """the surrogate clipping coefficient"""
+    anneal_clip: bool = False
+    """if toggled, anneal the clipping coefficient linearly to zero, as the PPO paper does for Atari"""
     clip_vloss: bool = True
     """if toggled, clip the value loss as the original PPO code does"""
     ent_coef: float = 0.01
@@ -136,116 +128,6 @@ class Args:
     """the maximum norm for global gradient clipping"""
     target_kl: float | None = None
     """if set, stop the update epochs early once the approximate KL exceeds it"""
-
-
-# Settings that may differ between a run and its resumption; every other field must stay the same.
-RUNTIME_FIELDS = {"cuda", "track", "wandb_project_name", "wandb_entity", "capture_video", "save_model",
-                  "save_interval", "resume", "evaluate", "eval_episodes", "compile", "cudagraphs", "async_envs",
-                  "backend", "device_ids"}
-# The training setting an evaluation also reads and may change: the seed of its games.
-EVALUATION_FIELDS = {"seed"}
-
-
-def fail(message: str) -> NoReturn:
-    """Stop with one line saying what to do and exit code 2: for wrong input, never for bugs. Every
-    process of a node finds the same mistake, so only its first one (local rank 0) prints it: one line
-    per node, since a node may lack what the others have (a checkpoint file, a GPU)."""
-    if int(os.environ.get("LOCAL_RANK", "0")) == 0:
-        print(f"{VARIANT}.py: error: {message}", file=sys.stderr)
-    raise SystemExit(2)
-
-
-def load_checkpoint(path: str) -> dict:
-    """Read a checkpoint written by this script; refuse anything else with a clear message."""
-    if not os.path.isfile(path):
-        several_nodes = int(os.environ.get("WORLD_SIZE", "1")) > int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-        fail(f"no checkpoint at {path!r}" + (" (every node needs it, at this path)" if several_nodes else ""))
-    try:
-        # weights_only=False: the checkpoint holds NumPy RNG state and pickled environments, not
-        # only tensors. Only load checkpoints you wrote yourself.
-        checkpoint = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as error:  # torch raises many kinds of errors for a file it cannot read
-        fail(f"cannot read checkpoint {path!r}: {error}")
-    if not isinstance(checkpoint, dict) or "variant" not in checkpoint:
-        fail(f"{path!r} is not a checkpoint of this collection")
-    if checkpoint["variant"] != VARIANT:
-        fail(f"{path!r} was written by {checkpoint['variant']}.py: use ppo/{checkpoint['variant']}.py for it")
-    return checkpoint
-
-
-def parse_args(argv: list[str] | None = None) -> Args:
-    """Read the command line. With --resume or --evaluate the checkpoint's settings are the defaults,
-    so `--resume PATH` alone continues the run. A resumed run refuses a training flag that contradicts
-    the checkpoint. An evaluation needs the same environment, may change the EVALUATION_FIELDS, and
-    refuses every other training flag."""
-    args = tyro.cli(Args, args=argv)
-    if args.resume and args.evaluate:
-        fail("--resume goes on training a saved run and --evaluate plays a saved agent: give one of them")
-    checkpoint_path = args.resume or args.evaluate
-    if checkpoint_path is None:
-        return args
-    saved = replace(Args(**load_checkpoint(checkpoint_path)["args"]), resume=None, evaluate=None)
-    if args.evaluate:  # an evaluation starts from the default run-time options, not the training run's
-        saved = replace(saved, **{name: getattr(Args(), name) for name in RUNTIME_FIELDS})
-    args = tyro.cli(Args, args=argv, default=saved)
-    must_match = ["env_id"] if args.evaluate else [f.name for f in fields(Args) if f.name not in RUNTIME_FIELDS]
-    for name in must_match:
-        if getattr(args, name) != getattr(saved, name):
-            flag = "--" + name.replace("_", "-")
-            fail(f"the checkpoint was made with {flag} {getattr(saved, name)}, not "
-                 f"{getattr(args, name)}: drop {flag} to keep the checkpoint's value")
-    if args.evaluate:  # any other training flag would be silently ignored: say so instead
-        for name in (f.name for f in fields(Args) if f.name not in RUNTIME_FIELDS | EVALUATION_FIELDS):
-            if getattr(args, name) != getattr(saved, name):
-                flag = "--" + name.replace("_", "-")
-                fail(f"{flag} is a training setting, which --evaluate does not use: drop it")
-    return args
-
-
-def check_args(args: Args, world_size: int) -> None:
-    """Refuse settings that cannot make a valid run, before any environment is built: first each flag
-    on its own (one rule per numeric or choice flag), then the sizes that must fit together."""
-    rules = [  # (field, whether its value is allowed, what it must be)
-        ("env_id", args.env_id.strip() != "", "an Atari id such as BreakoutNoFrameskip-v4"),
-        ("seed", 0 <= args.seed < 2**31, "a whole number from 0 to 2**31 - 1"),
-        ("save_interval", args.save_interval >= 0, "0 (save only at the end) or more"),
-        ("eval_episodes", args.eval_episodes >= 1, "at least 1"),
-        ("backend", args.backend in ("gloo", "nccl"), "gloo or nccl"),
-        ("device_ids", all(i >= 0 for i in args.device_ids), "GPU numbers, 0 or more (or none)"),
-        ("total_timesteps", args.total_timesteps >= 1, "at least 1"),
-        ("learning_rate", 0 < args.learning_rate < np.inf, "a finite number above 0"),
-        ("num_envs", args.num_envs >= 1, "at least 1"),
-        ("num_steps", args.num_steps >= 1, "at least 1"),
-        ("gamma", 0 <= args.gamma <= 1, "between 0 and 1"),
-        ("gae_lambda", 0 <= args.gae_lambda <= 1, "between 0 and 1"),
-        ("num_minibatches", args.num_minibatches >= 1, "at least 1"),
-        ("update_epochs", args.update_epochs >= 1, "at least 1"),
-        ("clip_coef", args.clip_coef > 0, "above 0"),
-        ("ent_coef", args.ent_coef >= 0, "0 or more"),
-        ("vf_coef", args.vf_coef >= 0, "0 or more"),
-        ("max_grad_norm", args.max_grad_norm > 0, "above 0"),
-        ("target_kl", args.target_kl is None or args.target_kl > 0, "above 0 (leave it out to never stop early)"),
-    ]
-    for name, allowed, rule in rules:
-        if not allowed:
-            default = getattr(Args(), name)
-            fail(f"--{name.replace('_', '-')} must be {rule}, got {getattr(args, name)!r}"
-                 + ("" if default is None else f": the default is {default!r}"))
-    if args.num_envs % world_size != 0:
-        fail(f"--num-envs {args.num_envs} does not split evenly between {world_size} processes: "
-             f"make it a multiple of {world_size} or start another number of processes")
-    local_batch_size = args.num_envs // world_size * args.num_steps
-    if local_batch_size % args.num_minibatches != 0:
-        fail(f"each process's share of the batch, --num-envs / {world_size} processes x --num-steps = "
-             f"{local_batch_size}, does not divide into --num-minibatches {args.num_minibatches} equal "
-             "minibatches: pick sizes for which it does")
-    batch_size = args.num_envs * args.num_steps
-    if args.norm_adv and batch_size // args.num_minibatches < 2:
-        fail(f"minibatches of {batch_size // args.num_minibatches} transition cannot be normalized (--norm-adv "
-             f"divides by their standard deviation): use fewer --num-minibatches or a larger batch")
-    if args.total_timesteps < batch_size:
-        fail(f"--total-timesteps {args.total_timesteps} is smaller than one batch "
-             f"(--num-envs x --num-steps = {batch_size}): raise it or shrink the batch")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -319,12 +201,7 @@ def make_env(env_id: str, idx: int, capture_video: bool, video_folder: str,
         # v5 ids stand for. For the published setting use <Game>NoFrameskip-v4, which has none.
         env = gym.make(env_id, frameskip=1, render_mode="rgb_array" if capture_video and idx == 0 else None)
         if capture_video and idx == 0:
-            trigger = None  # RecordVideo's own: episodes 0, 1, 8, 27, ..., 1000, 2000, ...
-            if video_episodes is not None:  # an evaluation's: none past its last (the reset after it starts one)
-                from gymnasium.utils.save_video import capped_cubic_video_schedule as schedule
-
-                trigger = lambda episode: episode < video_episodes and schedule(episode)  # noqa: E731
-            env = gym.wrappers.RecordVideo(env, video_folder, episode_trigger=trigger)
+            env = harness.record_video(env, video_folder, video_episodes)
         # gymnasium's AtariPreprocessing carries out three of the details as the original wrappers do,
         # with one difference: it max-pools two grayscale frames where the original max-pools two color
         # frames and then converts them. Breakout's observations come out identical; in Pong 0.2% of
@@ -351,64 +228,15 @@ def make_env(env_id: str, idx: int, capture_video: bool, video_folder: str,
         # visible. gymnasium's FrameStackObservation fills the stack with the first frame on reset,
         # as the original does.
         env = gym.wrappers.FrameStackObservation(env, stack_size=4)
-        return SavableGame(env)
+        return harness.SavableGame(env)  # saves the game for a checkpoint, where the game runs
 
     return thunk
-
-
-class SavableGame(gym.Wrapper):
-    """The outermost wrapper: it saves the game it wraps, where the game runs. With --async-envs that
-    is a worker process, which `envs.call("save_game")` reaches as it reaches this process's games.
-
-    Pickling alone is not enough: ale-py's AtariEnv pickles only its constructor arguments, so an
-    unpickled game is a fresh one, at its first frame. The emulator's state (with its random
-    generator) and the environment's own generator (the no-op counts) are saved beside the wrapper
-    stack, which pickles whole (frame stack, lives, running game statistics). cloudpickle, not pickle:
-    it also carries the wrapper classes when they live in a script's __main__, which a worker process
-    or a later run may not have."""
-
-    def save_game(self) -> bytes | None:
-        """The game's full state, for restore_game; None for the game whose video is being recorded:
-        the recorder is not saved, so a resumed run starts new games."""
-        env = self.env
-        while isinstance(env, gym.Wrapper):
-            if isinstance(env, gym.wrappers.RecordVideo):
-                return None
-            env = env.env
-        try:
-            return cloudpickle.dumps((self, self.unwrapped.ale.cloneState(include_rng=True),
-                                      self.unwrapped.np_random.bit_generator.state))
-        except (pickle.PicklingError, TypeError, AttributeError):
-            return None
-
-
-def restore_game(saved_game: bytes) -> gym.Env:
-    """The wrapper stack of SavableGame.save_game, with its emulator put back where it was."""
-    env, emulator_state, rng_state = pickle.loads(saved_game)
-    env.unwrapped.ale.restoreState(emulator_state)
-    env.unwrapped.np_random.bit_generator.state = rng_state
-    return env
-
-
-def in_worker(make_game) -> gym.Env:
-    """Build a game in a worker process of --async-envs. Ctrl-C reaches every process of the terminal's
-    group, but it is the main process's to handle (finish the iteration, save): the worker ignores it.
-    OpenCV, which resizes the frames, runs on one thread: the other workers have the other cores."""
-    import cv2  # installed with ale-py (the atari extra); AtariPreprocessing imports it too
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    cv2.setNumThreads(1)
-    ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Error)  # no banner for every game made
-    # AsyncVectorEnv built the first game once in the main process too, for its spaces; with video
-    # that made the (new) folder, which RecordVideo here would warn of as if it held older videos.
-    warnings.filterwarnings("ignore", message=".*Overwriting existing videos")
-    return make_game()
 
 
 def check_env_id(env_id: str) -> None:
     """Refuse, with the script to use instead, an id that is not an ale-py Atari game."""
     if ale_py is None:
-        fail("ppo_atari_multigpu.py needs ale-py and opencv-python: pip install -e '.[atari]'")
+        harness.fail(VARIANT, f"{VARIANT}.py needs ale-py and opencv-python: pip install -e '.[atari]'")
     gym.register_envs(ale_py)  # ale-py >= 0.9 registers its games only when asked
     ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Error)  # no banner for every game made
     try:
@@ -417,17 +245,17 @@ def check_env_id(env_id: str) -> None:
         hint = ""
         if env_id.endswith("-v5") and not env_id.startswith("ALE/"):
             hint = f" (ale-py names it ALE/{env_id}; envpool ids such as {env_id} need ppo/ppo_atari_envpool.py)"
-        fail(f"unknown env id {env_id!r}{hint}: {error}")
+        harness.fail(VARIANT, f"unknown env id {env_id!r}{hint}: {error}")
     if spec.entry_point != "ale_py.env:AtariEnv":
-        fail(f"{env_id} is not an Atari game of ale-py: ppo_atari_multigpu.py trains on Atari frames only; use "
-             "ppo/ppo.py for vector observations and ppo/ppo_continuous_action.py for Box actions")
+        harness.fail(VARIANT, f"{env_id} is not an Atari game of ale-py: {VARIANT}.py trains on Atari frames only; "
+                              "use ppo/ppo.py for vector observations and ppo/ppo_continuous_action.py for Box actions")
 
 
 def make_envs(env_id: str, num_envs: int, capture_video: bool = False, video_folder: str = "videos",
               saved_envs: list[bytes] | bytes | None = None, async_envs: bool = False,
               video_episodes: int | None = None) -> gym.vector.VectorEnv:
-    """Build the vector of preprocessed games, checking that this script can train on them; from
-    `saved_envs` (pickle_envs), the very games that were saved.
+    """Build the vector of preprocessed games (from `saved_envs`, the very games a checkpoint saved),
+    checking that this script can train on them.
 
     [Core 1: Vectorized architecture] Each process steps `num_envs` copies of the game in lock step,
     its share of the world's environments, so its rollout holds num_envs x num_steps transitions.
@@ -440,37 +268,19 @@ def make_envs(env_id: str, num_envs: int, capture_video: bool = False, video_fol
     so their frames are the same as in this process: only the time differs.
     """
     check_env_id(env_id)
-    if isinstance(saved_envs, bytes):  # a checkpoint from before SavableGame: all games in one pickle
-        saved_envs = [cloudpickle.dumps((SavableGame(env), emulator_state, rng_state))
-                      for env, emulator_state, rng_state in pickle.loads(saved_envs)]
     if saved_envs is not None:
-        env_fns = [functools.partial(restore_game, saved_game) for saved_game in saved_envs]
+        env_fns = harness.games_to_restore(saved_envs)
     else:
         env_fns = [make_env(env_id, i, capture_video, video_folder, video_episodes) for i in range(num_envs)]
     if async_envs:
-        # forkserver: the workers start from a clean process, not a copy of this one with its threads.
-        # AsyncVectorEnv builds one game here too, for the spaces: keep this process's Ctrl-C handler.
-        sigint_handler = signal.getsignal(signal.SIGINT)
-        envs = gym.vector.AsyncVectorEnv([functools.partial(in_worker, make_game) for make_game in env_fns],
-                                         shared_memory=True, context="forkserver",
-                                         autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
-        signal.signal(signal.SIGINT, sigint_handler)
+        envs = harness.async_vector_env(env_fns)
     else:
         envs = gym.vector.SyncVectorEnv(env_fns, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     if not isinstance(envs.single_action_space, gym.spaces.Discrete):
-        kind = type(envs.single_action_space).__name__
         envs.close()
-        fail(f"{env_id} has a {kind} action space but ppo_atari_multigpu.py needs Discrete actions: "
-             f"use ppo/ppo_continuous_action.py for Box actions")
+        harness.fail(VARIANT, f"{env_id} has a {type(envs.single_action_space).__name__} action space but "
+                              f"{VARIANT}.py needs Discrete actions: use ppo/ppo_continuous_action.py for Box actions")
     return envs
-
-
-def pickle_envs(envs: gym.vector.VectorEnv) -> list[bytes] | None:
-    """Every game's full state (SavableGame.save_game), so a resumed run continues the very same
-    games; None where that is impossible (video recording). The same for sync and async envs, so a
-    run saved with --async-envs may resume without it, and the other way round."""
-    saved_games = list(envs.call("save_game"))
-    return None if any(saved_game is None for saved_game in saved_games) else saved_games
 
 
 def finished_games(infos: dict) -> list[tuple[int, float, int]]:
@@ -586,24 +396,24 @@ def world_mean_and_std(x: torch.Tensor, world_size: int) -> tuple[torch.Tensor, 
 
 def ppo_loss(new_logprob: torch.Tensor, entropy: torch.Tensor, new_value: torch.Tensor,
              old_logprob: torch.Tensor, old_value: torch.Tensor, advantages: torch.Tensor,
-             returns: torch.Tensor, args: Args) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """The PPO objective on this rank's share of one minibatch, its advantages already normalized
-    (by gradient_step); returns the loss to minimize and detached statistics. Every term is a mean
-    over the share, so the average of the ranks' gradients is the gradient of the same loss over the
-    whole minibatch."""
+             returns: torch.Tensor, clip_coef: float, args: Args) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The PPO objective on this rank's share of one minibatch, with the clipping coefficient of this
+    update and its advantages already normalized (by gradient_step); returns the loss to minimize and
+    detached statistics. Every term is a mean over the share, so the average of the ranks' gradients is
+    the gradient of the same loss over the whole minibatch."""
     logratio = new_logprob - old_logprob
     ratio = logratio.exp()
 
     # [Core 8: Clipped surrogate objective] pessimistic bound: the larger of the two losses.
     pg_loss_unclipped = -advantages * ratio
-    pg_loss_clipped = -advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
+    pg_loss_clipped = -advantages * torch.clamp(ratio, 1 - clip_coef, 1 + clip_coef)
     pg_loss = torch.max(pg_loss_unclipped, pg_loss_clipped).mean()
 
     if args.clip_vloss:
         # [Core 9: Value function loss clipping] the new value may move at most clip_coef away from
         # the value recorded during the rollout before the clipped term takes over.
         v_loss_unclipped = (new_value - returns) ** 2
-        v_clipped = old_value + torch.clamp(new_value - old_value, -args.clip_coef, args.clip_coef)
+        v_clipped = old_value + torch.clamp(new_value - old_value, -clip_coef, clip_coef)
         v_loss_clipped = (v_clipped - returns) ** 2
         v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
     else:
@@ -618,26 +428,27 @@ def ppo_loss(new_logprob: torch.Tensor, entropy: torch.Tensor, new_value: torch.
         # [Core 12: Debug variables] two estimators of KL(old || new) and how often clipping bites.
         old_approx_kl = (-logratio).mean()
         approx_kl = ((ratio - 1) - logratio).mean()
-        clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
+        clipfrac = ((ratio - 1.0).abs() > clip_coef).float().mean()
     stats = {"policy_loss": pg_loss.detach(), "value_loss": v_loss.detach(), "entropy": entropy_mean.detach(),
              "old_approx_kl": old_approx_kl, "approx_kl": approx_kl, "clipfrac": clipfrac}
     return loss, stats
 
 
-def explained_variance(predicted: np.ndarray, target: np.ndarray) -> float:
-    """1 - Var[target - predicted] / Var[target]: 1 is a perfect value function, 0 no better than
-    a constant, negative worse than one; nan when the targets do not vary."""
-    target_variance = np.var(target)
-    return np.nan if target_variance == 0 else float(1 - np.var(target - predicted) / target_variance)
-
-
 def minibatch_loss(agent: Agent, obs: torch.Tensor, actions: torch.Tensor, old_logprob: torch.Tensor,
-                   old_value: torch.Tensor, advantages: torch.Tensor, returns: torch.Tensor,
+                   old_value: torch.Tensor, advantages: torch.Tensor, returns: torch.Tensor, clip_coef: float,
                    args: Args) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The network on this rank's share of one minibatch, then the PPO loss: the unit that --compile
     compiles. It talks to no other rank, so it compiles into one graph and records as one CUDA graph."""
     _, new_logprob, entropy, new_value = agent.get_action_and_value(obs, actions)
-    return ppo_loss(new_logprob, entropy, new_value.flatten(), old_logprob, old_value, advantages, returns, args)
+    return ppo_loss(new_logprob, entropy, new_value.flatten(), old_logprob, old_value, advantages, returns,
+                    clip_coef, args)
+
+
+def explained_variance(predicted: np.ndarray, target: np.ndarray) -> float:
+    """[Core 12: Debug variables] 1 - Var[target - predicted] / Var[target]: 1 is a perfect value
+    function, 0 no better than a constant, negative worse than one; nan when the targets do not vary."""
+    target_variance = np.var(target)
+    return np.nan if target_variance == 0 else float(1 - np.var(target - predicted) / target_variance)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -649,21 +460,22 @@ def choose_device(args: Args, local_rank: int, local_world_size: int) -> torch.d
     """The device of this process: a GPU from --device-ids (or GPU local_rank, modulo the GPUs there
     are) when CUDA is there and wanted, else the CPU. Refuses settings that cannot work."""
     if args.device_ids and len(args.device_ids) != local_world_size:
-        fail(f"--device-ids names {len(args.device_ids)} GPUs for the {local_world_size} processes of this "
-             f"node: give one id per process (torchrun --nproc-per-node {len(args.device_ids)}, or "
-             f"{local_world_size} ids)")
+        harness.fail(VARIANT, f"--device-ids names {len(args.device_ids)} GPUs for the {local_world_size} processes of this "
+                              f"node: give one id per process (torchrun --nproc-per-node {len(args.device_ids)}, "
+                              f"or {local_world_size} ids)")
     use_cuda = args.cuda and torch.cuda.is_available()
     if args.backend == "nccl" and not use_cuda:
         why = "--no-cuda was given" if not args.cuda else "no CUDA GPU is available"
-        fail(f"--backend nccl needs a CUDA GPU per process, but {why}: use --backend gloo")
+        harness.fail(VARIANT, f"--backend nccl needs a CUDA GPU per process, but {why}: use --backend gloo")
     if not use_cuda:
         return torch.device("cpu")
     device_ids = args.device_ids or [i % torch.cuda.device_count() for i in range(local_world_size)]
     if max(device_ids) >= torch.cuda.device_count() or min(device_ids) < 0:
-        fail(f"--device-ids {' '.join(map(str, device_ids))}: this node has GPUs 0 to {torch.cuda.device_count() - 1}")
+        harness.fail(VARIANT, f"--device-ids {' '.join(map(str, device_ids))}: this node has GPUs 0 to "
+                              f"{torch.cuda.device_count() - 1}")
     if args.backend == "nccl" and len(set(device_ids)) < len(device_ids):
-        fail(f"nccl cannot run two processes on one GPU (GPUs {' '.join(map(str, device_ids))}): "
-             "use --backend gloo to share GPUs, or one process per GPU")
+        harness.fail(VARIANT, f"nccl cannot run two processes on one GPU (GPUs {' '.join(map(str, device_ids))}): "
+                              "use --backend gloo to share GPUs, or one process per GPU")
     return torch.device("cuda", device_ids[local_rank])
 
 
@@ -684,7 +496,7 @@ def average_gradients(parameters: list[nn.Parameter], world_size: int) -> None:
 
 
 def gradient_step(agent: nn.Module, optimizer: optim.Optimizer, minibatch: tuple[torch.Tensor, ...],
-                  args: Args, world_size: int, loss_on_minibatch=None) -> dict[str, torch.Tensor]:
+                  clip_coef: float, args: Args, world_size: int, loss_on_minibatch=None) -> dict[str, torch.Tensor]:
     """One optimizer step on this rank's share of a minibatch (obs, actions, log-probs, values,
     advantages, returns). After the gradients' all-reduce every rank holds the same averaged gradient,
     so every rank takes the same step and the copies of the agent stay identical. loss_on_minibatch is
@@ -701,7 +513,7 @@ def gradient_step(agent: nn.Module, optimizer: optim.Optimizer, minibatch: tuple
         advantages = (advantages - mean) / (std + 1e-8)
     if args.cudagraphs:
         torch.compiler.cudagraph_mark_step_begin()
-    loss, stats = loss_on_minibatch(agent, obs, actions, old_logprob, old_value, advantages, returns, args)
+    loss, stats = loss_on_minibatch(agent, obs, actions, old_logprob, old_value, advantages, returns, clip_coef, args)
     optimizer.zero_grad()
     loss.backward()
     average_gradients(list(agent.parameters()), world_size)
@@ -726,75 +538,13 @@ def gather_from_all_ranks(item, world_size: int) -> list:
 
 
 # ---------------------------------------------------------------------------------------------------
-# Checkpoints, interruption and evaluation
-# ---------------------------------------------------------------------------------------------------
-
-
-def save_checkpoint(path: str, state: dict) -> None:
-    """Write atomically: a crash or a second Ctrl-C while writing leaves the previous file intact."""
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    torch.save(state, path + ".tmp")
-    os.replace(path + ".tmp", path)
-
-
-class StopOnInterrupt:
-    """The first Ctrl-C only prints `notice` and sets `requested`: training then stops after the
-    current iteration, so the run can flush its logs and save a checkpoint at a clean point. A second
-    Ctrl-C stops at once (KeyboardInterrupt). torchrun passes a Ctrl-C on to every process; the ranks
-    agree at the end of the iteration to stop together."""
-
-    def __init__(self, notice: str = "Ctrl-C: stopping after this iteration (press Ctrl-C again to quit at once)"):
-        self.requested, self.notice = False, notice
-        self.previous_handler = signal.signal(signal.SIGINT, self.handle)
-
-    def handle(self, signum, frame):
-        if self.requested:
-            raise KeyboardInterrupt
-        self.requested = True
-        if int(os.environ.get("RANK", "0")) == 0:
-            print("\n" + self.notice, flush=True)
-
-    def restore(self):
-        signal.signal(signal.SIGINT, self.previous_handler)
-
-
-def evaluate(args: Args, device: torch.device) -> list[float]:
-    """Play `eval_episodes` games with the saved policy (actions sampled, as in training) and print
-    the mean and standard deviation of their scores. The games run through the training wrappers,
-    so a game lasts all its lives and its score is the real, unclipped one."""
-    checkpoint = load_checkpoint(args.evaluate)
-    video_folder = f"videos/{checkpoint['run_name']}-eval"
-    envs = make_envs(args.env_id, 1, args.capture_video, video_folder, video_episodes=args.eval_episodes)
-    agent = Agent(envs.single_action_space.n).to(device)
-    agent.load_state_dict(checkpoint["model"])
-    agent.eval()
-    torch.manual_seed(args.seed)
-
-    # Seeds unlike any training seed, so the scores come from games the agent never trained on.
-    obs, _ = envs.reset(seed=args.seed + 100_000)
-    game_scores = []
-    while len(game_scores) < args.eval_episodes:
-        with torch.inference_mode():
-            action, _, _, _ = agent.get_action_and_value(torch.as_tensor(obs, device=device))
-        obs, _, _, _, infos = envs.step(action.cpu().numpy())
-        for _, score, length in finished_games(infos):
-            game_scores.append(score)
-            print(f"episode {len(game_scores)}: return {score:.1f} ({length} steps)")
-    envs.close()
-    print(f"{args.env_id}: mean return {np.mean(game_scores):.2f} +- {np.std(game_scores):.2f} "
-          f"over {len(game_scores)} episodes")
-    if args.capture_video:
-        print(f"videos in {video_folder}/")
-    return game_scores
-
-
-# ---------------------------------------------------------------------------------------------------
 # Training
 # ---------------------------------------------------------------------------------------------------
 
 
-def main(args: Args) -> dict:
-    """Train (or evaluate) as `args` says; returns a summary of the run for callers such as tests."""
+def main(args: Args, checkpoint: dict | None = None) -> dict:
+    """Train as `args` says, from `checkpoint` (read by parse_args) with --resume; returns a summary of
+    the run for callers such as tests."""
     # torchrun tells each process who it is through environment variables. Without torchrun the
     # script is a world of one process.
     rank = int(os.environ.get("RANK", "0"))  # this process among all, on all nodes
@@ -813,51 +563,28 @@ def main(args: Args) -> dict:
     batch_size = local_batch_size * world_size
     num_iterations = args.total_timesteps // batch_size
     device = choose_device(args, local_rank, local_world_size)
-    if args.cudagraphs and device.type != "cuda":
-        fail("--cudagraphs needs a CUDA device: drop it, or run on a GPU (and without --no-cuda)")
     # One PyTorch thread unless OMP_NUM_THREADS asks for more (torchrun sets it to 1): the
     # environments share the cores with the network, and so do the other ranks of this node.
     if "OMP_NUM_THREADS" not in os.environ:
         torch.set_num_threads(1)
-    if args.evaluate:
-        if world_size > 1:
-            fail(f"--evaluate plays in one process: run python ppo/{VARIANT}.py --evaluate {args.evaluate}")
-        return {"episode_returns": evaluate(args, device)}
     check_env_id(args.env_id)
-
-    checkpoint = load_checkpoint(args.resume) if args.resume else None
     if checkpoint and checkpoint["world_size"] != world_size:
-        fail(f"the checkpoint was written by {checkpoint['world_size']} processes, not {world_size}: resume "
-             f"it with as many (torchrun --nproc-per-node {checkpoint['world_size']} on one node)")
-    if checkpoint:
-        run_name = checkpoint["run_name"]
-    else:
-        # ALE/Pong-v5 -> ALE-Pong-v5: the run name is a directory name. Only rank 0 uses it.
-        run_name = f"{args.env_id.replace('/', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}"
-    # The run's folder: its TensorBoard log and checkpoint. A resumed run goes on in the folder of the
-    # checkpoint it was given, from wherever it is started.
-    run_dir = (os.path.dirname(args.resume) or ".") if checkpoint else f"runs/{run_name}"
-    checkpoint_path = os.path.join(run_dir, "checkpoint.pt")
-
+        harness.fail(VARIANT, f"the checkpoint was written by {checkpoint['world_size']} processes, not {world_size}: "
+                              f"resume it with as many (torchrun --nproc-per-node {checkpoint['world_size']} on one node)")
     # [Multi-GPU 2: Adjust seed per process] Each rank draws its actions, its minibatch order and its
     # games from its own seed, so the ranks do not collect the same data; rank r's environments get
     # the seeds seed + r x local_num_envs + i, so the world plays the same games as ppo_atari.py with
     # all the environments in one process. The weights, though, must start identical on every rank,
-    # so torch is seeded with the shared seed until the agent is built. A resumed run overwrites
-    # these RNG states with the checkpoint's below.
-    random.seed(args.seed + rank)
-    np.random.seed(args.seed + rank)
+    # so torch is seeded with the shared seed until the agent is built.
+    run = harness.Run(args, VARIANT, checkpoint, num_iterations, device, rank, seed=args.seed + rank)
     torch.manual_seed(args.seed)
-    torch.backends.cudnn.deterministic = args.torch_deterministic
 
     # A resumed run goes on with the saved environments, the very episodes it left; they cannot record
     # video, so with --capture-video it starts new ones instead (and no longer ends exactly as an
     # unbroken run would).
     records_video = args.capture_video and rank == 0
     saved_envs = checkpoint["envs"][rank] if checkpoint and not records_video else None
-    # A resumed run's videos go into a folder of their own: its episode count starts again at 0.
-    video_folder = f"videos/{run_name}" + (f"/resumed-at-step-{checkpoint['global_step']}" if checkpoint else "")
-    envs = make_envs(args.env_id, local_num_envs, records_video, video_folder,
+    envs = make_envs(args.env_id, local_num_envs, records_video, run.video_folder,
                      saved_envs=saved_envs, async_envs=args.async_envs)
     obs_shape = envs.single_observation_space.shape  # (4, 84, 84)
     agent = Agent(envs.single_action_space.n).to(device)
@@ -870,17 +597,7 @@ def main(args: Args) -> dict:
     # [Speed: torch.compile] the policy step and the minibatch loss compiled into fused kernels, so a GPU
     # runs a few large kernels instead of waiting for Python to launch many small ones. Both all-reduces
     # (the advantages' statistics and the gradients) stay outside, in gradient_step.
-    policy_step, loss_on_minibatch = agent.get_action_and_value, minibatch_loss
-    if args.compile or args.cudagraphs:
-        mode = "reduce-overhead" if args.cudagraphs else "default"  # reduce-overhead = CUDA graphs
-        policy_step = torch.compile(policy_step, mode=mode)
-        loss_on_minibatch = torch.compile(loss_on_minibatch, mode=mode)
-
-    if args.track:
-        try:
-            import wandb
-        except ImportError:
-            fail("--track needs wandb: pip install wandb")
+    policy_step, loss_on_minibatch = harness.compiled(args, agent.get_action_and_value, minibatch_loss)
 
     # Every input has been checked: only now join the others, so a mistake stops every rank the same
     # way instead of leaving some waiting for the rest.
@@ -888,24 +605,9 @@ def main(args: Args) -> dict:
         if device.type == "cuda":
             torch.cuda.set_device(device)
         dist.init_process_group(backend=args.backend)  # address and rank from torchrun's variables
-
-    writer = None
-    if rank == 0:  # only rank 0 logs, tracks and records; its logs describe the world
-        if args.track:
-            try:
-                wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
-                           config={**asdict(args), "world_size": world_size}, name=run_name, id=run_name,
-                           resume="allow", save_code=True)
-            except wandb.errors.Error as error:  # no API key, no network
-                fail(f"--track could not start Weights & Biases ({str(error).splitlines()[0]}): log in with "
-                     "`wandb login`, or set WANDB_MODE=offline to keep the run on this machine")
-        # purge_step: after a resume, TensorBoard drops anything the interrupted run logged past the checkpoint.
-        writer = SummaryWriter(run_dir, purge_step=checkpoint["global_step"] + 1 if checkpoint else None)
-        writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(
-            f"|{key}|{value}|" for key, value in {**asdict(args), "world_size": world_size,
-                                                  "batch_size": batch_size, "local_batch_size": local_batch_size,
-                                                  "local_minibatch_size": local_minibatch_size,
-                                                  "num_iterations": num_iterations}.items()))
+    # Only rank 0 logs, tracks and records: its logs describe the world. (writer is None elsewhere.)
+    writer = run.open_logs(world_size=world_size, batch_size=batch_size, local_batch_size=local_batch_size,
+                           local_minibatch_size=local_minibatch_size, num_iterations=num_iterations)
 
     # This rank's rollout storage, (num_steps, local_num_envs, ...), refilled every iteration.
     # [Speed: one host transfer per step] What the network reads or writes lives on the training
@@ -918,56 +620,26 @@ def main(args: Args) -> dict:
     values = torch.zeros((args.num_steps, local_num_envs), device=device)
     rewards = np.zeros((args.num_steps, local_num_envs), dtype=np.float32)
     dones = np.zeros((args.num_steps, local_num_envs), dtype=np.float32)
-    recent_returns = deque(maxlen=20)  # scores of the world's latest finished games (rank 0)
 
-    if checkpoint:
-        agent.load_state_dict(checkpoint["model"])
-        optimizer.load_state_dict(checkpoint["optimizer"])
-        rng = checkpoint["rng"][rank]
-        random.setstate(rng["python"])
-        np.random.set_state(rng["numpy"])
-        torch.set_rng_state(rng["torch"])
-        if device.type == "cuda" and rng["cuda"] is not None:
-            torch.cuda.set_rng_state(rng["cuda"], device)
-        start_iteration, global_step = checkpoint["iteration"], checkpoint["global_step"]
+    # Where this rank's games stand: the next observation, whether it begins an episode (a life); and
+    # on rank 0 the scores of the world's latest finished games (the game statistics travel inside the
+    # saved games).
+    start_iteration, global_step = run.start(agent, optimizer, new_episodes=saved_envs is None)
+    if saved_envs is not None:  # a resumed run: the games it left
         next_obs, next_done = checkpoint["next_obs"][rank], checkpoint["next_done"][rank]
-        recent_returns.extend(checkpoint["recent_returns"])
-        if saved_envs is None:  # no games saved (a run with video), or video now: new ones
-            next_obs, _ = envs.reset(seed=args.seed + rank * local_num_envs + global_step)
-            next_done = np.zeros(local_num_envs, dtype=bool)
-        if rank == 0:
-            print(f"resuming {run_name} at step {global_step:,} of {args.total_timesteps:,}"
-                  + (" (with new episodes)" if saved_envs is None else ""))
-    else:
-        start_iteration, global_step = 0, 0
-        next_obs, _ = envs.reset(seed=args.seed + rank * local_num_envs)  # [Multi-GPU 2]
+    else:  # new games ([Multi-GPU 2]), on seeds that a resumed run has not played yet
+        next_obs, _ = envs.reset(seed=args.seed + rank * local_num_envs + global_step)
         next_done = np.zeros(local_num_envs, dtype=bool)
+    recent_returns = deque(checkpoint["recent_returns"] if checkpoint else [], maxlen=20)
 
-    def write_checkpoint(iteration: int) -> None:
-        # Called by every rank at the same iteration: each rank's own games and random generators go
-        # into the one file that rank 0 writes, so the whole world can resume.
-        own = {"rng": {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
-                       "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None},
-               "envs": pickle_envs(envs), "next_obs": next_obs, "next_done": next_done}
-        every_rank = gather_from_all_ranks(own, world_size)
-        if rank == 0:
-            save_checkpoint(checkpoint_path, {
-                "variant": VARIANT, "args": asdict(args), "run_name": run_name, "world_size": world_size,
-                "iteration": iteration, "global_step": global_step,
-                "model": agent.state_dict(), "optimizer": optimizer.state_dict(),
-                **{key: [state[key] for state in every_rank] for key in own},  # one entry per rank
-                "recent_returns": list(recent_returns),
-            })
-
-    interrupt = StopOnInterrupt()
-    stop = False
-    start_time, start_step, last_print = time.time(), global_step, 0.0
     for iteration in range(start_iteration + 1, num_iterations + 1):
         # [Core 4: Adam learning rate annealing] linearly from learning_rate toward 0, which the end of
-        # the run would reach: the last iteration uses learning_rate / num_iterations.
+        # the run would reach: the last iteration uses learning_rate / num_iterations. --anneal-clip
+        # lowers the clipping coefficient alike.
+        frac = 1.0 - (iteration - 1.0) / num_iterations
         if args.anneal_lr:
-            frac = 1.0 - (iteration - 1.0) / num_iterations
             optimizer.param_groups[0]["lr"] = frac * args.learning_rate
+        clip_coef = frac * args.clip_coef if args.anneal_clip else args.clip_coef
 
         # Rollout: num_steps steps in each of this rank's environments with the current policy.
         games = []  # (global step, score, length) of the games that ended on this rank
@@ -976,6 +648,8 @@ def main(args: Args) -> dict:
             obs[step] = torch.as_tensor(next_obs, device=device)
             dones[step] = next_done
 
+            # The network runs once per step anyway to choose the action; the log-probability and
+            # value come with it at almost no cost, so they are recorded here, on the device.
             if args.cudagraphs:
                 # [Speed: CUDA graphs] a replay's outputs live until the next replay: they are copied first.
                 torch.compiler.cudagraph_mark_step_begin()
@@ -1017,7 +691,8 @@ def main(args: Args) -> dict:
                 mb_inds = epoch_inds[start:start + local_minibatch_size]
                 minibatch = (b_obs[mb_inds], b_actions[mb_inds], b_logprobs[mb_inds], b_values[mb_inds],
                              b_advantages[mb_inds], b_returns[mb_inds])
-                minibatch_stats.append(gradient_step(agent, optimizer, minibatch, args, world_size, loss_on_minibatch))
+                minibatch_stats.append(gradient_step(agent, optimizer, minibatch, clip_coef, args, world_size,
+                                                     loss_on_minibatch))
             if args.target_kl is not None:
                 # The ranks must agree to stop, or some would wait forever in the next all-reduce.
                 world_kl = minibatch_stats[-1]["approx_kl"].clone()
@@ -1032,9 +707,9 @@ def main(args: Args) -> dict:
         report = {"stats": {key: torch.stack([s[key] for s in minibatch_stats]).mean().item()
                             for key in minibatch_stats[0]},
                   "values": host_values.reshape(-1), "returns": returns.reshape(-1), "games": games,
-                  "stop": interrupt.requested}
+                  "stop": run.interrupt.requested}
         reports = gather_from_all_ranks(report, world_size)
-        stop = any(r["stop"] for r in reports)
+        run.agreed_stop = any(r["stop"] for r in reports)
 
         if rank == 0:
             for game_step, score, length in sorted(game for r in reports for game in r["games"]):
@@ -1042,61 +717,108 @@ def main(args: Args) -> dict:
                 writer.add_scalar("charts/episodic_length", length, game_step)
                 recent_returns.append(score)
             # [Core 12: Debug variables] averaged over every minibatch of this update, on all ranks.
-            sps = int((global_step - start_step) / (time.time() - start_time))
             writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
             for key in ("value_loss", "policy_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac"):
                 writer.add_scalar(f"losses/{key}", np.mean([r["stats"][key] for r in reports]), global_step)
             writer.add_scalar("losses/explained_variance",
                               explained_variance(np.concatenate([r["values"] for r in reports]),
                                                  np.concatenate([r["returns"] for r in reports])), global_step)
+            sps = run.steps_per_second(global_step)
             writer.add_scalar("charts/SPS", sps, global_step)
+            run.print_progress(iteration, global_step, sps, recent_returns)
 
-            if time.time() - last_print > 2.0 or iteration == num_iterations or stop:
-                last_print = time.time()
-                mean_return = f"{np.mean(recent_returns):8.2f}" if recent_returns else "     n/a"
-                print(f"step {global_step:>9,}/{args.total_timesteps:,} | {sps:>6,} SPS | "
-                      f"mean return {mean_return} (last {len(recent_returns)} episodes)", flush=True)
-
-        if args.save_model and (stop or iteration == num_iterations
-                                or (args.save_interval > 0 and iteration % args.save_interval == 0)):
-            write_checkpoint(iteration)
-        if stop:
+        if run.checkpoint_due(iteration):
+            # Every rank's own games and random generators go into the one file that rank 0 writes, so
+            # the whole world can resume.
+            own = {"rng": harness.rng_state(device), "envs": harness.save_games(envs),
+                   "next_obs": next_obs, "next_done": next_done}
+            every_rank = gather_from_all_ranks(own, world_size)
+            run.save_checkpoint(iteration, global_step, agent, optimizer, world_size=world_size,
+                                recent_returns=list(recent_returns),
+                                **{key: [state[key] for state in every_rank] for key in own})  # one entry per rank
+        if run.stopping:  # Ctrl-C on some rank: this iteration was finished, logged and saved
             break
 
-    interrupt.restore()
     envs.close()
     if world_size > 1:
         dist.destroy_process_group()
-    if rank == 0:
-        writer.close()
-        if args.track:
-            # wandb.finish() takes seconds, and a Ctrl-C inside it crashes W&B's service and loses the
-            # run's upload: a first Ctrl-C here only says so, a second one abandons the upload.
-            print("saving the W&B run...", flush=True)
-            still_saving = StopOnInterrupt("Ctrl-C: W&B is still saving the run (press Ctrl-C again to abandon it)")
-            wandb.finish()
-            still_saving.restore()
-        if stop:
-            how = (f"resume with the same launch command and --resume {checkpoint_path}" if args.save_model else
-                   "no checkpoint written (run with --save-model to be able to resume)")
-            print(f"stopped at step {global_step:,}; {how}")
-        elif args.save_model:
-            print(f"checkpoint: {checkpoint_path}\n"
-                  f"evaluate it with: python ppo/{VARIANT}.py --evaluate {checkpoint_path}")
-    return {"run_name": run_name, "global_step": global_step, "interrupted": stop, "rank": rank,
+    run.finish(global_step, how_to_resume=f"resume with the same launch command and --resume {run.checkpoint_path}")
+    return {"run_name": run.name, "global_step": global_step, "interrupted": run.stopping, "rank": rank,
             "world_size": world_size, "recent_returns": list(recent_returns), "agent": agent}
 
 
+def evaluate(args: Args, checkpoint: dict) -> list[float]:
+    """--evaluate: play games with the saved agent, its actions sampled as in training. The games run
+    through the training wrappers, so a game lasts all its lives and its score is the real, unclipped one.
+    It plays in one process."""
+    check_args(args, 1)
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        harness.fail(VARIANT, f"--evaluate plays in one process: run python ppo/{VARIANT}.py --evaluate {args.evaluate}")
+    evaluation = harness.Evaluation(args, VARIANT, checkpoint)  # the device and seeds; prints the scores
+    envs = make_envs(args.env_id, 1, args.capture_video, evaluation.video_folder, video_episodes=args.eval_episodes)
+    agent = evaluation.load(Agent(envs.single_action_space.n))
+    obs, _ = envs.reset(seed=evaluation.seed)
+    while evaluation.playing:
+        with torch.inference_mode():
+            action, _, _, _ = agent.get_action_and_value(torch.as_tensor(obs, device=evaluation.device))
+        obs, _, _, _, infos = envs.step(action.cpu().numpy())
+        for _, score, length in finished_games(infos):
+            evaluation.episode_ended(score, length)
+    envs.close()
+    return evaluation.report()
+
+
+# ---------------------------------------------------------------------------------------------------
+# The command line: which settings a resumed run may change, and which make no run at all
+# ---------------------------------------------------------------------------------------------------
+
+# Settings that may differ between a run and its resumption; every other field must stay the same.
+RUNTIME_FIELDS = {"cuda", "track", "wandb_project_name", "wandb_entity", "capture_video", "save_model",
+                  "save_interval", "resume", "evaluate", "eval_episodes", "compile", "cudagraphs", "async_envs",
+                  "backend", "device_ids"}
+# The training setting an evaluation also reads and may change: the seed of its games.
+EVALUATION_FIELDS = {"seed"}
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[Args, dict | None]:
+    """The settings of the command line, and the checkpoint that --resume or --evaluate names."""
+    return harness.parse_args(Args, VARIANT, RUNTIME_FIELDS, EVALUATION_FIELDS, argv)
+
+
+def check_args(args: Args, world_size: int) -> None:
+    """Refuse settings that cannot make a valid run, before any environment is built: first each flag
+    on its own, then the sizes that must fit together, also between the `world_size` processes."""
+    harness.check_rules(args, VARIANT, [  # (flags, what each must be, which values are allowed)
+        ("env_id", "an Atari id such as BreakoutNoFrameskip-v4", lambda value: value.strip() != ""),
+        ("seed", "a whole number from 0 to 2**31 - 1", lambda value: 0 <= value < 2**31),
+        ("backend", "gloo or nccl", lambda value: value in ("gloo", "nccl")),
+        ("device_ids", "GPU numbers, 0 or more (or none)", lambda value: all(i >= 0 for i in value)),
+        ("save_interval", "0 (save only at the end) or more", lambda value: value >= 0),
+        ("eval_episodes total_timesteps num_envs num_steps num_minibatches update_epochs", "at least 1",
+         lambda value: value >= 1),
+        ("learning_rate", "a finite number above 0", lambda value: 0 < value < np.inf),
+        ("gamma gae_lambda", "between 0 and 1", lambda value: 0 <= value <= 1),
+        ("clip_coef max_grad_norm", "above 0", lambda value: value > 0),
+        ("ent_coef vf_coef", "0 or more", lambda value: value >= 0),
+        ("target_kl", "above 0 (leave it out to never stop early)", lambda value: value is None or value > 0),
+    ])
+    if args.num_envs % world_size != 0:
+        harness.fail(VARIANT, f"--num-envs {args.num_envs} does not split evenly between {world_size} processes: "
+                              f"make it a multiple of {world_size} or start another number of processes")
+    local_batch_size = args.num_envs // world_size * args.num_steps
+    if local_batch_size % args.num_minibatches != 0:
+        harness.fail(VARIANT, f"each process's share of the batch, --num-envs / {world_size} processes x --num-steps = "
+                              f"{local_batch_size}, does not divide into --num-minibatches {args.num_minibatches} "
+                              "equal minibatches: pick sizes for which it does")
+    batch_size = args.num_envs * args.num_steps
+    if args.norm_adv and batch_size // args.num_minibatches < 2:
+        harness.fail(VARIANT, f"minibatches of {batch_size // args.num_minibatches} transition cannot be normalized "
+                              "(--norm-adv divides by their standard deviation): use fewer --num-minibatches or a "
+                              "larger batch")
+    if args.total_timesteps < batch_size:
+        harness.fail(VARIANT, f"--total-timesteps {args.total_timesteps} is smaller than one batch "
+                              f"(--num-envs x --num-steps = {batch_size}): raise it or shrink the batch")
+
 if __name__ == "__main__":
-    args = parse_args()
-    try:
-        result = main(args)
-    except gym.error.DependencyNotInstalled as error:
-        # AtariPreprocessing imports opencv, and gymnasium the video packages, only when first used.
-        extra = "'.[atari,video]'" if args.capture_video else "'.[atari]'"
-        fail(f"missing optional dependency: {error} (pip install -e {extra})")
-    except KeyboardInterrupt:  # a second Ctrl-C, or one before training began
-        if int(os.environ.get("LOCAL_RANK", "0")) == 0:
-            print("stopped at once by Ctrl-C: what came after the last checkpoint is lost", file=sys.stderr)
-        sys.exit(130)
-    sys.exit(130 if result.get("interrupted") else 0)
+    args, checkpoint = parse_args()
+    harness.run(evaluate if args.evaluate else main, args, checkpoint, VARIANT, extra="atari")

@@ -10,29 +10,24 @@ procgen-mirror). The file follows ppo/ppo.py: settings, environments, the agent,
 then the training loop in `main()`. The 13 core details are marked `[Core N: ...]` where they happen,
 the network `[Procgen: IMPALA CNN]`, and the two settings of openai/train-procgen that the other
 scripts lack (no learning-rate annealing, rewards scaled and clipped) `[Procgen N: ...]`;
-docs/ppo_procgen.md lists them all. The games are played on the easy levels.
+docs/ppo_procgen.md lists them all. The games are played on the easy levels. What a run needs beyond
+PPO (the command line, checkpoints, logs, Ctrl-C) is in ppo/harness.py, whose calls read `harness.`...:
+take that file along when you copy this one.
 """
 
 import contextlib
 import io
-import os
-import random
-import signal
-import sys
-import time
-import warnings
 from collections import deque
-from dataclasses import asdict, dataclass, fields, replace
-from typing import NoReturn
+from dataclasses import dataclass
 
 import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn as nn
 import torch.optim as optim
-import tyro
 from torch.distributions.categorical import Categorical
-from torch.utils.tensorboard import SummaryWriter
+
+import harness  # the run machinery, beside this file
 
 try:
     # procgen imports the retired `gym` package only to register old-style environments, and gym
@@ -43,10 +38,6 @@ except ImportError as error:  # reported by make_envs, with the command that ins
     ProcgenGym3Env, PROCGEN_IMPORT_ERROR = None, error
 
 VARIANT = "ppo_procgen"  # written into checkpoints, so another variant's checkpoint is refused
-
-# Procgen's gym3 holds imageio-ffmpeg below 0.4, which warns when the first video is written that
-# pkg_resources is deprecated: noise about a library this script never calls itself.
-warnings.filterwarnings("ignore", message="pkg_resources is deprecated", category=UserWarning)
 
 # The 16 games of the Procgen Benchmark; --env-id takes one of these names.
 GAMES = ("bigfish", "bossfight", "caveflyer", "chaser", "climber", "coinrun", "dodgeball", "fruitbot",
@@ -126,6 +117,8 @@ class Args:
     """if toggled, normalize advantages within each minibatch"""
     clip_coef: float = 0.2
     """the surrogate clipping coefficient"""
+    anneal_clip: bool = False
+    """if toggled, anneal the clipping coefficient linearly to zero, as the PPO paper does for Atari"""
     clip_vloss: bool = True
     """if toggled, clip the value loss as the original PPO code does"""
     ent_coef: float = 0.01
@@ -138,109 +131,6 @@ class Args:
     """if set, stop the update epochs early once the approximate KL exceeds it"""
     reward_clip: float = 10.0
     """scaled rewards are clipped to [-reward_clip, reward_clip]"""
-
-
-# Settings that may differ between a run and its resumption; every other field must stay the same.
-RUNTIME_FIELDS = {"cuda", "track", "wandb_project_name", "wandb_entity", "capture_video", "save_model",
-                  "save_interval", "resume", "evaluate", "eval_episodes", "compile", "cudagraphs"}
-# Training settings an evaluation also reads and may change: the seed of its games, and which levels
-# it plays (an agent trained on 200 levels can be evaluated on all of them: --num-levels 0).
-EVALUATION_FIELDS = {"seed", "distribution_mode", "num_levels", "start_level"}
-
-
-def fail(message: str) -> NoReturn:
-    """Stop with one line saying what to do and exit code 2: for wrong input, never for bugs."""
-    print(f"{VARIANT}.py: error: {message}", file=sys.stderr)
-    raise SystemExit(2)
-
-
-def load_checkpoint(path: str) -> dict:
-    """Read a checkpoint written by this script; refuse anything else with a clear message."""
-    if not os.path.isfile(path):
-        fail(f"no checkpoint at {path!r}")
-    try:
-        # weights_only=False: the checkpoint holds NumPy statistics and RNG states and the games'
-        # states, not only tensors. Only load checkpoints you wrote yourself.
-        checkpoint = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as error:  # torch raises many kinds of errors for a file it cannot read
-        fail(f"cannot read checkpoint {path!r}: {error}")
-    if not isinstance(checkpoint, dict) or "variant" not in checkpoint:
-        fail(f"{path!r} is not a checkpoint of this collection")
-    if checkpoint["variant"] != VARIANT:
-        fail(f"{path!r} was written by {checkpoint['variant']}.py: use ppo/{checkpoint['variant']}.py for it")
-    return checkpoint
-
-
-def parse_args(argv: list[str] | None = None) -> Args:
-    """Read the command line. With --resume or --evaluate the checkpoint's settings are the defaults,
-    so `--resume PATH` alone continues the run. A resumed run refuses a training flag that contradicts
-    the checkpoint. An evaluation needs the same game, may change the EVALUATION_FIELDS (the seed and
-    the levels), and refuses every other training flag."""
-    args = tyro.cli(Args, args=argv)
-    if args.resume and args.evaluate:
-        fail("--resume goes on training a saved run and --evaluate plays a saved agent: give one of them")
-    checkpoint_path = args.resume or args.evaluate
-    if checkpoint_path is None:
-        return args
-    saved = replace(Args(**load_checkpoint(checkpoint_path)["args"]), resume=None, evaluate=None)
-    if args.evaluate:  # an evaluation starts from the default run-time options, not the training run's
-        saved = replace(saved, **{name: getattr(Args(), name) for name in RUNTIME_FIELDS})
-    args = tyro.cli(Args, args=argv, default=saved)
-    must_match = ["env_id"] if args.evaluate else [f.name for f in fields(Args) if f.name not in RUNTIME_FIELDS]
-    for name in must_match:
-        if getattr(args, name) != getattr(saved, name):
-            flag = "--" + name.replace("_", "-")
-            fail(f"the checkpoint was made with {flag} {getattr(saved, name)}, not "
-                 f"{getattr(args, name)}: drop {flag} to keep the checkpoint's value")
-    if args.evaluate:  # any other training flag would be silently ignored: say so instead
-        for name in (f.name for f in fields(Args) if f.name not in RUNTIME_FIELDS | EVALUATION_FIELDS):
-            if getattr(args, name) != getattr(saved, name):
-                flag = "--" + name.replace("_", "-")
-                fail(f"{flag} is a training setting, which --evaluate does not use: drop it")
-    return args
-
-
-def check_args(args: Args) -> None:
-    """Refuse settings that cannot make a valid run, before any environment is built: first each flag
-    on its own (one rule per numeric or choice flag), then the sizes that must fit together."""
-    rules = [  # (field, whether its value is allowed, what it must be)
-        ("env_id", args.env_id.strip() != "", "a Procgen game such as starpilot"),
-        ("seed", 0 <= args.seed < 2**31, "a whole number from 0 to 2**31 - 1"),
-        ("save_interval", args.save_interval >= 0, "0 (save only at the end) or more"),
-        ("eval_episodes", args.eval_episodes >= 1, "at least 1"),
-        ("distribution_mode", args.distribution_mode in DISTRIBUTION_MODES, f"one of {', '.join(DISTRIBUTION_MODES)}"),
-        ("num_levels", args.num_levels >= 0, "0 (unlimited levels) or more"),
-        ("start_level", args.start_level >= 0, "0 or more"),
-        ("total_timesteps", args.total_timesteps >= 1, "at least 1"),
-        ("learning_rate", 0 < args.learning_rate < np.inf, "a finite number above 0"),
-        ("num_envs", args.num_envs >= 1, "at least 1"),
-        ("num_steps", args.num_steps >= 1, "at least 1"),
-        ("gamma", 0 <= args.gamma <= 1, "between 0 and 1"),
-        ("gae_lambda", 0 <= args.gae_lambda <= 1, "between 0 and 1"),
-        ("num_minibatches", args.num_minibatches >= 1, "at least 1"),
-        ("update_epochs", args.update_epochs >= 1, "at least 1"),
-        ("clip_coef", args.clip_coef > 0, "above 0"),
-        ("ent_coef", args.ent_coef >= 0, "0 or more"),
-        ("vf_coef", args.vf_coef >= 0, "0 or more"),
-        ("max_grad_norm", args.max_grad_norm > 0, "above 0"),
-        ("target_kl", args.target_kl is None or args.target_kl > 0, "above 0 (leave it out to never stop early)"),
-        ("reward_clip", args.reward_clip > 0, "above 0"),
-    ]
-    for name, allowed, rule in rules:
-        if not allowed:
-            default = getattr(Args(), name)
-            fail(f"--{name.replace('_', '-')} must be {rule}, got {getattr(args, name)!r}"
-                 + ("" if default is None else f": the default is {default!r}"))
-    batch_size = args.num_envs * args.num_steps
-    if batch_size % args.num_minibatches != 0:
-        fail(f"--num-envs x --num-steps = {batch_size} does not divide into --num-minibatches "
-             f"{args.num_minibatches} equal minibatches: pick sizes whose product is a multiple of it")
-    if args.norm_adv and batch_size // args.num_minibatches < 2:
-        fail(f"minibatches of {batch_size // args.num_minibatches} transition cannot be normalized (--norm-adv "
-             f"divides by their standard deviation): use fewer --num-minibatches or a larger batch")
-    if args.total_timesteps < batch_size:
-        fail(f"--total-timesteps {args.total_timesteps} is smaller than one batch "
-             f"(--num-envs x --num-steps = {batch_size}): raise it or shrink the batch")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -338,15 +228,15 @@ def make_envs(env_id: str, num_envs: int, capture_video: bool = False, video_fol
             with contextlib.suppress(gym.error.Error):
                 gym.spec(env_id)
                 hint = " (a gymnasium id: use ppo/ppo.py or ppo/ppo_continuous_action.py for those)"
-        fail(f"unknown Procgen game {env_id!r}{hint}: pick one of {', '.join(GAMES)}")
+        harness.fail(VARIANT, f"unknown Procgen game {env_id!r}{hint}: pick one of {', '.join(GAMES)}")
     if distribution_mode in MODE_GAMES and env_id not in MODE_GAMES[distribution_mode]:
-        fail(f"{env_id} has no {distribution_mode!r} distribution mode: only "
-             f"{', '.join(MODE_GAMES[distribution_mode])} have it")
+        harness.fail(VARIANT, f"{env_id} has no {distribution_mode!r} distribution mode: only "
+                              f"{', '.join(MODE_GAMES[distribution_mode])} have it")
     if distribution_mode == "exploration" and (num_levels, start_level) != (0, 0):
-        fail("the exploration mode plays the one level Procgen picks for the game: "
-             "leave out --num-levels and --start-level")
+        harness.fail(VARIANT, "the exploration mode plays the one level Procgen picks for the game: "
+                              "leave out --num-levels and --start-level")
     if ProcgenGym3Env is None:
-        fail(f"Procgen is not installed ({PROCGEN_IMPORT_ERROR}): pip install -e \".[procgen]\"")
+        harness.fail(VARIANT, f"Procgen is not installed ({PROCGEN_IMPORT_ERROR}): pip install -e \".[procgen]\"")
     return ProcgenVectorEnv(env_id, num_envs, distribution_mode, num_levels, start_level,
                             video_folder if capture_video else None)
 
@@ -523,8 +413,9 @@ def compute_gae(rewards: np.ndarray, values: np.ndarray, dones: np.ndarray, next
 
 def ppo_loss(new_logprob: torch.Tensor, entropy: torch.Tensor, new_value: torch.Tensor,
              old_logprob: torch.Tensor, old_value: torch.Tensor, advantages: torch.Tensor,
-             returns: torch.Tensor, args: Args) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """The PPO objective on one minibatch; returns the loss to minimize and detached statistics."""
+             returns: torch.Tensor, clip_coef: float, args: Args) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The PPO objective on one minibatch, with the clipping coefficient of this update; returns the
+    loss to minimize and detached statistics."""
     logratio = new_logprob - old_logprob
     ratio = logratio.exp()
 
@@ -534,14 +425,14 @@ def ppo_loss(new_logprob: torch.Tensor, entropy: torch.Tensor, new_value: torch.
 
     # [Core 8: Clipped surrogate objective] pessimistic bound: the larger of the two losses.
     pg_loss_unclipped = -advantages * ratio
-    pg_loss_clipped = -advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
+    pg_loss_clipped = -advantages * torch.clamp(ratio, 1 - clip_coef, 1 + clip_coef)
     pg_loss = torch.max(pg_loss_unclipped, pg_loss_clipped).mean()
 
     if args.clip_vloss:
         # [Core 9: Value function loss clipping] the new value may move at most clip_coef away from
         # the value recorded during the rollout before the clipped term takes over.
         v_loss_unclipped = (new_value - returns) ** 2
-        v_clipped = old_value + torch.clamp(new_value - old_value, -args.clip_coef, args.clip_coef)
+        v_clipped = old_value + torch.clamp(new_value - old_value, -clip_coef, clip_coef)
         v_loss_clipped = (v_clipped - returns) ** 2
         v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
     else:
@@ -556,89 +447,26 @@ def ppo_loss(new_logprob: torch.Tensor, entropy: torch.Tensor, new_value: torch.
         # [Core 12: Debug variables] two estimators of KL(old || new) and how often clipping bites.
         old_approx_kl = (-logratio).mean()
         approx_kl = ((ratio - 1) - logratio).mean()
-        clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
+        clipfrac = ((ratio - 1.0).abs() > clip_coef).float().mean()
     stats = {"policy_loss": pg_loss.detach(), "value_loss": v_loss.detach(), "entropy": entropy_mean.detach(),
              "old_approx_kl": old_approx_kl, "approx_kl": approx_kl, "clipfrac": clipfrac}
     return loss, stats
 
 
 def minibatch_loss(agent: Agent, obs: torch.Tensor, actions: torch.Tensor, old_logprob: torch.Tensor,
-                   old_value: torch.Tensor, advantages: torch.Tensor, returns: torch.Tensor,
+                   old_value: torch.Tensor, advantages: torch.Tensor, returns: torch.Tensor, clip_coef: float,
                    args: Args) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The network on one minibatch, then the PPO loss: the unit --compile compiles."""
     _, new_logprob, entropy, new_value = agent.get_action_and_value(obs, actions)
-    return ppo_loss(new_logprob, entropy, new_value.flatten(), old_logprob, old_value, advantages, returns, args)
+    return ppo_loss(new_logprob, entropy, new_value.flatten(), old_logprob, old_value, advantages, returns,
+                    clip_coef, args)
 
 
 def explained_variance(predicted: np.ndarray, target: np.ndarray) -> float:
-    """1 - Var[target - predicted] / Var[target]: 1 is a perfect value function, 0 no better than
-    a constant, negative worse than one; nan when the targets do not vary."""
+    """[Core 12: Debug variables] 1 - Var[target - predicted] / Var[target]: 1 is a perfect value
+    function, 0 no better than a constant, negative worse than one; nan when the targets do not vary."""
     target_variance = np.var(target)
     return np.nan if target_variance == 0 else float(1 - np.var(target - predicted) / target_variance)
-
-
-# ---------------------------------------------------------------------------------------------------
-# Checkpoints, interruption and evaluation
-# ---------------------------------------------------------------------------------------------------
-
-
-def save_checkpoint(path: str, state: dict) -> None:
-    """Write atomically: a crash or a second Ctrl-C while writing leaves the previous file intact."""
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    torch.save(state, path + ".tmp")
-    os.replace(path + ".tmp", path)
-
-
-class StopOnInterrupt:
-    """The first Ctrl-C only prints `notice` and sets `requested`: training then stops after the
-    current iteration, so the run can flush its logs and save a checkpoint at a clean point. A second
-    Ctrl-C stops at once (KeyboardInterrupt)."""
-
-    def __init__(self, notice: str = "Ctrl-C: stopping after this iteration (press Ctrl-C again to quit at once)"):
-        self.requested, self.notice = False, notice
-        self.previous_handler = signal.signal(signal.SIGINT, self.handle)
-
-    def handle(self, signum, frame):
-        if self.requested:
-            raise KeyboardInterrupt
-        self.requested = True
-        print("\n" + self.notice, flush=True)
-
-    def restore(self):
-        signal.signal(signal.SIGINT, self.previous_handler)
-
-
-def evaluate(args: Args, device: torch.device) -> list[float]:
-    """Play `eval_episodes` episodes with the saved policy (actions sampled, as in training) and
-    print the mean and standard deviation of their scores."""
-    checkpoint = load_checkpoint(args.evaluate)
-    video_folder = f"videos/{checkpoint['run_name']}-eval"
-    envs = make_envs(args.env_id, 1, args.capture_video, video_folder, args.distribution_mode,
-                     args.num_levels, args.start_level)
-    agent = Agent(envs.single_observation_space.shape, envs.single_action_space.n).to(device)
-    agent.load_state_dict(checkpoint["model"])
-    agent.eval()
-    torch.manual_seed(args.seed)
-
-    # Seeds unlike any training seed, so with unlimited levels the scores come from levels the
-    # agent most likely never saw.
-    obs, _ = envs.reset(seed=args.seed + 100_000)
-    episode_returns, current_return = [], 0.0
-    while len(episode_returns) < args.eval_episodes:
-        with torch.inference_mode():
-            action, _, _, _ = agent.get_action_and_value(torch.as_tensor(obs, device=device))
-        obs, reward, terminated, truncated, _ = envs.step(action.cpu().numpy())
-        current_return += float(reward[0])
-        if terminated[0] or truncated[0]:
-            episode_returns.append(current_return)
-            print(f"episode {len(episode_returns)}: return {current_return:.1f}")
-            current_return = 0.0
-    envs.close()
-    print(f"{args.env_id}: mean return {np.mean(episode_returns):.2f} +- {np.std(episode_returns):.2f} "
-          f"over {len(episode_returns)} episodes")
-    if args.capture_video:
-        print(f"videos in {video_folder}/")
-    return episode_returns
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -646,41 +474,20 @@ def evaluate(args: Args, device: torch.device) -> list[float]:
 # ---------------------------------------------------------------------------------------------------
 
 
-def main(args: Args) -> dict:
-    """Train (or evaluate) as `args` says; returns a summary of the run for callers such as tests."""
+def main(args: Args, checkpoint: dict | None = None) -> dict:
+    """Train as `args` says, from `checkpoint` (read by parse_args) with --resume; returns a summary of
+    the run for callers such as tests."""
     check_args(args)
     batch_size = args.num_envs * args.num_steps
     minibatch_size = batch_size // args.num_minibatches
     num_iterations = args.total_timesteps // batch_size
-    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-    if args.cudagraphs and device.type != "cuda":
-        fail("--cudagraphs needs a CUDA device: drop it, or run on a GPU (and without --no-cuda)")
-    if args.evaluate:
-        return {"episode_returns": evaluate(args, device)}
-
-    checkpoint = load_checkpoint(args.resume) if args.resume else None
-    if checkpoint:
-        run_name = checkpoint["run_name"]
-    else:
-        run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
-    # The run's folder: its TensorBoard log and checkpoint. A resumed run goes on in the folder of the
-    # checkpoint it was given, from wherever it is started.
-    run_dir = (os.path.dirname(args.resume) or ".") if checkpoint else f"runs/{run_name}"
-    checkpoint_path = os.path.join(run_dir, "checkpoint.pt")
-
-    # Seeding. A resumed run overwrites these RNG states with the checkpoint's below.
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
-    torch.backends.cudnn.deterministic = args.torch_deterministic
+    run = harness.Run(args, VARIANT, checkpoint, num_iterations)  # its name and folder, device, seeds
+    device = run.device
     # PyTorch keeps its default of one thread per core here: on a CPU nearly all the time goes to the
-    # IMPALA CNN, which a dedicated many-core machine runs faster on all its cores. (The Atari
-    # scripts take one thread, for their emulators share the cores.) On a shared machine set
-    # OMP_NUM_THREADS=1: docs/ppo_procgen.md, Speed, measured the default up to 80x slower there.
+    # IMPALA CNN, which a dedicated many-core machine runs faster on all its cores. On a shared machine
+    # set OMP_NUM_THREADS=1: docs/ppo_procgen.md, Speed, measured the default up to 80x slower there.
 
-    # A resumed run's videos go into a folder of their own: its episode count starts again at 0.
-    video_folder = f"videos/{run_name}" + (f"/resumed-at-step-{checkpoint['global_step']}" if checkpoint else "")
-    envs = make_envs(args.env_id, args.num_envs, args.capture_video, video_folder,
+    envs = make_envs(args.env_id, args.num_envs, args.capture_video, run.video_folder,
                      args.distribution_mode, args.num_levels, args.start_level)
     obs_shape = envs.single_observation_space.shape
     agent = Agent(obs_shape, envs.single_action_space.n).to(device)
@@ -690,32 +497,10 @@ def main(args: Args) -> dict:
     # gradients are tiny, which Adam would otherwise scale up to full size.
     # fused=True: the same Adam, in one kernel for all parameters instead of a dozen small ops each.
     optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
-
-    # [Speed: torch.compile] the policy step of the rollout and the loss of the update, fused into
-    # fewer, larger kernels: on a GPU that cuts the per-operation launch cost that dominates here.
-    policy_step, loss_on_minibatch = agent.get_action_and_value, minibatch_loss
-    if args.compile or args.cudagraphs:
-        mode = "reduce-overhead" if args.cudagraphs else "default"  # reduce-overhead = CUDA graphs
-        policy_step = torch.compile(policy_step, mode=mode)
-        loss_on_minibatch = torch.compile(loss_on_minibatch, mode=mode)
-
-    if args.track:
-        try:
-            import wandb
-        except ImportError:
-            fail("--track needs wandb: pip install wandb")
-        try:
-            wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
-                       config=asdict(args), name=run_name, id=run_name, resume="allow", save_code=True)
-        except wandb.errors.Error as error:  # no API key, no network
-            fail(f"--track could not start Weights & Biases ({str(error).splitlines()[0]}): log in with "
-                 "`wandb login`, or set WANDB_MODE=offline to keep the run on this machine")
-    # purge_step: after a resume, TensorBoard drops anything the interrupted run logged past the checkpoint.
-    writer = SummaryWriter(run_dir, purge_step=checkpoint["global_step"] + 1 if checkpoint else None)
-    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(
-        f"|{key}|{value}|" for key, value in {**asdict(args), "batch_size": batch_size,
-                                              "minibatch_size": minibatch_size,
-                                              "num_iterations": num_iterations}.items()))
+    # [Speed: torch.compile] the policy step and the minibatch loss compiled into fused kernels, so a GPU
+    # runs a few large kernels instead of waiting for Python to launch many small ones.
+    policy_step, loss_on_minibatch = harness.compiled(args, agent.get_action_and_value, minibatch_loss)
+    writer = run.open_logs(batch_size=batch_size, minibatch_size=minibatch_size, num_iterations=num_iterations)
 
     # Rollout storage, (num_steps, num_envs, ...), refilled every iteration. What the network reads and
     # writes lives on the training device, allocated once: the images as they come, uint8 (200 MB at
@@ -723,68 +508,38 @@ def main(args: Args) -> dict:
     # log-probabilities and the values. Rewards and episode ends come from the games as NumPy and stay
     # there until GAE.
     obs = torch.zeros((args.num_steps, args.num_envs) + obs_shape, dtype=torch.uint8, device=device)
-    actions = torch.zeros((args.num_steps, args.num_envs), dtype=torch.int64, device=device)
-    logprobs = torch.zeros((args.num_steps, args.num_envs), dtype=torch.float32, device=device)
-    values = torch.zeros((args.num_steps, args.num_envs), dtype=torch.float32, device=device)
+    actions = torch.zeros((args.num_steps, args.num_envs), dtype=torch.long, device=device)
+    logprobs = torch.zeros((args.num_steps, args.num_envs), device=device)
+    values = torch.zeros((args.num_steps, args.num_envs), device=device)
     rewards = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
     dones = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
 
-    # Running score and length of each game's current episode, and the latest finished ones.
-    episode_return = np.zeros(args.num_envs)
-    episode_length = np.zeros(args.num_envs, dtype=np.int64)
-    recent_returns = deque(maxlen=100)
-
+    # Where the games stand: the next observation, whether it begins an episode, the running score and
+    # length of each game's episode, and the latest finished ones. Procgen builds its games anew at a
+    # reset; a resumed run then puts the saved games' own states back (a recording run saved none).
+    saved_games = checkpoint["envs"] if checkpoint else None
+    start_iteration, global_step = run.start(agent, optimizer, new_episodes=saved_games is None)
     if checkpoint:
-        agent.load_state_dict(checkpoint["model"])
-        optimizer.load_state_dict(checkpoint["optimizer"])
         reward_scaler.load_state_dict(checkpoint["reward_scaler"])
-        random.setstate(checkpoint["rng"]["python"])
-        np.random.set_state(checkpoint["rng"]["numpy"])
-        torch.set_rng_state(checkpoint["rng"]["torch"])
-        if device.type == "cuda" and checkpoint["rng"]["cuda"] is not None:
-            torch.cuda.set_rng_state(checkpoint["rng"]["cuda"], device)
-        start_iteration, global_step = checkpoint["iteration"], checkpoint["global_step"]
+    next_obs, _ = envs.reset(seed=args.seed + global_step)
+    if saved_games is not None:  # a resumed run: the very episodes it left
+        envs.set_state(saved_games)
+        next_obs, next_done = checkpoint["next_obs"], checkpoint["next_done"]
         episode_return, episode_length = checkpoint["episode_return"], checkpoint["episode_length"]
-        recent_returns.extend(checkpoint["recent_returns"])
-        next_obs, _ = envs.reset(seed=args.seed + global_step)
-        if checkpoint["envs"] is not None:  # the games' own states: the very same episodes continue
-            envs.set_state(checkpoint["envs"])
-            next_obs, next_done = checkpoint["next_obs"], checkpoint["next_done"]
-        else:  # the games were not saved (a video-recording run): fresh episodes start
-            next_done = np.zeros(args.num_envs, dtype=bool)
-            episode_return[:], episode_length[:] = 0, 0
-            reward_scaler.discounted_return[:] = 0.0
-        print(f"resuming {run_name} at step {global_step:,} of {args.total_timesteps:,}")
-    else:
-        start_iteration, global_step = 0, 0
-        next_obs, _ = envs.reset(seed=args.seed)
+    else:  # new episodes, on seeds that a resumed run has not played yet
         next_done = np.zeros(args.num_envs, dtype=bool)
+        episode_return, episode_length = np.zeros(args.num_envs), np.zeros(args.num_envs, dtype=np.int64)
+        reward_scaler.discounted_return[:] = 0.0
+    recent_returns = deque(checkpoint["recent_returns"] if checkpoint else [], maxlen=100)
 
-    def write_checkpoint(iteration: int) -> None:
-        cuda_rng = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
-        save_checkpoint(checkpoint_path, {
-            "variant": VARIANT, "args": asdict(args), "run_name": run_name,
-            "iteration": iteration, "global_step": global_step,
-            "model": agent.state_dict(), "optimizer": optimizer.state_dict(),
-            "reward_scaler": reward_scaler.state_dict(),
-            "rng": {"python": random.getstate(), "numpy": np.random.get_state(),
-                    "torch": torch.get_rng_state(), "cuda": cuda_rng},
-            # A recording run's games are not saved: its video would restart mid-episode anyway.
-            "envs": None if args.capture_video else envs.get_state(),
-            "next_obs": next_obs, "next_done": next_done,
-            "episode_return": episode_return.copy(), "episode_length": episode_length.copy(),
-            "recent_returns": list(recent_returns),
-        })
-
-    interrupt = StopOnInterrupt()
-    start_time, start_step, last_print = time.time(), global_step, 0.0
     for iteration in range(start_iteration + 1, num_iterations + 1):
-        # [Core 4: Adam learning rate annealing] off by default here ([Procgen 1]); when on,
-        # linearly from learning_rate toward 0, which the end of the run would reach: the last
-        # iteration uses learning_rate / num_iterations.
+        # [Core 4: Adam learning rate annealing] off by default here ([Procgen 1]); when on, linearly
+        # from learning_rate toward 0, which the end of the run would reach: the last iteration uses
+        # learning_rate / num_iterations. --anneal-clip lowers the clipping coefficient alike.
+        frac = 1.0 - (iteration - 1.0) / num_iterations
         if args.anneal_lr:
-            frac = 1.0 - (iteration - 1.0) / num_iterations
             optimizer.param_groups[0]["lr"] = frac * args.learning_rate
+        clip_coef = frac * args.clip_coef if args.anneal_clip else args.clip_coef
 
         # Rollout: num_steps steps in every game with the current policy.
         for step in range(args.num_steps):
@@ -792,14 +547,16 @@ def main(args: Args) -> dict:
             obs[step] = torch.as_tensor(next_obs, device=device)  # uint8 on its way to the device
             dones[step] = next_done
 
+            # The network runs once per step anyway to choose the action; the log-probability and
+            # value come with it at almost no cost, so they are recorded here, on the device.
+            if args.cudagraphs:
+                # [Speed: CUDA graphs] a replay's outputs live until the next replay: they are copied first.
+                torch.compiler.cudagraph_mark_step_begin()
             with torch.inference_mode():
-                if args.cudagraphs:
-                    torch.compiler.cudagraph_mark_step_begin()
                 action, logprob, _, value = policy_step(obs[step])
-                # Copied into the storage at once: a CUDA graph's next replay overwrites its outputs.
-                actions[step], logprobs[step], values[step] = action, logprob, value.flatten()
-            # [Speed: one host transfer per step] the action is the only thing the rollout brings
-            # back from the device; log-probabilities and values stay there, in the storage.
+            actions[step], logprobs[step], values[step] = action, logprob, value.flatten()
+
+            # [Speed: one host transfer per step] the actions, which the games need, and nothing else.
             next_obs, reward, terminations, truncations, _ = envs.step(action.cpu().numpy())
             next_done = np.logical_or(terminations, truncations)
             # [Procgen 2] Rewards scaled by the std of the discounted return, then clipped to ±reward_clip.
@@ -816,10 +573,10 @@ def main(args: Args) -> dict:
 
         with torch.no_grad():
             next_value = agent.get_value(torch.as_tensor(next_obs, device=device))
-        # GAE runs in NumPy beside the rewards: the values come to the host once per iteration.
-        values_host = values.cpu().numpy()
-        advantages, returns = compute_gae(rewards, values_host, dones, next_value.cpu().numpy().flatten(),
-                                          next_done, args.gamma, args.gae_lambda)
+        # GAE runs on the host, in NumPy: one transfer of the rollout's values per iteration.
+        host_values = values.cpu().numpy()
+        advantages, returns = compute_gae(rewards, host_values, dones, next_value.cpu().numpy().flatten(), next_done,
+                                          args.gamma, args.gae_lambda)
 
         # Flatten the rollout into one batch of num_envs x num_steps transitions.
         b_obs = obs.reshape((-1,) + obs_shape)
@@ -840,7 +597,8 @@ def main(args: Args) -> dict:
                 if args.cudagraphs:
                     torch.compiler.cudagraph_mark_step_begin()
                 loss, stats = loss_on_minibatch(agent, b_obs[mb_inds], b_actions[mb_inds], b_logprobs[mb_inds],
-                                                b_values[mb_inds], b_advantages[mb_inds], b_returns[mb_inds], args)
+                                                b_values[mb_inds], b_advantages[mb_inds], b_returns[mb_inds],
+                                                clip_coef, args)
                 optimizer.zero_grad()
                 loss.backward()
                 # [Core 11: Global gradient clipping] when the norm of all gradients together exceeds
@@ -855,54 +613,99 @@ def main(args: Args) -> dict:
 
         # [Core 12: Debug variables] averaged over every minibatch of this update.
         means = {key: torch.stack([s[key] for s in minibatch_stats]).mean().item() for key in minibatch_stats[0]}
-        sps = int((global_step - start_step) / (time.time() - start_time))
         writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
         for key in ("value_loss", "policy_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac"):
             writer.add_scalar(f"losses/{key}", means[key], global_step)
-        writer.add_scalar("losses/explained_variance", explained_variance(values_host, returns), global_step)
+        writer.add_scalar("losses/explained_variance",
+                          explained_variance(host_values.reshape(-1), returns.reshape(-1)), global_step)
+        sps = run.steps_per_second(global_step)
         writer.add_scalar("charts/SPS", sps, global_step)
+        run.print_progress(iteration, global_step, sps, recent_returns)
 
-        if time.time() - last_print > 2.0 or iteration == num_iterations or interrupt.requested:
-            last_print = time.time()
-            mean_return = f"{np.mean(recent_returns):8.2f}" if recent_returns else "     n/a"
-            print(f"step {global_step:>10,}/{args.total_timesteps:,} | {sps:>6,} SPS | "
-                  f"mean return {mean_return} (last {len(recent_returns)} episodes)", flush=True)
-
-        if args.save_model and (interrupt.requested or iteration == num_iterations
-                                or (args.save_interval > 0 and iteration % args.save_interval == 0)):
-            write_checkpoint(iteration)
-        if interrupt.requested:
+        if run.checkpoint_due(iteration):
+            # A recording run's games are not saved: its video would restart mid-episode anyway.
+            run.save_checkpoint(iteration, global_step, agent, optimizer, reward_scaler=reward_scaler.state_dict(),
+                                envs=None if args.capture_video else envs.get_state(), next_obs=next_obs,
+                                next_done=next_done, episode_return=episode_return.copy(),
+                                episode_length=episode_length.copy(), recent_returns=list(recent_returns))
+        if run.stopping:  # Ctrl-C: this iteration was finished, logged and saved
             break
 
-    interrupt.restore()
     envs.close()
-    writer.close()
-    if args.track:
-        # wandb.finish() takes seconds, and a Ctrl-C inside it crashes W&B's service and loses the
-        # run's upload: a first Ctrl-C here only says so, a second one abandons the upload.
-        print("saving the W&B run...", flush=True)
-        still_saving = StopOnInterrupt("Ctrl-C: W&B is still saving the run (press Ctrl-C again to abandon it)")
-        wandb.finish()
-        still_saving.restore()
-    if interrupt.requested:
-        how = f"resume with: python ppo/{VARIANT}.py --resume {checkpoint_path}" if args.save_model else \
-            "no checkpoint written (run with --save-model to be able to resume)"
-        print(f"stopped at step {global_step:,}; {how}")
-    elif args.save_model:
-        print(f"checkpoint: {checkpoint_path}\nevaluate it with: python ppo/{VARIANT}.py --evaluate {checkpoint_path}")
-    return {"run_name": run_name, "global_step": global_step, "interrupted": interrupt.requested,
+    run.finish(global_step)
+    return {"run_name": run.name, "global_step": global_step, "interrupted": run.stopping,
             "recent_returns": list(recent_returns), "agent": agent, "reward_scaler": reward_scaler}
 
 
+def evaluate(args: Args, checkpoint: dict) -> list[float]:
+    """--evaluate: play episodes with the saved agent, its actions sampled as in training. With unlimited
+    levels, the evaluation's seeds draw levels the agent most likely never saw."""
+    check_args(args)
+    evaluation = harness.Evaluation(args, VARIANT, checkpoint)  # the device and seeds; prints the scores
+    envs = make_envs(args.env_id, 1, args.capture_video, evaluation.video_folder, args.distribution_mode,
+                     args.num_levels, args.start_level)
+    agent = evaluation.load(Agent(envs.single_observation_space.shape, envs.single_action_space.n))
+    obs, _ = envs.reset(seed=evaluation.seed)
+    episode_return = 0.0
+    while evaluation.playing:
+        with torch.inference_mode():
+            action, _, _, _ = agent.get_action_and_value(torch.as_tensor(obs, device=evaluation.device))
+        obs, reward, terminated, truncated, _ = envs.step(action.cpu().numpy())
+        episode_return += float(reward[0])
+        if terminated[0] or truncated[0]:
+            evaluation.episode_ended(episode_return)
+            episode_return = 0.0
+    envs.close()
+    return evaluation.report()
+
+# ---------------------------------------------------------------------------------------------------
+# The command line: which settings a resumed run may change, and which make no run at all
+# ---------------------------------------------------------------------------------------------------
+
+# Settings that may differ between a run and its resumption; every other field must stay the same.
+RUNTIME_FIELDS = {"cuda", "track", "wandb_project_name", "wandb_entity", "capture_video", "save_model",
+                  "save_interval", "resume", "evaluate", "eval_episodes", "compile", "cudagraphs"}
+# Training settings an evaluation also reads and may change: the seed of its games, and which levels
+# it plays (an agent trained on 200 levels can be evaluated on all of them: --num-levels 0).
+EVALUATION_FIELDS = {"seed", "distribution_mode", "num_levels", "start_level"}
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[Args, dict | None]:
+    """The settings of the command line, and the checkpoint that --resume or --evaluate names."""
+    return harness.parse_args(Args, VARIANT, RUNTIME_FIELDS, EVALUATION_FIELDS, argv)
+
+
+def check_args(args: Args) -> None:
+    """Refuse settings that cannot make a valid run, before any environment is built: first each flag
+    on its own, then the sizes that must fit together."""
+    harness.check_rules(args, VARIANT, [  # (flags, what each must be, which values are allowed)
+        ("env_id", "a Procgen game such as starpilot", lambda value: value.strip() != ""),
+        ("seed", "a whole number from 0 to 2**31 - 1", lambda value: 0 <= value < 2**31),
+        ("distribution_mode", f"one of {', '.join(DISTRIBUTION_MODES)}", lambda value: value in DISTRIBUTION_MODES),
+        ("num_levels", "0 (unlimited levels) or more", lambda value: value >= 0),
+        ("start_level", "0 or more", lambda value: value >= 0),
+        ("save_interval", "0 (save only at the end) or more", lambda value: value >= 0),
+        ("eval_episodes total_timesteps num_envs num_steps num_minibatches update_epochs", "at least 1",
+         lambda value: value >= 1),
+        ("learning_rate", "a finite number above 0", lambda value: 0 < value < np.inf),
+        ("gamma gae_lambda", "between 0 and 1", lambda value: 0 <= value <= 1),
+        ("clip_coef max_grad_norm reward_clip", "above 0", lambda value: value > 0),
+        ("ent_coef vf_coef", "0 or more", lambda value: value >= 0),
+        ("target_kl", "above 0 (leave it out to never stop early)", lambda value: value is None or value > 0),
+    ])
+    batch_size = args.num_envs * args.num_steps
+    if batch_size % args.num_minibatches != 0:
+        harness.fail(VARIANT, f"--num-envs x --num-steps = {batch_size} does not divide into --num-minibatches "
+                              f"{args.num_minibatches} equal minibatches: pick sizes whose product is a multiple of it")
+    if args.norm_adv and batch_size // args.num_minibatches < 2:
+        harness.fail(VARIANT, f"minibatches of {batch_size // args.num_minibatches} transition cannot be normalized "
+                              "(--norm-adv divides by their standard deviation): use fewer --num-minibatches or a "
+                              "larger batch")
+    if args.total_timesteps < batch_size:
+        harness.fail(VARIANT, f"--total-timesteps {args.total_timesteps} is smaller than one batch "
+                              f"(--num-envs x --num-steps = {batch_size}): raise it or shrink the batch")
+
+
 if __name__ == "__main__":
-    args = parse_args()
-    try:
-        result = main(args)
-    except gym.error.DependencyNotInstalled as error:
-        # Video writing imports moviepy only when it is first needed.
-        extra = " (videos need: pip install -e '.[procgen,video]')" if args.capture_video else ""
-        fail(f"missing optional dependency: {error}{extra}")
-    except KeyboardInterrupt:  # a second Ctrl-C, or one before training began
-        print("stopped at once by Ctrl-C: what came after the last checkpoint is lost", file=sys.stderr)
-        sys.exit(130)
-    sys.exit(130 if result.get("interrupted") else 0)
+    args, checkpoint = parse_args()
+    harness.run(evaluate if args.evaluate else main, args, checkpoint, VARIANT, extra="procgen")

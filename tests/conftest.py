@@ -137,11 +137,13 @@ def run_unbroken_and_interrupted_in_process(main, args, workdir: Path, env_class
 
 
 @contextlib.contextmanager
-def clock_of_the_steps(script, env_class: type):
-    """Within the block, `script` reads the time from a clock that stands still except in
+def clock_of_the_steps(env_class: type):
+    """Within the block, the runs (ppo/harness.py) read the time from a clock that stands still except in
     `env_class.step`, each call of which advances it by 1/1024 s (a power of 2: the sums stay exact), so
     the steps per second that a run logs are a known figure, not a measurement."""
     import types
+
+    import harness  # where the scripts' runs read the clock
 
     original_step, now = env_class.step, 1_700_000_000.0
 
@@ -151,31 +153,33 @@ def clock_of_the_steps(script, env_class: type):
         return original_step(self, actions)
 
     env_class.step = step_and_tick
-    original_time, script.time = script.time, types.SimpleNamespace(time=lambda: now)
+    original_time, harness.time = harness.time, types.SimpleNamespace(time=lambda: now)
     try:
         yield
     finally:
-        env_class.step, script.time = original_step, original_time
+        env_class.step, harness.time = original_step, original_time
 
 
 def assert_compiled_run_resumes_exactly(script, args, workdir: Path, env_class: type,
                                         interrupt_at_step: int) -> None:
-    """A run with --compile (args) trains and logs every metric, and interrupted by a Ctrl-C during
+    """A run with --compile (args) trains, starts every update at probability ratios of 1
+    (assert_each_update_starts_at_ratio_one) and logs every metric, and interrupted by a Ctrl-C during
     the `interrupt_at_step`-th call of `env_class.step`, then resumed with `--resume PATH` alone (the
     checkpoint keeps --compile), it ends bit for bit where an unbroken --compile run ends, with the same log.
     Its charts/SPS, under clock_of_the_steps, is the steps of each sitting over that sitting's time."""
     import torch
 
     assert args.compile and args.save_model
-    with clock_of_the_steps(script, env_class):
-        unbroken, stopped, checkpoint_path = run_unbroken_and_interrupted_in_process(
-            script.main, args, workdir, env_class, interrupt_at_step)
+    with clock_of_the_steps(env_class):
+        unbroken, stopped, checkpoint_path = assert_each_update_starts_at_ratio_one(
+            script, lambda: run_unbroken_and_interrupted_in_process(script.main, args, workdir, env_class,
+                                                                    interrupt_at_step))
         assert stopped["interrupted"] and 0 < stopped["global_step"] < args.total_timesteps
         assert_logs_every_metric(only_run_dir(workdir / "unbroken"))
 
-        resumed_args = script.parse_args(["--resume", str(checkpoint_path)])
+        resumed_args, checkpoint = script.parse_args(["--resume", str(checkpoint_path)])
         assert resumed_args.compile
-        resumed = script.main(resumed_args)
+        resumed = script.main(resumed_args, checkpoint)
     # Each step took 1/1024 s of the clock: every iteration's rate is num_envs x 1024 steps per second,
     # after the resume too (counted from where the resumed run began, not from step 0).
     for run_dir in (only_run_dir(workdir / "unbroken"), checkpoint_path.parent):
@@ -237,6 +241,106 @@ def assert_first_minibatch_replays_the_rollout(script, args, monkeypatch) -> Non
     for new_logprob, old_logprob, new_value, old_value in first_minibatches:
         torch.testing.assert_close(new_logprob, old_logprob, rtol=0, atol=1e-5)
         torch.testing.assert_close(new_value, old_value, rtol=0, atol=1e-5)
+
+
+def assert_the_batch_is_what_the_policy_saw_and_did(script, args, monkeypatch) -> None:
+    """The batch an update learns from holds, step by step, the observations the policy acted on and
+    the actions it drew. ppo.py and ppo_continuous_action.py score the stored batch after the rollout,
+    so their first minibatch replays whatever was stored and cannot tell a wrong observation from the
+    right one: here the policy's inputs and outputs are recorded as it acts (Agent.get_action) and
+    compared with the batch that each update scores (its first Agent.get_action_and_value call with
+    given actions), row by row: time-major, step t of environment e at t * num_envs + e. The
+    continuous script acts on normalized observations, so those are what its batch must hold."""
+    import torch
+
+    acted, batches = [], []  # acted: (obs, action) per rollout step; batches: (obs, actions) per update
+    get_action, get_action_and_value = script.Agent.get_action, script.Agent.get_action_and_value
+
+    def recording_get_action(self, obs):
+        action = get_action(self, obs)
+        acted.append((obs.detach().clone(), action.detach().clone()))
+        return action
+
+    def recording_get_action_and_value(self, obs, action=None):
+        if action is not None and len(acted) > len(batches) * args.num_steps:  # the first scoring after a rollout
+            batches.append((obs.detach().clone(), action.detach().clone()))
+        return get_action_and_value(self, obs, action)
+
+    monkeypatch.setattr(script.Agent, "get_action", recording_get_action)
+    monkeypatch.setattr(script.Agent, "get_action_and_value", recording_get_action_and_value)
+    script.main(args)
+    num_iterations = args.total_timesteps // (args.num_envs * args.num_steps)
+    assert len(batches) == num_iterations and len(acted) == num_iterations * args.num_steps
+    for iteration, (batch_obs, batch_actions) in enumerate(batches):
+        steps = acted[iteration * args.num_steps:(iteration + 1) * args.num_steps]
+        assert torch.equal(batch_obs, torch.cat([obs for obs, _ in steps])), iteration
+        assert torch.equal(batch_actions, torch.cat([action for _, action in steps])), iteration
+
+
+def assert_each_update_starts_at_ratio_one(script, run):
+    """Call `run()` (a run of `script.main`, with --compile or --async-envs, say) and check that the
+    first minibatch of every update saw probability ratios of 1: the network that scores it is the one
+    that acted, so old_approx_kl and approx_kl are about 0 and no ratio is clipped. The statistics are
+    read from what the minibatch loss returns, outside the function that --compile compiles (a spy
+    inside it would be compiled too), by wrapping what ppo/harness.py's `compiled` hands the script.
+    Returns what `run()` returns."""
+    import harness
+
+    compiled, compute_gae = harness.compiled, script.compute_gae
+    waiting, first_stats = [], []
+
+    def recording_gae(*inputs):
+        waiting.append(True)
+        return compute_gae(*inputs)
+
+    def recording_compiled(args, policy_step, loss_on_minibatch):
+        policy_step, loss_on_minibatch = compiled(args, policy_step, loss_on_minibatch)
+
+        def first_minibatch_recorded(*inputs):
+            loss, stats = loss_on_minibatch(*inputs)
+            if waiting:
+                waiting.clear()
+                first_stats.append({key: float(value) for key, value in stats.items()})
+            return loss, stats
+
+        return policy_step, first_minibatch_recorded
+
+    original = (script.compute_gae, harness.compiled)
+    script.compute_gae, harness.compiled = recording_gae, recording_compiled
+    try:
+        result = run()
+    finally:
+        script.compute_gae, harness.compiled = original
+    assert first_stats, "no update ran"
+    for stats in first_stats:
+        assert abs(stats["approx_kl"]) < 1e-6 and abs(stats["old_approx_kl"]) < 1e-5, stats
+        assert stats["clipfrac"] == 0.0, stats
+    return result
+
+
+def assert_anneal_clip_lowers_the_clipping_coefficient(script, args, monkeypatch) -> None:
+    """--anneal-clip (the PPO paper's Atari setting, and ppo1's): the clipping coefficient that every
+    minibatch of iteration i (from 1 to N) is clipped with is clip_coef x (1 - (i - 1) / N), falling as
+    the learning rate does; without it, clip_coef throughout. Spies on the script's ppo_loss, whose
+    argument it is, both for the surrogate objective and for the value clipping."""
+    from dataclasses import replace
+
+    import pytest
+
+    ppo_loss, used = script.ppo_loss, []
+
+    def recording_loss(*inputs):
+        used.append(float(inputs[7]))  # clip_coef, after the seven tensors
+        return ppo_loss(*inputs)
+
+    monkeypatch.setattr(script, "ppo_loss", recording_loss)
+    num_iterations = args.total_timesteps // (args.num_envs * args.num_steps)
+    per_iteration = args.update_epochs * args.num_minibatches
+    for anneal in (True, False):
+        used.clear()
+        script.main(replace(args, anneal_clip=anneal, clip_coef=0.3))
+        falling = [0.3 * (1 - i / num_iterations) if anneal else 0.3 for i in range(num_iterations)]
+        assert used == pytest.approx([value for value in falling for _ in range(per_iteration)], rel=1e-6), anneal
 
 
 def assert_logged_losses_are_the_updates_own(script, args, monkeypatch, reset_steps_left_out: bool = False) -> None:
@@ -368,7 +472,7 @@ def assert_evaluation_plays_the_saved_weights(script, args, monkeypatch) -> None
             built.append(self)
 
     monkeypatch.setattr(script, "Agent", RecordingAgent)
-    script.main(script.parse_args(["--evaluate", str(checkpoint_path), "--eval-episodes", "1", "--no-cuda"]))
+    script.evaluate(*script.parse_args(["--evaluate", str(checkpoint_path), "--eval-episodes", "1", "--no-cuda"]))
     saved = torch.load(checkpoint_path, weights_only=False)["model"]
     assert len(built) == 1
     played = built[0].state_dict()
@@ -507,9 +611,9 @@ def assert_every_evaluated_episode_returns(script, args, capsys, expected: float
     script.main(replace(args, save_model=True))
     capsys.readouterr()
     checkpoint_path = only_run_dir(Path.cwd()) / "checkpoint.pt"
-    result = script.main(script.parse_args(["--evaluate", str(checkpoint_path), "--eval-episodes", str(episodes),
-                                            "--no-cuda"]))
-    assert result["episode_returns"] == [expected] * episodes
+    returns = script.evaluate(*script.parse_args(["--evaluate", str(checkpoint_path), "--eval-episodes", str(episodes),
+                                                  "--no-cuda"]))
+    assert returns == [expected] * episodes
     assert assert_evaluation_output(capsys.readouterr().out, args.env_id, episodes) == [expected] * episodes
 
 

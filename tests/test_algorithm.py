@@ -85,7 +85,7 @@ def loss(script: str, args, new_logprob, advantages, new_value=None, old_value=N
     zeros = torch.zeros(size)
     return load(script).ppo_loss(new_logprob, zeros, zeros if new_value is None else new_value, zeros,
                                  zeros if old_value is None else old_value, advantages,
-                                 zeros if returns is None else returns, args)
+                                 zeros if returns is None else returns, args.clip_coef, args)
 
 
 @pytest.mark.parametrize("ratio, advantage, clipped", [(1.5, 1.0, True), (0.5, -1.0, True),
@@ -106,6 +106,22 @@ def test_clipped_objective_stops_gradient_only_where_the_ratio_left_the_trust_re
     assert stats["clipfrac"].item() == (1.0 if abs(ratio - 1) > 0.2 else 0.0)
     assert stats["approx_kl"].item() == pytest.approx((ratio - 1) - np.log(ratio), rel=1e-5)
     assert stats["old_approx_kl"].item() == pytest.approx(-np.log(ratio), rel=1e-5)
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_the_loss_clips_with_the_coefficient_it_is_given(script):
+    """--anneal-clip hands ppo_loss a clipping coefficient that falls with each iteration: the surrogate
+    objective and the value clipping must both use it, not --clip-coef. With --clip-coef 0.2 and a
+    coefficient of 0.5, a ratio of 1.4 and a value that moved 0.4 are both inside the clip range."""
+    args = load(script).Args(norm_adv=False, clip_coef=0.2, clip_vloss=True, ent_coef=0.0)
+    new_logprob = torch.tensor([np.log(1.4)], requires_grad=True)
+    zero = torch.zeros(1)
+    total, stats = load(script).ppo_loss(new_logprob, zero, torch.tensor([0.4]), zero, zero, torch.ones(1),
+                                         torch.tensor([2.0]), 0.5, args)
+    total.backward()
+    assert new_logprob.grad.item() == pytest.approx(-1.4, rel=1e-5)  # the unclipped branch: -A x ratio
+    assert stats["clipfrac"].item() == 0.0
+    assert stats["value_loss"].item() == pytest.approx(0.5 * (2.0 - 0.4) ** 2, rel=1e-5)  # not (2 - 0.2)^2
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
@@ -138,7 +154,7 @@ def test_the_loss_subtracts_the_entropy_bonus_and_adds_the_weighted_value_loss(s
     advantages = torch.tensor(rng.normal(size=size), dtype=torch.float32)
     args = module.Args(norm_adv=False, clip_vloss=False, ent_coef=0.03, vf_coef=0.7)
     total, stats = module.ppo_loss(new_logprob, entropy, new_value, torch.zeros(size), new_value.clone(),
-                                   advantages, returns, args)
+                                   advantages, returns, args.clip_coef, args)
     assert stats["entropy"].item() == pytest.approx(entropy.mean().item())
     assert stats["value_loss"].item() == pytest.approx(0.5 * ((new_value - returns) ** 2).mean().item())
     expected = stats["policy_loss"] - 0.03 * stats["entropy"] + 0.7 * stats["value_loss"]
@@ -193,13 +209,15 @@ def test_the_multigpu_script_normalizes_advantages_before_its_loss(norm_adv):
     raw_advantages = 5 * torch.randn(size) + 100
     received = []
 
-    def recording_loss(agent, obs, actions, old_logprob, old_value, advantages, returns, args):
+    def recording_loss(agent, obs, actions, old_logprob, old_value, advantages, returns, clip_coef, args):
         received.append(advantages.clone())
-        return module.minibatch_loss(agent, obs, actions, old_logprob, old_value, advantages, returns, args)
+        return module.minibatch_loss(agent, obs, actions, old_logprob, old_value, advantages, returns, clip_coef,
+                                     args)
 
     minibatch = (obs, torch.randint(0, 4, (size,)), torch.zeros(size), torch.zeros(size), raw_advantages,
                  torch.zeros(size))
-    module.gradient_step(agent, optimizer, minibatch, module.Args(norm_adv=norm_adv), 1, recording_loss)
+    args = module.Args(norm_adv=norm_adv)
+    module.gradient_step(agent, optimizer, minibatch, args.clip_coef, args, 1, recording_loss)
     if norm_adv:
         assert abs(received[0].mean().item()) < 1e-5 and received[0].std().item() == pytest.approx(1.0, abs=1e-5)
     else:
@@ -264,7 +282,7 @@ def test_rewards_are_scaled_by_the_std_of_the_discounted_return(script):
 # What every variant shares, then each one's own values (the scripts' pages list them with the
 # source documents' tables); a changed default changes every result the docs report.
 SHARED_DEFAULTS = dict(gae_lambda=0.95, norm_adv=True, clip_vloss=True, vf_coef=0.5, max_grad_norm=0.5,
-                       target_kl=None)
+                       target_kl=None, anneal_clip=False)
 ATARI_DEFAULTS = dict(total_timesteps=10_000_000, learning_rate=2.5e-4, num_envs=8, num_steps=128, anneal_lr=True,
                       gamma=0.99, num_minibatches=4, update_epochs=4, clip_coef=0.1, ent_coef=0.01)
 VARIANT_DEFAULTS = {

@@ -3,7 +3,7 @@ that `check_args` must refuse with one line `<script>.py: error: ...` and exit c
 environment is built. One table for all scripts, so a script cannot silently miss a rule, and a check
 that every such field of each script's Args has a row, so a new field cannot arrive unchecked.
 
-Each case runs in process (parse_args, then main) and stops in check_args, so the whole table takes a
+Each case runs in process (parse_args, then main or evaluate) and stops in check_args, so the whole table takes a
 few seconds. Flags that tyro itself refuses while parsing (a choice outside a Literal) get its own
 usage message, also with exit code 2 and no traceback; check_args refuses the same values when Args is
 built in Python."""
@@ -76,6 +76,12 @@ def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+def run_command(module, argv: list[str]):
+    """What `python ppo/<script>.py argv...` runs, in this process: main, or evaluate with --evaluate."""
+    args, checkpoint = module.parse_args(argv)
+    return (module.evaluate if args.evaluate else module.main)(args, checkpoint)
+
+
 @pytest.mark.parametrize("script,name,value", CASES, ids=[f"{s}-{n}={v!r}" for s, n, v in CASES])
 def test_a_bad_value_stops_with_one_line_before_anything_is_built(script, name, value, capsys, workdir, monkeypatch):
     module = load(script)
@@ -85,7 +91,7 @@ def test_a_bad_value_stops_with_one_line_before_anything_is_built(script, name, 
 
     monkeypatch.setattr(module, "make_envs", nothing_may_be_built)
     argv = [flag(name), value, "--no-cuda"]
-    expect_usage_error(capsys, lambda: module.main(module.parse_args(argv)), f"{script}.py", flag(name), "must be")
+    expect_usage_error(capsys, lambda: run_command(module, argv), f"{script}.py", flag(name), "must be")
     assert not (workdir / "runs").exists()
 
 
@@ -134,7 +140,7 @@ def test_flags_given_with_resume_or_evaluate_are_checked_too(script, capsys, wor
     torch.save({"variant": module.VARIANT, "args": asdict(module.Args())}, path)
     for argv, name in ((["--evaluate", path, "--eval-episodes", "0"], "eval_episodes"),
                        (["--resume", path, "--save-interval", "-1"], "save_interval")):
-        expect_usage_error(capsys, lambda: module.main(module.parse_args(argv)), f"{script}.py", flag(name), "must be")
+        expect_usage_error(capsys, lambda: run_command(module, argv), f"{script}.py", flag(name), "must be")
     assert not (workdir / "runs").exists()
 
 
@@ -152,9 +158,9 @@ def test_a_resume_refuses_a_changed_hyperparameter_and_takes_run_time_options(sc
     for name, value in (("gamma", "0.5"), ("update_epochs", "7")):
         expect_usage_error(capsys, lambda: module.parse_args(["--resume", path, flag(name), value]), f"{script}.py",
                            f"made with {flag(name)}", f"drop {flag(name)}")
-    resumed = module.parse_args(["--resume", path, "--compile", "--save-interval", "3", "--no-cuda"])
+    resumed, _ = module.parse_args(["--resume", path, "--compile", "--save-interval", "3", "--no-cuda"])
     assert resumed.compile and resumed.save_interval == 3 and not resumed.cuda and resumed.capture_video
-    evaluation = module.parse_args(["--evaluate", path])
+    evaluation, _ = module.parse_args(["--evaluate", path])
     assert not (evaluation.capture_video or evaluation.cudagraphs)
     assert evaluation.save_interval == module.Args().save_interval
 
@@ -184,7 +190,7 @@ def test_an_evaluation_refuses_the_training_flags_it_would_not_use(script, capsy
     evaluation_flags = {"seed": "9", "distribution_mode": "hard", "num_levels": "0", "start_level": "5"}
     assert module.EVALUATION_FIELDS <= evaluation_flags.keys()
     for name in module.EVALUATION_FIELDS:
-        args = module.parse_args(["--evaluate", path, flag(name), evaluation_flags[name]])
+        args, _ = module.parse_args(["--evaluate", path, flag(name), evaluation_flags[name]])
         assert str(getattr(args, name)) == evaluation_flags[name]
 
 

@@ -19,9 +19,10 @@ from conftest import (METRICS, assert_compiled_loss_matches_plain, assert_compil
                       expect_missing_package_error, expect_usage_error, interrupt_after_first_progress_line,
                       only_run_dir, read_scalars, run_script, run_unbroken_and_interrupted, without_module,
                       assert_evaluation_plays_the_saved_weights, assert_target_kl_ends_the_update_early,
-                      assert_one_copy_to_the_host_per_step, assert_logged_losses_are_the_updates_own)
+                      assert_one_copy_to_the_host_per_step, assert_logged_losses_are_the_updates_own, expect_error_line,
+                      assert_the_batch_is_what_the_policy_saw_and_did, assert_anneal_clip_lowers_the_clipping_coefficient)
 import ppo.ppo as script
-from ppo.ppo import Agent, Args, main, minibatch_loss, parse_args
+from ppo.ppo import Agent, Args, evaluate, main, minibatch_loss, parse_args
 
 
 # A small, fast configuration: 2 envs x 32 steps, 2 minibatches.
@@ -162,6 +163,16 @@ def test_the_first_minibatch_of_each_update_replays_the_rollout(workdir, monkeyp
     assert_first_minibatch_replays_the_rollout(script, Args(env_id="CartPole-v1", total_timesteps=256, **SMALL), monkeypatch)
 
 
+def test_the_batch_holds_the_observations_acted_on_and_the_actions_drawn(workdir, monkeypatch):
+    assert_the_batch_is_what_the_policy_saw_and_did(script, Args(env_id="CartPole-v1", total_timesteps=256, **SMALL),
+                                                    monkeypatch)
+
+
+def test_anneal_clip_lowers_the_clipping_coefficient_with_each_iteration(workdir, monkeypatch):
+    assert_anneal_clip_lowers_the_clipping_coefficient(script, Args(env_id="CartPole-v1", total_timesteps=256, **SMALL),
+                                                       monkeypatch)
+
+
 def test_the_rollout_copies_only_the_actions_to_the_host(workdir, monkeypatch):
     assert_one_copy_to_the_host_per_step(script, Args(env_id="CartPole-v1", total_timesteps=128, **SMALL), monkeypatch,
                                          gym.vector.SyncVectorEnv, action_shape=(2,))
@@ -225,16 +236,16 @@ def test_interrupted_and_resumed_run_ends_with_the_same_weights(tmp_path):
 
 def test_evaluation_scores_a_trained_agent_far_above_an_untrained_one(trained_cartpole, workdir):
     _, checkpoint_path = trained_cartpole
-    trained = main(parse_args(["--evaluate", str(checkpoint_path), "--eval-episodes", "10", "--no-cuda"]))
+    trained = evaluate(*parse_args(["--evaluate", str(checkpoint_path), "--eval-episodes", "10", "--no-cuda"]))
 
     from ppo.ppo import Agent
     untrained_checkpoint = torch.load(checkpoint_path, weights_only=False)
     untrained_checkpoint["model"] = Agent(4, 2).state_dict()
     torch.save(untrained_checkpoint, workdir / "untrained.pt")
-    untrained = main(parse_args(["--evaluate", "untrained.pt", "--eval-episodes", "10", "--no-cuda"]))
-    assert len(trained["episode_returns"]) == len(untrained["episode_returns"]) == 10
-    assert np.mean(trained["episode_returns"]) > 80
-    assert np.mean(trained["episode_returns"]) > 2 * np.mean(untrained["episode_returns"])
+    untrained = evaluate(*parse_args(["--evaluate", "untrained.pt", "--eval-episodes", "10", "--no-cuda"]))
+    assert len(trained) == len(untrained) == 10
+    assert np.mean(trained) > 80
+    assert np.mean(trained) > 2 * np.mean(untrained)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -291,8 +302,8 @@ def test_an_evaluation_films_its_episodes_and_no_more(workdir):
     schedule (0, 1, 8, ...): closing the environment then wrote a one-frame video of a game nobody played."""
     main(Args(total_timesteps=128, save_model=True, **SMALL))
     run_dir = only_run_dir(workdir)
-    main(parse_args(["--evaluate", str(run_dir / "checkpoint.pt"), "--eval-episodes", "1", "--capture-video",
-                     "--no-cuda"]))
+    evaluate(*parse_args(["--evaluate", str(run_dir / "checkpoint.pt"), "--eval-episodes", "1", "--capture-video",
+                          "--no-cuda"]))
     videos = workdir / "videos" / f"{run_dir.name}-eval"
     assert sorted(video.name for video in videos.glob("*.mp4")) == ["rl-video-episode-0.mp4"]
 
@@ -397,8 +408,8 @@ def test_checkpoints_of_another_variant_or_env_are_refused(capsys, workdir):
     expect_usage_error(capsys, lambda: parse_args(["--evaluate", checkpoint_path, "--env-id", "Acrobot-v1"]), "ppo.py",
                        "--env-id CartPole-v1")
     # Evaluating on other seeds, or resuming with other run-time options, is fine.
-    assert parse_args(["--evaluate", checkpoint_path, "--seed", "5"]).seed == 5
-    resumed = parse_args(["--resume", checkpoint_path, "--no-save-model"])
+    assert parse_args(["--evaluate", checkpoint_path, "--seed", "5"])[0].seed == 5
+    resumed, _ = parse_args(["--resume", checkpoint_path, "--no-save-model"])
     assert (resumed.num_envs, resumed.save_model, resumed.resume) == (2, False, checkpoint_path)
 
     checkpoint = torch.load(checkpoint_path, weights_only=False)
@@ -408,6 +419,15 @@ def test_checkpoints_of_another_variant_or_env_are_refused(capsys, workdir):
     expect_usage_error(capsys, lambda: parse_args(["--resume", "missing.pt"]), "ppo.py", "no checkpoint at 'missing.pt'")
     Path("junk.pt").write_text("not a checkpoint")
     expect_usage_error(capsys, lambda: parse_args(["--evaluate", "junk.pt"]), "ppo.py", "cannot read checkpoint")
+
+
+def test_a_runs_file_in_the_way_is_a_one_line_error(tmp_path):
+    """Where `runs` is a file, not a folder, the run cannot write its logs: it says so in one line
+    (it ended in a NotADirectoryError traceback before)."""
+    (tmp_path / "runs").write_text("not a folder")
+    result = run_script("ppo.py", "--total-timesteps", "128", *SMALL_FLAGS, cwd=tmp_path, check=False)
+    line = expect_error_line(result, "ppo.py", "cannot write the run's logs to 'runs/CartPole-v1__ppo__1__")
+    assert "remove what is in the way" in line
 
 
 def test_errors_end_without_a_traceback(tmp_path):
@@ -439,7 +459,7 @@ def test_compiled_minibatch_loss_equals_the_plain_one():
     # The policy and value as they were before a few updates: some ratios leave the clip range.
     old_logprob, old_value = logprob + 0.3 * torch.randn(size), value.flatten() + 0.3 * torch.randn(size)
     stats = assert_compiled_loss_matches_plain(minibatch_loss, agent, obs, actions, old_logprob, old_value,
-                                               torch.randn(size), torch.randn(size), Args())
+                                               torch.randn(size), torch.randn(size), 0.2, Args())
     assert 0 < stats["clipfrac"] < 1  # both branches of the clipped objective took part
     actions = assert_compiles_whole(agent.get_action, obs)  # the rollout's policy step
     assert actions.shape == (size,) and set(actions.tolist()) <= {0, 1}

@@ -17,10 +17,12 @@ from conftest import (assert_compiled_loss_matches_plain, assert_compiles_whole,
                       assert_resume_keeps_the_latest_scores, assert_same_final_weights, expect_missing_package_error,
                       expect_usage_error, only_run_dir, run_script, run_unbroken_and_interrupted, without_module,
                       assert_evaluation_plays_the_saved_weights, assert_target_kl_ends_the_update_early,
-                      assert_one_copy_to_the_host_per_step, assert_logged_losses_are_the_updates_own)
+                      assert_one_copy_to_the_host_per_step, assert_logged_losses_are_the_updates_own,
+                      assert_each_update_starts_at_ratio_one, assert_anneal_clip_lowers_the_clipping_coefficient)
 import ppo.ppo_atari as ppo_atari  # noqa: E402
 from ppo.ppo_atari import (Agent, Args, main, make_env, make_envs,  # noqa: E402
-                           minibatch_loss, parse_args, pickle_envs, finished_games)
+                           minibatch_loss, parse_args, finished_games)
+from harness import save_games  # noqa: E402  (the scripts' run machinery, importable once ppo is)
 
 TINY = ["--num-envs", "2", "--num-steps", "16", "--num-minibatches", "2", "--no-cuda"]
 TINY_ARGS = dict(num_envs=2, num_steps=16, num_minibatches=2, cuda=False)
@@ -239,7 +241,7 @@ def test_a_restored_vector_env_continues_the_very_same_games():
     rng = np.random.default_rng(0)
     for _ in range(100):
         envs.step(rng.integers(4, size=2))
-    restored = make_envs("BreakoutNoFrameskip-v4", 2, saved_envs=pickle_envs(envs))
+    restored = make_envs("BreakoutNoFrameskip-v4", 2, saved_envs=save_games(envs))
     games = 0
     for _ in range(600):
         action = rng.integers(4, size=2)
@@ -267,6 +269,17 @@ def test_a_tiny_run_logs_every_metric_and_real_game_scores(workdir):
 
 def test_the_first_minibatch_of_each_update_replays_the_rollout(workdir, monkeypatch):
     assert_first_minibatch_replays_the_rollout(ppo_atari, Args(total_timesteps=96, **TINY_ARGS), monkeypatch)
+
+
+def test_with_async_envs_each_update_starts_at_ratio_one(workdir):
+    """The games play in worker processes: the observations, actions and log-probabilities stored must
+    still be those of one and the same step."""
+    assert_each_update_starts_at_ratio_one(ppo_atari, lambda: main(Args(total_timesteps=96, async_envs=True,
+                                                                         **TINY_ARGS)))
+
+
+def test_anneal_clip_lowers_the_clipping_coefficient_with_each_iteration(workdir, monkeypatch):
+    assert_anneal_clip_lowers_the_clipping_coefficient(ppo_atari, Args(total_timesteps=96, **TINY_ARGS), monkeypatch)
 
 
 def test_the_rollout_copies_only_the_actions_to_the_host(workdir, monkeypatch):
@@ -345,7 +358,7 @@ def test_async_envs_play_the_same_games_as_sync_envs_and_save_them_alike():
             assert finished_games(expected[4]) == finished_games(actual[4])
             games += len(finished_games(expected[4]))
         assert games > 0
-        saved = pickle_envs(workers)
+        saved = save_games(workers)
         assert isinstance(saved, list) and len(saved) == 2
         restored = make_envs("BreakoutNoFrameskip-v4", 2, saved_envs=saved)
         for _ in range(300):
@@ -367,7 +380,7 @@ def test_games_recorded_on_video_are_not_saved_and_the_worker_writes_the_video(t
     envs.reset(seed=0)
     for _ in range(20):
         envs.step(np.ones(2, dtype=np.int64))
-    assert pickle_envs(envs) is None
+    assert save_games(envs) is None
     envs.close()  # ends the recording of the unfinished game: the file is written now
     assert list((tmp_path / "videos").glob("*.mp4"))
 
@@ -407,14 +420,15 @@ def test_the_compiled_minibatch_loss_gives_the_plain_loss_and_gradients():
     minibatch = (obs, actions, logprobs + 0.2 * torch.randn(32, generator=generator),
                  values.flatten() + torch.randn(32, generator=generator), 1.0 + torch.randn(32, generator=generator),
                  values.flatten() + torch.randn(32, generator=generator))
-    stats = assert_compiled_loss_matches_plain(minibatch_loss, agent, *minibatch, Args())
+    stats = assert_compiled_loss_matches_plain(minibatch_loss, agent, *minibatch, 0.1, Args())
     assert stats["clipfrac"] > 0  # the clipped branches are part of the comparison
     action, _, _, value = assert_compiles_whole(agent.get_action_and_value, obs)  # the rollout's policy step
     assert action.shape == (32,) and value.shape == (32, 1)
 
 
-def test_a_compiled_run_trains_and_logs_every_metric(workdir):
-    result = main(Args(total_timesteps=64, compile=True, **TINY_ARGS))
+def test_a_compiled_run_trains_starts_each_update_at_ratio_one_and_logs_every_metric(workdir):
+    result = assert_each_update_starts_at_ratio_one(ppo_atari, lambda: main(Args(total_timesteps=64, compile=True,
+                                                                                  **TINY_ARGS)))
     assert result["global_step"] == 64
     assert_logs_every_metric(only_run_dir(workdir), except_for=("charts/episodic_return", "charts/episodic_length"))
 

@@ -14,8 +14,10 @@ from conftest import (assert_compiled_loss_matches_plain, assert_compiles_whole,
                       expect_missing_package_error, expect_usage_error, interrupt_after_first_progress_line,
                       only_run_dir, read_scalars, run_script, without_module,
                       assert_evaluation_plays_the_saved_weights, assert_target_kl_ends_the_update_early,
-                      assert_one_copy_to_the_host_per_step, assert_logged_losses_are_the_updates_own)
+                      assert_one_copy_to_the_host_per_step, assert_logged_losses_are_the_updates_own,
+                      assert_each_update_starts_at_ratio_one, assert_anneal_clip_lowers_the_clipping_coefficient)
 from ppo.ppo_atari_envpool import Args, main, make_envs  # noqa: E402
+import harness  # noqa: E402  (the scripts' run machinery, importable once ppo is)
 
 TINY = ["--num-envs", "2", "--num-steps", "16", "--num-minibatches", "2", "--no-cuda"]
 TINY_ARGS = dict(num_envs=2, num_steps=16, num_minibatches=2, cuda=False)
@@ -182,9 +184,9 @@ def test_an_evaluation_scores_whole_games_unclipped(workdir, monkeypatch):
     torch.manual_seed(0)
     torch.save({"variant": script.VARIANT, "args": asdict(Args(env_id="BeamRider-v5")), "run_name": "untrained",
                 "model": script.Agent(9).state_dict()}, workdir / "untrained.pt")
-    scores = main(script.parse_args(["--evaluate", "untrained.pt", "--eval-episodes", "1", "--no-cuda"]))
+    scores = script.evaluate(*script.parse_args(["--evaluate", "untrained.pt", "--eval-episodes", "1", "--no-cuda"]))
     clipped, unclipped = (sum(rewards) for rewards in zip(*steps))
-    assert scores["episode_returns"] == [unclipped]
+    assert scores == [unclipped]
     assert unclipped >= 44 * clipped > 0
 
 
@@ -230,13 +232,13 @@ def test_a_resumed_run_trains_the_saved_weights(workdir, monkeypatch):
     """envpool's games restart on --resume, so no unbroken run can be compared with: the resumed
     run's first update must start from the checkpoint's weights, and shuffle its batch with the
     checkpoint's NumPy generator (the rollout between draws nothing from it)."""
-    class StopAfterTheFirstIteration(script.StopOnInterrupt):
+    class StopAfterTheFirstIteration(harness.StopOnInterrupt):
         def __init__(self):
             super().__init__()
             self.requested = True  # as if Ctrl-C came during the first iteration
 
     with monkeypatch.context() as patch:
-        patch.setattr(script, "StopOnInterrupt", StopAfterTheFirstIteration)
+        patch.setattr(harness, "StopOnInterrupt", StopAfterTheFirstIteration)
         stopped = main(Args(**TINY_ARGS, total_timesteps=96, save_model=True))
     assert stopped["interrupted"] and stopped["global_step"] == 32
 
@@ -250,7 +252,7 @@ def test_a_resumed_run_trains_the_saved_weights(workdir, monkeypatch):
     monkeypatch.setattr(np.random, "shuffle", recording_shuffle)
     checkpoint_path = only_run_dir(workdir) / "checkpoint.pt"
     checkpoint = torch.load(checkpoint_path, weights_only=False)
-    resumed = main(script.parse_args(["--resume", str(checkpoint_path)]))
+    resumed = main(*script.parse_args(["--resume", str(checkpoint_path)]))
     assert resumed["global_step"] == 96
     _, first_weights = minibatches[0]
     for name, value in checkpoint["model"].items():
@@ -283,7 +285,7 @@ def test_an_interrupted_run_resumes_with_new_games_and_evaluates(tmp_path, speed
     assert stopped["variant"] == "ppo_atari_envpool" and 0 < stopped["global_step"] < 160
 
     resumed = run_script("ppo_atari_envpool.py", "--resume", str(checkpoint_path), cwd=tmp_path)
-    assert f"at step {stopped['global_step']:,} of 160 (with new games)" in resumed.stdout
+    assert f"at step {stopped['global_step']:,} of 160 (with new episodes)" in resumed.stdout
     assert torch.load(checkpoint_path, weights_only=False)["global_step"] == 160
     # One point per iteration, none lost or doubled where the run stopped.
     steps = [step for step, _ in read_scalars(only_run_dir(tmp_path))["charts/SPS"]]
@@ -373,15 +375,70 @@ def test_compiled_minibatch_loss_has_the_plain_loss_and_gradients():
     batch = (torch.randint(0, 256, (32, 4, 84, 84), dtype=torch.uint8), torch.randint(0, 4, (32,)),
              -torch.rand(32) - 1.0, torch.randn(32), torch.randn(32), torch.randn(32))
     agent = script.Agent(num_actions=4)
-    assert_compiled_loss_matches_plain(script.minibatch_loss, agent, *batch, Args())
+    assert_compiled_loss_matches_plain(script.minibatch_loss, agent, *batch, 0.1, Args())
     action, _, _, value = assert_compiles_whole(agent.get_action_and_value, batch[0])  # the rollout's policy step
     assert action.shape == (32,) and value.shape == (32, 1)
 
 
-def test_async_envs_and_compile_train_and_log_every_metric(workdir):
-    result = main(Args(env_id="Breakout-v5", total_timesteps=256, async_envs=True, compile=True, **TINY_ARGS))
+def test_async_envs_and_compile_train_start_each_update_at_ratio_one_and_log_every_metric(workdir):
+    result = assert_each_update_starts_at_ratio_one(script, lambda: main(Args(
+        env_id="Breakout-v5", total_timesteps=256, async_envs=True, compile=True, **TINY_ARGS)))
     assert result["global_step"] == 256
     assert_logs_every_metric(only_run_dir(workdir), except_for=("charts/episodic_return", "charts/episodic_length"))
+
+
+def test_two_pools_fill_their_own_columns_and_bootstrap_from_their_own_last_frames(workdir, monkeypatch):
+    """--async-envs: pool k plays the games `pool_games[k]`, here columns 2k and 2k + 1 of 4. Each reward
+    a pool returns must land in its own columns at the step it played (what compute_gae receives), and
+    the bootstrap value after the rollout must be computed from each pool's last frames (what the
+    value network receives after the rollout's last recv)."""
+    pools, gae_rewards, bootstrapped = [], [], []
+
+    class Recording:
+        def __init__(self, envs):
+            self.envs, self.received = envs, []
+
+        def __getattr__(self, name):
+            return getattr(self.envs, name)
+
+        def recv(self):
+            result = self.envs.recv()
+            self.received.append((result[0].copy(), result[1].copy()))
+            return result
+
+    def recording_make_envs(*inputs, **options):
+        pools.append(Recording(make(*inputs, **options)))
+        return pools[-1]
+
+    def recording_gae(rewards, *rest):
+        gae_rewards.append(rewards.copy())
+        return compute_gae(rewards, *rest)
+
+    def recording_get_value(self, obs):
+        bootstrapped.append(obs.clone())
+        return get_value(self, obs)
+
+    make, compute_gae, get_value = script.make_envs, script.compute_gae, script.Agent.get_value
+    monkeypatch.setattr(script, "make_envs", recording_make_envs)
+    monkeypatch.setattr(script, "compute_gae", recording_gae)
+    monkeypatch.setattr(script.Agent, "get_value", recording_get_value)
+    num_steps = TINY_ARGS["num_steps"]
+    # Space Invaders: random play scores within a few steps, and the two pools score at different ones.
+    main(Args(env_id="SpaceInvaders-v5", total_timesteps=192, async_envs=True, seed=3, **{**TINY_ARGS, "num_envs": 4}))
+    assert len(pools) == 2 and len(gae_rewards) == len(bootstrapped) == 3
+    for iteration, (rewards, next_obs) in enumerate(zip(gae_rewards, bootstrapped)):
+        rollout = slice(iteration * num_steps, (iteration + 1) * num_steps)
+        for k, pool in enumerate(pools):
+            own_rewards = np.stack([reward for _, reward in pool.received[rollout]])
+            np.testing.assert_array_equal(rewards[:, 2 * k:2 * k + 2], own_rewards)
+        last_frames = np.concatenate([pool.received[rollout][-1][0] for pool in pools])
+        np.testing.assert_array_equal(next_obs.numpy(), last_frames)
+    # The check can tell the pools apart: their rewards differ.
+    assert not np.array_equal(*(np.stack([reward for _, reward in pool.received]) for pool in pools))
+
+
+def test_anneal_clip_lowers_the_clipping_coefficient_with_each_iteration(workdir, monkeypatch):
+    assert_anneal_clip_lowers_the_clipping_coefficient(script, Args(total_timesteps=96, **TINY_ARGS), monkeypatch)
 
 
 def test_speed_options_refuse_what_cannot_work(capsys, workdir):

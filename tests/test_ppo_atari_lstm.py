@@ -2,6 +2,8 @@
 episode ends, zero at the start; one-frame observations; a short run; exact resumption with the
 LSTM state in the checkpoint; the errors."""
 
+from types import SimpleNamespace
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -15,10 +17,10 @@ from conftest import (assert_compiled_loss_matches_plain, assert_details_marked,
                       assert_resume_keeps_the_latest_scores, assert_same_final_weights,
                       expect_usage_error, only_run_dir, run_script, run_unbroken_and_interrupted,
                       assert_evaluation_plays_the_saved_weights, assert_target_kl_ends_the_update_early,
-                      assert_one_copy_to_the_host_per_step, assert_logged_losses_are_the_updates_own)
+                      assert_one_copy_to_the_host_per_step, assert_logged_losses_are_the_updates_own,
+                      assert_each_update_starts_at_ratio_one, assert_anneal_clip_lowers_the_clipping_coefficient)
 import ppo.ppo_atari_lstm as script  # noqa: E402
-from ppo.ppo_atari_lstm import (Agent, Args, EnvCursor, collect_rollout, main, make_envs,  # noqa: E402
-                                minibatch_loss, replay_sequences)
+from ppo.ppo_atari_lstm import Agent, Args, main, make_envs, minibatch_loss  # noqa: E402
 
 TINY = ["--num-envs", "2", "--num-steps", "16", "--num-minibatches", "2", "--no-cuda"]
 TINY_ARGS = dict(num_envs=2, num_steps=16, num_minibatches=2, cuda=False)
@@ -27,27 +29,43 @@ CPU = torch.device("cpu")
 
 @pytest.fixture(scope="module")
 def rollout_and_agent():
-    """A fresh agent's second rollout of 64 steps in 4 Breakout games: it starts from a non-zero LSTM
-    state, and lost lives reset the state within it."""
+    """A fresh agent's second rollout of 64 steps in 4 Breakout games, played as the training loop plays
+    it, one network call per step carrying the LSTM state: it starts from a non-zero state, and lost
+    lives reset the state within it. Returns the rollout (steps first) and the agent."""
     torch.manual_seed(0)
     envs = make_envs("BreakoutNoFrameskip-v4", 4)
     obs, _ = envs.reset(seed=1)
     agent = Agent(envs.single_action_space.n)
-    cursor = EnvCursor(obs, np.zeros(4, dtype=bool), agent.initial_state(4, CPU))
-    collect_rollout(agent, envs, cursor, 40, CPU)
-    rollout, _ = collect_rollout(agent, envs, cursor, 64, CPU)
+    done, state = np.zeros(4, dtype=bool), agent.initial_state(4, CPU)
+    for num_steps in (40, 64):
+        rollout = SimpleNamespace(initial_lstm_state=state, obs=[], dones=[], actions=[], logprobs=[], values=[])
+        for _ in range(num_steps):
+            with torch.no_grad():
+                action, logprob, _, value, state = agent.get_action_and_value(
+                    torch.as_tensor(obs), state, torch.as_tensor(done, dtype=torch.float32))
+            for name, item in (("obs", torch.as_tensor(obs)), ("dones", done.astype(np.float32)), ("actions", action),
+                               ("logprobs", logprob), ("values", value.flatten())):
+                getattr(rollout, name).append(item)
+            obs, _, terminated, truncated, _ = envs.step(action.numpy())
+            done = np.logical_or(terminated, truncated)
     envs.close()
+    rollout.dones = np.stack(rollout.dones)
+    for name in ("obs", "actions", "logprobs", "values"):
+        setattr(rollout, name, torch.stack(getattr(rollout, name)))
     return rollout, agent
 
 
 def replay(agent, rollout, columns, dones=None, initial_state=None):
+    """The update's replay (minibatch_loss's network call) of the rollout's `columns`, from its initial
+    LSTM state: log-probs, entropies and values, each (num_steps, len(columns))."""
     columns = torch.tensor(columns)
-    dones = torch.as_tensor(rollout.dones if dones is None else dones)
+    dones = torch.as_tensor(rollout.dones if dones is None else dones)[:, columns]
     state = rollout.initial_lstm_state if initial_state is None else initial_state
     with torch.no_grad():
-        return replay_sequences(agent, torch.as_tensor(rollout.obs)[:, columns], dones[:, columns],
-                                torch.as_tensor(rollout.actions)[:, columns],
-                                (state[0][:, columns], state[1][:, columns]))
+        _, logprob, entropy, value, _ = agent.get_action_and_value(
+            rollout.obs[:, columns].flatten(0, 1), (state[0][:, columns], state[1][:, columns]), dones.flatten(),
+            rollout.actions[:, columns].flatten())
+    return tuple(x.reshape(dones.shape) for x in (logprob, entropy, value))
 
 
 @pytest.mark.parametrize("columns", [[0, 1, 2, 3], [2], [3, 0]])
@@ -68,6 +86,14 @@ def test_the_first_minibatch_of_each_update_replays_the_rollout(workdir, monkeyp
     minibatches of 2)."""
     args = Args(total_timesteps=256, num_envs=4, num_steps=16, num_minibatches=2, cuda=False)
     assert_first_minibatch_replays_the_rollout(script, args, monkeypatch)
+
+
+def test_with_async_envs_each_update_starts_at_ratio_one(workdir):
+    assert_each_update_starts_at_ratio_one(script, lambda: main(Args(total_timesteps=64, async_envs=True, **TINY_ARGS)))
+
+
+def test_anneal_clip_lowers_the_clipping_coefficient_with_each_iteration(workdir, monkeypatch):
+    assert_anneal_clip_lowers_the_clipping_coefficient(script, Args(total_timesteps=96, **TINY_ARGS), monkeypatch)
 
 
 def test_the_rollout_copies_only_the_actions_to_the_host(workdir, monkeypatch):
@@ -139,7 +165,7 @@ def test_an_evaluation_resets_the_lstm_state_at_every_lost_life(workdir, monkeyp
     monkeypatch.setattr(script, "make_envs", recording_envs)
     torch.save({"variant": script.VARIANT, "args": asdict(Args()), "run_name": "untrained",
                 "model": Agent(4).state_dict()}, workdir / "untrained.pt")
-    main(script.parse_args(["--evaluate", "untrained.pt", "--eval-episodes", "1", "--no-cuda"]))
+    script.evaluate(*script.parse_args(["--evaluate", "untrained.pt", "--eval-episodes", "1", "--no-cuda"]))
     assert sum(ends_returned) == 5  # Breakout's five lives, the last one ending the game
     assert dones_given == [0.0] + ends_returned[:-1]
 
@@ -203,11 +229,12 @@ def test_the_compiled_minibatch_loss_gives_the_plain_loss_and_gradients(rollout_
                  values + torch.randn(16, 2, generator=generator),
                  tuple(state[:, columns] for state in rollout.initial_lstm_state))
     # Not in one graph: torch.compile leaves the nn.LSTM out (docs/ppo_atari_lstm.md, Speed options).
-    assert_compiled_loss_matches_plain(minibatch_loss, agent, *minibatch, Args(), fullgraph=False)
+    assert_compiled_loss_matches_plain(minibatch_loss, agent, *minibatch, 0.1, Args(), fullgraph=False)
 
 
 def test_a_compiled_run_trains_and_cudagraphs_needs_cuda(capsys, workdir):
-    result = main(Args(total_timesteps=32, compile=True, **TINY_ARGS))
+    result = assert_each_update_starts_at_ratio_one(script, lambda: main(Args(total_timesteps=32, compile=True,
+                                                                               **TINY_ARGS)))
     assert result["global_step"] == 32
     assert_logs_every_metric(only_run_dir(workdir), except_for=("charts/episodic_return", "charts/episodic_length"))
     if not torch.cuda.is_available():

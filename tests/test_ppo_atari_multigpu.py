@@ -18,8 +18,11 @@ pytest.importorskip("cv2")
 
 from conftest import (REPO, assert_details_marked, assert_evaluation_output, assert_logs_every_metric,  # noqa: E402
                       assert_one_copy_to_the_host_per_step, assert_resume_keeps_the_latest_scores,
-                      assert_same_final_weights, expect_usage_error, only_run_dir, read_scalars, run_script, run_unbroken_and_interrupted, torchrun)
-from ppo.ppo_atari_multigpu import Agent, Args, gradient_step, main, make_envs, minibatch_loss, parse_args  # noqa: E402
+                      assert_same_final_weights, expect_usage_error, only_run_dir, read_scalars, run_script,
+                      run_unbroken_and_interrupted, torchrun, assert_first_minibatch_replays_the_rollout,
+                      assert_each_update_starts_at_ratio_one, assert_anneal_clip_lowers_the_clipping_coefficient)
+from ppo.ppo_atari_multigpu import (Agent, Args, evaluate, gradient_step, main, make_envs,  # noqa: E402
+                                    minibatch_loss, parse_args)
 
 TINY = ["--num-envs", "2", "--num-steps", "16", "--num-minibatches", "2", "--no-cuda"]
 TWO_PROCESSES = torchrun("--standalone", "--nproc-per-node", "2")
@@ -98,8 +101,8 @@ def train_on_fixed_minibatches(rank: int, world_size: int, port: int, out_dir, c
     share = MINIBATCH_SIZE // world_size
     loss_on_minibatch = torch.compile(minibatch_loss, fullgraph=True) if compiled else minibatch_loss
     for minibatch in fixed_minibatches(agent, 3):
-        gradient_step(agent, optimizer, tuple(t[rank * share:(rank + 1) * share] for t in minibatch), ARGS, world_size,
-                      loss_on_minibatch)
+        gradient_step(agent, optimizer, tuple(t[rank * share:(rank + 1) * share] for t in minibatch), ARGS.clip_coef,
+                      ARGS, world_size, loss_on_minibatch)
     torch.save({"weights": {name: p.detach() for name, p in agent.named_parameters()},
                 "grads": {name: p.grad for name, p in agent.named_parameters()}},
                out_dir / f"world{world_size}_rank{rank}.pt")
@@ -256,6 +259,44 @@ def test_rank_0_logs_the_games_of_every_rank_at_the_steps_they_ended(tmp_path):
     assert [length for _, length in scalars["charts/episodic_length"]] == [7] * 32
 
 
+def test_the_first_minibatch_of_each_update_replays_the_rollout(workdir, monkeypatch):
+    """In one process (a world of one), with the advantages normalized in gradient_step."""
+    import ppo.ppo_atari_multigpu as script
+
+    assert_first_minibatch_replays_the_rollout(script, Args(num_envs=2, num_steps=16, num_minibatches=2,
+                                                            total_timesteps=96, cuda=False), monkeypatch)
+
+
+def train_checking_each_update_starts_at_ratio_one(rank: int, port: int, out_dir) -> None:
+    """Rank `rank` of a 2-process world of ppo_atari_multigpu.py, in this process, for 3 iterations, with
+    each update's first minibatch checked for ratios of 1 on this rank's share (an AssertionError makes
+    the process exit 1)."""
+    import os
+
+    import ppo.ppo_atari_multigpu as script
+
+    os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE="2",
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.chdir(out_dir)
+    assert_each_update_starts_at_ratio_one(script, lambda: script.main(Args(seed=2, num_envs=4, num_steps=8,
+                                                                            num_minibatches=2, total_timesteps=96,
+                                                                            cuda=False)))
+
+
+def test_two_ranks_start_each_update_at_ratio_one(tmp_path):
+    """Each rank's share of the first minibatch of every update is scored by the network that acted:
+    its stored frames, actions and log-probs belong together on both ranks."""
+    port = free_port()
+    run_as_two_ranks(train_checking_each_update_starts_at_ratio_one, lambda rank: (rank, port, tmp_path))
+
+
+def test_anneal_clip_lowers_the_clipping_coefficient_with_each_iteration(workdir, monkeypatch):
+    import ppo.ppo_atari_multigpu as script
+
+    assert_anneal_clip_lowers_the_clipping_coefficient(script, Args(num_envs=2, num_steps=16, num_minibatches=2,
+                                                                    total_timesteps=96, cuda=False), monkeypatch)
+
+
 def test_the_rollout_copies_only_the_actions_to_the_host(workdir, monkeypatch):
     """In one process (a world of one): the rollout is the single-GPU script's."""
     import gymnasium as gym
@@ -362,7 +403,7 @@ def test_evaluation_is_refused_under_torchrun_and_other_scripts_checkpoints(caps
     main(Args(total_timesteps=32, save_model=True, num_envs=2, num_steps=16, num_minibatches=2, cuda=False))
     checkpoint_path = str(only_run_dir(workdir) / "checkpoint.pt")
     as_rank(monkeypatch, 0, 2)
-    expect_usage_error(capsys, lambda: main(parse_args(["--evaluate", checkpoint_path])), "ppo_atari_multigpu.py",
+    expect_usage_error(capsys, lambda: evaluate(*parse_args(["--evaluate", checkpoint_path])), "ppo_atari_multigpu.py",
                        "--evaluate plays in one process", f"python ppo/ppo_atari_multigpu.py --evaluate {checkpoint_path}")
     checkpoint = torch.load(checkpoint_path, weights_only=False)
     checkpoint["variant"] = "ppo_atari"

@@ -17,9 +17,11 @@ from conftest import (assert_compiled_loss_matches_plain, assert_every_evaluated
                       assert_same_agent_state, assert_same_logs, expect_missing_package_error, expect_usage_error,
                       only_run_dir, read_scalars, run_script, run_unbroken_and_interrupted_in_process, without_module,
                       assert_evaluation_plays_the_saved_weights, assert_target_kl_ends_the_update_early,
-                      assert_one_copy_to_the_host_per_step)
+                      assert_one_copy_to_the_host_per_step, assert_the_batch_is_what_the_policy_saw_and_did,
+                      assert_anneal_clip_lowers_the_clipping_coefficient)
 from ppo import ppo_continuous_action as script
-from ppo.ppo_continuous_action import Agent, Args, RewardScaler, RunningMeanStd, main, minibatch_loss, parse_args
+from ppo.ppo_continuous_action import Agent, Args, RewardScaler, RunningMeanStd, evaluate, main, minibatch_loss, parse_args
+import harness  # the scripts' run machinery, importable once ppo is
 
 SCRIPT = "ppo_continuous_action.py"
 
@@ -141,6 +143,17 @@ def test_the_first_policy_has_std_1_and_training_uses_the_observation_clip_given
     agent = main(Args(env_id="TightBounds-v0", total_timesteps=64, obs_clip=3.0, **SMALL))["agent"]
     assert agent.obs_clip == 3.0
     assert np.abs(agent.normalize_obs(np.full((1, 3), 1e6, dtype=np.float32), update=False)).max() == 3.0
+
+
+def test_the_batch_holds_the_normalized_observations_acted_on_and_the_actions_drawn(workdir, monkeypatch):
+    assert_the_batch_is_what_the_policy_saw_and_did(script, Args(env_id="TightBounds-v0", num_envs=2, total_timesteps=256,
+                                                                 **SMALL),
+                                                    monkeypatch)
+
+
+def test_anneal_clip_lowers_the_clipping_coefficient_with_each_iteration(workdir, monkeypatch):
+    assert_anneal_clip_lowers_the_clipping_coefficient(script, Args(env_id="TightBounds-v0", total_timesteps=192,
+                                                                    **SMALL), monkeypatch)
 
 
 def test_the_rollout_copies_only_the_actions_to_the_host(workdir, monkeypatch):
@@ -353,31 +366,32 @@ def trained_hopper(tmp_path_factory):
 
 
 def test_a_saved_agent_plays_exactly_like_the_trained_one_with_its_statistics(trained_hopper, workdir):
-    """The checkpoint carries the observation statistics: evaluating it gives the very episodes the
-    in-memory agent plays, and the same weights with fresh (identity) statistics play others."""
+    """The checkpoint carries the observation statistics: evaluating it gives the very episodes that the
+    in-memory agent's state (weights and statistics) plays, and the same weights with fresh (identity)
+    statistics play others."""
     agent, checkpoint_path = trained_hopper
     stats = agent.obs_rms.state_dict()
     assert stats["count"] > 2000 and not np.allclose(stats["var"], 1.0)  # the statistics have moved
 
-    evaluated = main(parse_args(["--evaluate", str(checkpoint_path), "--eval-episodes", "3", "--no-cuda"]))
-    in_memory = script.play_episodes(agent, script.make_envs("Hopper-v4", 1), 3, seed=1, device=torch.device("cpu"))
-    assert evaluated["episode_returns"] == in_memory
-    assert agent.obs_rms.state_dict()["count"] == stats["count"]  # playing leaves the statistics frozen
+    def evaluated(model: dict) -> list[float]:
+        checkpoint = {**torch.load(checkpoint_path, weights_only=False), "model": model}
+        args, _ = parse_args(["--evaluate", str(checkpoint_path), "--eval-episodes", "3", "--no-cuda"])
+        return evaluate(args, checkpoint)
 
+    saved = evaluate(*parse_args(["--evaluate", str(checkpoint_path), "--eval-episodes", "3", "--no-cuda"]))
+    assert saved == evaluated(agent.state_dict())
     without_stats = Agent(11, 3)
     without_stats.load_state_dict(agent.state_dict())
     without_stats.obs_rms = RunningMeanStd((11,))
-    identity = script.play_episodes(without_stats, script.make_envs("Hopper-v4", 1), 3, seed=1,
-                                    device=torch.device("cpu"))
-    assert identity != in_memory
+    assert evaluated(without_stats.state_dict()) != saved
 
 
 def test_evaluation_prints_each_episode_and_the_mean(trained_hopper, workdir, capsys):
     _, checkpoint_path = trained_hopper
-    result = main(parse_args(["--evaluate", str(checkpoint_path), "--eval-episodes", "2", "--no-cuda"]))
+    returns = evaluate(*parse_args(["--evaluate", str(checkpoint_path), "--eval-episodes", "2", "--no-cuda"]))
     output = capsys.readouterr().out
     printed = assert_evaluation_output(output, "Hopper-v4", 2)
-    assert printed == pytest.approx(result["episode_returns"], abs=0.05)
+    assert printed == pytest.approx(returns, abs=0.05)
 
 
 def test_evaluation_keeps_the_observation_clip_it_was_trained_with(trained_hopper, capsys, workdir):
@@ -397,7 +411,7 @@ def test_interrupted_and_resumed_run_ends_exactly_like_an_unbroken_one(workdir, 
     assert stopped["interrupted"] and stopped["global_step"] == 128
     assert torch.load(checkpoint_path, weights_only=False)["envs"] is not None
 
-    resumed = main(parse_args(["--resume", str(checkpoint_path)]))
+    resumed = main(*parse_args(["--resume", str(checkpoint_path)]))
     assert resumed["global_step"] == unbroken["global_step"] == 640
     assert_same_agent_state(unbroken["agent"].state_dict(), resumed["agent"].state_dict())
     assert resumed["reward_scaler"].return_rms.var == unbroken["reward_scaler"].return_rms.var
@@ -415,7 +429,7 @@ def test_saved_mujoco_environments_continue_the_same_episodes(mujoco):
         actions = rng.uniform(-1, 1, size=(300,) + envs.action_space.shape).astype(np.float32)
         for action in actions[:30]:
             envs.step(action)
-        copy = script.make_envs(env_id, 1, saved_envs=script.save_envs(envs))
+        copy = script.make_envs(env_id, 1, saved_envs=harness.save_mujoco_envs(envs))
         for action in actions[30:]:  # long enough to cross episode ends and their resets
             original, restored = envs.step(action), copy.step(action)
             for a, b in zip(original[:4], restored[:4]):
@@ -438,7 +452,7 @@ def test_compiled_minibatch_loss_equals_the_plain_one():
     # The policy and value as they were before a few updates: some ratios leave the clip range.
     old_logprob, old_value = logprob + 0.3 * torch.randn(size), value.flatten() + 0.3 * torch.randn(size)
     stats = assert_compiled_loss_matches_plain(minibatch_loss, agent, obs, actions, old_logprob, old_value,
-                                               torch.randn(size), torch.randn(size), Args(ent_coef=0.01))
+                                               torch.randn(size), torch.randn(size), 0.2, Args(ent_coef=0.01))
     assert 0 < stats["clipfrac"] < 1  # both branches of the clipped objective took part
     assert assert_compiles_whole(agent.get_action, obs).shape == (size, 3)  # the rollout's policy step
 

@@ -13,9 +13,10 @@ from conftest import (assert_compiled_loss_matches_plain, assert_compiled_run_re
                       assert_logs_every_metric, assert_same_agent_state, assert_same_logs, expect_usage_error,
                       only_run_dir, run_script, run_unbroken_and_interrupted_in_process,
                       assert_evaluation_plays_the_saved_weights, assert_target_kl_ends_the_update_early,
-                      assert_one_copy_to_the_host_per_step, assert_logged_losses_are_the_updates_own)
+                      assert_one_copy_to_the_host_per_step, assert_logged_losses_are_the_updates_own,
+                      assert_anneal_clip_lowers_the_clipping_coefficient)
 from ppo import ppo_procgen as script
-from ppo.ppo_procgen import Agent, Args, main, minibatch_loss, parse_args
+from ppo.ppo_procgen import Agent, Args, evaluate, main, minibatch_loss, parse_args
 
 SCRIPT = "ppo_procgen.py"
 
@@ -208,14 +209,20 @@ def test_tiny_run_on_starpilot_then_evaluate(tmp_path, monkeypatch, capsys, proc
 
 
     monkeypatch.chdir(tmp_path)
-    evaluation = main(parse_args(["--evaluate", str(run_dir / "checkpoint.pt"), "--eval-episodes", "2", "--no-cuda"]))
-    assert len(evaluation["episode_returns"]) == 2
+    evaluation = evaluate(*parse_args(["--evaluate", str(run_dir / "checkpoint.pt"), "--eval-episodes", "2", "--no-cuda"]))
+    assert len(evaluation) == 2
     printed = assert_evaluation_output(capsys.readouterr().out, "starpilot", 2)
-    assert printed == pytest.approx(evaluation["episode_returns"], abs=0.05)
+    assert printed == pytest.approx(evaluation, abs=0.05)
 
 
 def test_the_first_minibatch_of_each_update_replays_the_rollout(workdir, monkeypatch, procgen):
     assert_first_minibatch_replays_the_rollout(script, Args(total_timesteps=192, **SMALL), monkeypatch)
+
+
+def test_anneal_clip_lowers_the_clipping_coefficient_with_each_iteration(workdir, monkeypatch):
+    """On the stand-in games."""
+    monkeypatch.setattr(script, "ProcgenGym3Env", FakeGames)
+    assert_anneal_clip_lowers_the_clipping_coefficient(script, Args(total_timesteps=192, **SMALL), monkeypatch)
 
 
 def test_the_rollout_copies_only_the_actions_to_the_host(workdir, monkeypatch, procgen):
@@ -244,7 +251,7 @@ def test_interrupted_and_resumed_run_ends_exactly_like_an_unbroken_one(workdir, 
         main, args, workdir, script.ProcgenVectorEnv, interrupt_at_step=20)
     assert stopped["interrupted"] and stopped["global_step"] == 128
 
-    resumed = main(parse_args(["--resume", str(checkpoint_path)]))
+    resumed = main(*parse_args(["--resume", str(checkpoint_path)]))
     assert resumed["global_step"] == unbroken["global_step"] == 192
     assert_same_agent_state(unbroken["agent"].state_dict(), resumed["agent"].state_dict())
     assert resumed["reward_scaler"].return_rms.var == unbroken["reward_scaler"].return_rms.var
@@ -269,7 +276,7 @@ def test_compiled_minibatch_loss_equals_the_plain_one():
     # The policy and value as they were before a few updates: some ratios leave the clip range.
     old_logprob, old_value = logprob + 0.3 * torch.randn(size), value.flatten() + 0.3 * torch.randn(size)
     stats = assert_compiled_loss_matches_plain(minibatch_loss, agent, obs, actions, old_logprob, old_value,
-                                               torch.randn(size), torch.randn(size), Args())
+                                               torch.randn(size), torch.randn(size), 0.2, Args())
     assert 0 < stats["clipfrac"] < 1  # both branches of the clipped objective took part
     action, _, _, value = assert_compiles_whole(agent.get_action_and_value, obs)  # the rollout's policy step
     assert action.shape == (size,) and value.shape == (size, 1)

@@ -1,0 +1,581 @@
+"""The harness of the PPO scripts: everything a run needs that is not PPO, written once for all seven.
+
+Each script in this folder holds PPO whole (its settings, environments, agent, GAE, loss and training
+loop), so that one file teaches the algorithm. What surrounds a run lives here, in the order a run
+meets it:
+
+1. errors: one line that says what to do, and exit code 2 (`fail`);
+2. the command line, where --resume and --evaluate take a checkpoint's settings (`parse_args`), and
+   the engine that runs a script's rules for its flags (`check_rules`);
+3. checkpoints: reading, writing, the random generators' state (`load_checkpoint`, `save_checkpoint`);
+4. the environments' state, where several scripts save it alike (`pickle_envs`, `SavableGame`, ...);
+5. the run itself: name, folder, device, seeds, TensorBoard and W&B, the clock and the progress line,
+   Ctrl-C, the checkpoints it writes and what it says at the end (`Run`);
+6. the speed options' wiring, where it is not a marked line in a script's loop (`compiled`, ...);
+7. evaluation: the device, the seeds, and each played episode's score (`Evaluation`);
+8. the command `python ppo/<script>.py` itself: exit codes, a second Ctrl-C, missing packages (`run`).
+
+It knows no script: a script passes in what it needs (its Args class, its name, its main and evaluate
+functions), and nothing here imports one. The fields of Args read here are those every script has:
+env_id, exp_name, seed, torch_deterministic, cuda, cudagraphs, compile, track, wandb_project_name,
+wandb_entity, capture_video, save_model, save_interval, resume, evaluate, eval_episodes and
+total_timesteps. A script copied elsewhere needs this file beside it.
+"""
+
+import contextlib
+import functools
+import os
+import pickle
+import random
+import signal
+import sys
+import time
+import warnings
+from dataclasses import asdict, fields, replace
+from typing import Callable, NoReturn
+
+import cloudpickle
+import gymnasium as gym
+import numpy as np
+import torch
+import tyro
+from torch.utils.tensorboard import SummaryWriter
+
+# Procgen's gym3 holds imageio-ffmpeg below 0.4, which warns when the first video is written that
+# pkg_resources is deprecated: noise about a library no script calls itself.
+warnings.filterwarnings("ignore", message="pkg_resources is deprecated", category=UserWarning)
+
+
+# ---------------------------------------------------------------------------------------------------
+# 1. Errors
+# ---------------------------------------------------------------------------------------------------
+
+
+def fail(variant: str, message: str) -> NoReturn:
+    """Stop with `<variant>.py: error: <message>` on one line and exit code 2: for wrong input, never
+    for bugs. Under torchrun every process of a node finds the same mistake, so only its first one
+    (local rank 0) prints it: one line per node, since a node may lack what others have."""
+    if int(os.environ.get("LOCAL_RANK", "0")) == 0:
+        print(f"{variant}.py: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+# ---------------------------------------------------------------------------------------------------
+# 2. The command line
+# ---------------------------------------------------------------------------------------------------
+
+
+def parse_args(args_class: type, variant: str, runtime_fields: set[str], evaluation_fields: set[str],
+               argv: list[str] | None = None, evaluation_keeps: tuple[str, ...] = ("env_id",)):
+    """Read the command line into `args_class`; returns the settings and the checkpoint that --resume
+    or --evaluate names (None without either), read once, here.
+
+    With a checkpoint its settings are the defaults, so `--resume PATH` alone continues the run. A
+    resumed run may change only the `runtime_fields` (how it runs, not what it learns) and refuses any
+    other flag that contradicts the checkpoint. An evaluation starts from the default run-time options,
+    may change the `evaluation_fields` (the seed of its games, say), must keep `evaluation_keeps` (the
+    environment) and refuses every other training flag, which it would silently ignore."""
+    args = tyro.cli(args_class, args=argv)
+    if args.resume and args.evaluate:
+        fail(variant, "--resume goes on training a saved run and --evaluate plays a saved agent: give one of them")
+    if not (args.resume or args.evaluate):
+        return args, None
+    checkpoint = load_checkpoint(args.resume or args.evaluate, variant)
+    saved = replace(args_class(**checkpoint["args"]), resume=None, evaluate=None)
+    if args.evaluate:
+        saved = replace(saved, **{name: getattr(args_class(), name) for name in runtime_fields})
+    args = tyro.cli(args_class, args=argv, default=saved)
+    kept = evaluation_keeps if args.evaluate else [f.name for f in fields(args_class) if f.name not in runtime_fields]
+    for name in kept:
+        if getattr(args, name) != getattr(saved, name):
+            flag = "--" + name.replace("_", "-")
+            fail(variant, f"the checkpoint was made with {flag} {getattr(saved, name)}, not "
+                          f"{getattr(args, name)}: drop {flag} to keep the checkpoint's value")
+    if args.evaluate:
+        for name in (f.name for f in fields(args_class) if f.name not in runtime_fields | evaluation_fields):
+            if getattr(args, name) != getattr(saved, name):
+                fail(variant, f"--{name.replace('_', '-')} is a training setting, which --evaluate does not use: drop it")
+    return args, checkpoint
+
+
+def check_rules(args, variant: str, rules: list[tuple[str, str, Callable]]) -> None:
+    """Refuse the first flag that breaks its rule, naming the flag, the rule, the value and the default.
+    `rules` is a script's table: (field names separated by spaces, what each must be, whether a value
+    is allowed)."""
+    defaults = type(args)()
+    for names, requirement, allowed in rules:
+        for name in names.split():
+            value = getattr(args, name)
+            if not allowed(value):
+                default = getattr(defaults, name)
+                fail(variant, f"--{name.replace('_', '-')} must be {requirement}, got {value!r}"
+                              + ("" if default is None else f": the default is {default!r}"))
+
+
+# ---------------------------------------------------------------------------------------------------
+# 3. Checkpoints
+# ---------------------------------------------------------------------------------------------------
+
+
+def load_checkpoint(path: str, variant: str) -> dict:
+    """Read a checkpoint written by the script `variant`; refuse anything else with a clear message."""
+    if not os.path.isfile(path):
+        several_nodes = int(os.environ.get("WORLD_SIZE", "1")) > int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        fail(variant, f"no checkpoint at {path!r}" + (" (every node needs it, at this path)" if several_nodes else ""))
+    try:
+        # weights_only=False: a checkpoint holds NumPy random-generator states and pickled environments,
+        # not only tensors. Only load checkpoints you wrote yourself.
+        checkpoint = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as error:  # torch raises many kinds of errors for a file it cannot read
+        fail(variant, f"cannot read checkpoint {path!r}: {error}")
+    if not isinstance(checkpoint, dict) or "variant" not in checkpoint:
+        fail(variant, f"{path!r} is not a checkpoint of this collection")
+    if checkpoint["variant"] != variant:
+        fail(variant, f"{path!r} was written by {checkpoint['variant']}.py: use ppo/{checkpoint['variant']}.py for it")
+    return checkpoint
+
+
+def save_checkpoint(path: str, state: dict) -> None:
+    """Write atomically: a crash or a second Ctrl-C while writing leaves the previous file intact."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    torch.save(state, path + ".tmp")
+    os.replace(path + ".tmp", path)
+
+
+def rng_state(device: torch.device) -> dict:
+    """The state of every random generator a run draws from: Python's, NumPy's, PyTorch's (and CUDA's)."""
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None}
+
+
+def restore_rng(state: dict, device: torch.device) -> None:
+    """Put the random generators back where `rng_state` found them."""
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if device.type == "cuda" and state["cuda"] is not None:
+        torch.cuda.set_rng_state(state["cuda"], device)
+
+
+# ---------------------------------------------------------------------------------------------------
+# 4. The environments: ids that cannot be made, video, and their saved state
+# ---------------------------------------------------------------------------------------------------
+
+
+def check_gymnasium_id(env_id: str, variant: str) -> None:
+    """Refuse an id that gymnasium does not know, pointing Atari ids to the Atari script."""
+    try:
+        gym.spec(env_id)
+    except gym.error.Error as error:
+        hint = " (Atari ids need ppo/ppo_atari.py)" if "NoFrameskip" in env_id or env_id.startswith("ALE/") else ""
+        fail(variant, f"unknown env id {env_id!r}{hint}: {error}")
+
+
+@contextlib.contextmanager
+def packages_checked(env_id: str, variant: str):
+    """Within the block, an ImportError (a registered id whose code needs a package, or a version of
+    one, that is not installed) ends the run in one line, naming a newer version of the id if any."""
+    try:
+        yield
+    except ImportError as error:
+        namespace, name, version = gym.envs.registration.parse_env_id(env_id)
+        newest = gym.envs.registration.find_highest_version(namespace, name)
+        hint = "" if newest in (None, version) else f" (try {gym.envs.registration.get_env_id(namespace, name, newest)})"
+        fail(variant, f"{env_id} cannot be made with the packages installed: {error}{hint}")
+
+
+def record_video(env: gym.Env, folder: str, episodes: int | None = None) -> gym.Env:
+    """`env` filmed into `folder` on gymnasium's schedule: episodes 0, 1, 8, 27, ..., 1000, 2000, ...;
+    an evaluation of `episodes` episodes films none past its last (the reset after it starts one)."""
+    trigger = None
+    if episodes is not None:
+        from gymnasium.utils.save_video import capped_cubic_video_schedule as schedule
+
+        trigger = lambda episode: episode < episodes and schedule(episode)  # noqa: E731
+    return gym.wrappers.RecordVideo(env, folder, episode_trigger=trigger)
+
+
+def pickle_envs(envs: gym.vector.SyncVectorEnv) -> bytes | None:
+    """The sub-environments' full state (physics, random generator, time limit) of environments that
+    pickle whole, as classic control's do; None where that is impossible (video recording, for one)."""
+    try:
+        return pickle.dumps(envs.envs)
+    except (pickle.PicklingError, TypeError, AttributeError):
+        return None
+
+
+def unpickle_envs(saved: bytes) -> list[Callable[[], gym.Env]]:
+    """A function per environment of `pickle_envs` that returns it as it was saved."""
+    return [lambda env=env: env for env in pickle.loads(saved)]
+
+
+def mujoco_data(env: gym.Env):
+    """The MuJoCo simulation data (mujoco.MjData) of a MuJoCo environment; None for any other."""
+    data = getattr(env.unwrapped, "data", None)
+    return data if type(data).__name__ == "MjData" else None
+
+
+def save_mujoco_envs(envs: gym.vector.SyncVectorEnv) -> bytes | None:
+    """The sub-environments' full state, so a resumed run continues the very same episodes; None for
+    environments that cannot be saved (video recording, for one).
+
+    A MuJoCo environment pickles, but only as the arguments that built it (gymnasium's EzPickle):
+    unpickled, it is a new environment with new physics and a new random generator. So beside each
+    pickled environment go its random generator's state and its whole MjData: positions, velocities,
+    the solver's warm start, and the quantities derived from them, which some tasks read before a
+    step (Ant's position). `load_mujoco_envs` puts both back. Wrappers (the time limit) pickle whole."""
+    try:
+        return pickle.dumps([(env, env.unwrapped.np_random.bit_generator.state, mujoco_data(env))
+                             for env in envs.envs])
+    except (pickle.PicklingError, TypeError, AttributeError):
+        return None
+
+
+def load_mujoco_envs(saved: bytes) -> list[gym.Env]:
+    """The environments saved by `save_mujoco_envs`, in the state they were saved in."""
+    envs = []
+    for env, rng, data in pickle.loads(saved):
+        env.unwrapped.np_random.bit_generator.state = rng
+        if data is not None:
+            import mujoco  # installed, since a MuJoCo environment was saved
+
+            mujoco.mj_copyData(env.unwrapped.data, env.unwrapped.model, data)
+        envs.append(env)
+    return envs
+
+
+class SavableGame(gym.Wrapper):
+    """The outermost wrapper of an ale-py game: it saves the game it wraps where the game runs. With
+    --async-envs that is a worker process, which `envs.call("save_game")` reaches as it reaches this
+    process's games.
+
+    Pickling alone is not enough: ale-py's AtariEnv pickles only its constructor arguments, so an
+    unpickled game is a fresh one, at its first frame. The emulator's state (with its random
+    generator) and the environment's own generator (the no-op counts) are saved beside the wrapper
+    stack, which pickles whole (frame stack, lives, running game statistics). cloudpickle, not pickle:
+    it also carries the wrapper classes of a script's __main__, which a worker process or a later run
+    may not have."""
+
+    def save_game(self) -> bytes | None:
+        """The game's full state, for restore_game; None for the game whose video is being recorded:
+        the recorder is not saved, so a resumed run starts new games."""
+        env = self.env
+        while isinstance(env, gym.Wrapper):
+            if isinstance(env, gym.wrappers.RecordVideo):
+                return None
+            env = env.env
+        try:
+            return cloudpickle.dumps((self, self.unwrapped.ale.cloneState(include_rng=True),
+                                      self.unwrapped.np_random.bit_generator.state))
+        except (pickle.PicklingError, TypeError, AttributeError):
+            return None
+
+
+def save_games(envs: gym.vector.VectorEnv) -> list[bytes] | None:
+    """Every ale-py game's full state (SavableGame.save_game), so a resumed run continues the very same
+    games; None where that is impossible (video recording). The same for sync and async envs, so a run
+    saved with --async-envs may resume without it, and the other way round."""
+    saved_games = list(envs.call("save_game"))
+    return None if any(saved_game is None for saved_game in saved_games) else saved_games
+
+
+def games_to_restore(saved_envs: list[bytes] | bytes) -> list[Callable[[], gym.Env]]:
+    """A function per game of `save_games` that rebuilds it as it was saved. (A checkpoint from before
+    SavableGame held all games in one pickle: those are converted first.)"""
+    if isinstance(saved_envs, bytes):
+        saved_envs = [cloudpickle.dumps((SavableGame(env), emulator, rng))
+                      for env, emulator, rng in pickle.loads(saved_envs)]
+    return [functools.partial(restore_game, saved_game) for saved_game in saved_envs]
+
+
+def restore_game(saved_game: bytes) -> gym.Env:
+    """The wrapper stack of SavableGame.save_game, with its emulator put back where it was."""
+    env, emulator_state, rng = pickle.loads(saved_game)
+    env.unwrapped.ale.restoreState(emulator_state)
+    env.unwrapped.np_random.bit_generator.state = rng
+    return env
+
+
+# ---------------------------------------------------------------------------------------------------
+# 5. The run
+# ---------------------------------------------------------------------------------------------------
+
+
+class StopOnInterrupt:
+    """The first Ctrl-C only prints `notice` and sets `requested`: training then stops after the
+    current iteration, so the run can flush its logs and save a checkpoint at a clean point. A second
+    Ctrl-C stops at once (KeyboardInterrupt). Under torchrun, which passes a Ctrl-C on to every
+    process, only rank 0 prints the notice."""
+
+    def __init__(self, notice: str = "Ctrl-C: stopping after this iteration (press Ctrl-C again to quit at once)"):
+        self.requested, self.notice = False, notice
+        self.previous_handler = signal.signal(signal.SIGINT, self.handle)
+
+    def handle(self, signum, frame):
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        if int(os.environ.get("RANK", "0")) == 0:
+            print("\n" + self.notice, flush=True)
+
+    def restore(self):
+        signal.signal(signal.SIGINT, self.previous_handler)
+
+
+def choose_device(args, variant: str, device: torch.device | None = None) -> torch.device:
+    """`device`, or else CUDA when it is there and --cuda allows it, else the CPU; --cudagraphs needs CUDA."""
+    device = device or torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    if args.cudagraphs and device.type != "cuda":
+        fail(variant, "--cudagraphs needs a CUDA device: drop it, or run on a GPU (and without --no-cuda)")
+    return device
+
+
+def seed_everything(seed: int, torch_deterministic: bool) -> None:
+    """Seed Python, NumPy and PyTorch; with torch_deterministic, cuDNN picks deterministic kernels."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    torch.backends.cudnn.deterministic = torch_deterministic
+
+
+class Run:
+    """One training run: its name, folder, device and seeds, then its logs, clock, progress line and
+    Ctrl-C, the checkpoints it writes, and what it says at the end.
+
+    A new run is named `<env_id>__<exp_name>__<seed>__<unix time>` and keeps its TensorBoard log and
+    checkpoint in runs/<name>/. A resumed run (`checkpoint`, read by parse_args) keeps its name and goes
+    on in the folder of the checkpoint it was given, from wherever it is started. `seed` defaults to
+    --seed (the multi-GPU script seeds each rank apart); under torchrun only rank 0 logs, prints and
+    writes the checkpoint."""
+
+    def __init__(self, args, variant: str, checkpoint: dict | None, num_iterations: int,
+                 device: torch.device | None = None, rank: int = 0, seed: int | None = None):
+        self.args, self.variant, self.checkpoint, self.num_iterations, self.rank = \
+            args, variant, checkpoint, num_iterations, rank
+        self.device = choose_device(args, variant, device)
+        if checkpoint:
+            self.name, self.folder = checkpoint["run_name"], os.path.dirname(args.resume) or "."
+        else:  # ALE/Pong-v5 -> ALE-Pong-v5: the name is a folder's
+            self.name = f"{args.env_id.replace('/', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}"
+            self.folder = f"runs/{self.name}"
+        self.checkpoint_path = os.path.join(self.folder, "checkpoint.pt")
+        # A resumed run's videos go into a folder of their own: its episode count starts again at 0.
+        self.video_folder = f"videos/{self.name}" + (f"/resumed-at-step-{checkpoint['global_step']}" if checkpoint else "")
+        if args.track:
+            try:
+                import wandb  # noqa: F401  (checked now, before anything is built; W&B starts in open_logs)
+            except ImportError:
+                fail(variant, "--track needs wandb: pip install wandb")
+        # A resumed run overwrites the random generators' states with the checkpoint's in `start`.
+        seed_everything(args.seed if seed is None else seed, args.torch_deterministic)
+        # Under torchrun the ranks decide together, once an iteration, whether to stop (agreed_stop), so
+        # that a Ctrl-C that reaches one rank late cannot split them; None: this process decides alone.
+        self.writer, self.interrupt, self.agreed_stop = None, None, None
+
+    def open_logs(self, **sizes) -> SummaryWriter | None:
+        """The run's TensorBoard writer (and, with --track, a W&B run that mirrors it), with the settings
+        and the derived `sizes` as a table; None on ranks other than 0. After a resume, TensorBoard drops
+        whatever the interrupted run logged past the checkpoint (purge_step)."""
+        if self.rank != 0:
+            return None
+        settings = {**asdict(self.args), **sizes}
+        if self.args.track:
+            import wandb
+
+            try:
+                wandb.init(project=self.args.wandb_project_name, entity=self.args.wandb_entity, sync_tensorboard=True,
+                           config=settings, name=self.name, id=self.name, resume="allow", save_code=True)
+            except wandb.errors.Error as error:  # no API key, no network
+                fail(self.variant, f"--track could not start Weights & Biases ({str(error).splitlines()[0]}): log in "
+                                   "with `wandb login`, or set WANDB_MODE=offline to keep the run on this machine")
+        try:
+            os.makedirs(self.folder, exist_ok=True)
+            self.writer = SummaryWriter(self.folder, purge_step=self.checkpoint["global_step"] + 1 if self.checkpoint else None)
+        except OSError as error:  # `runs` is a file, or a folder this user may not write to
+            fail(self.variant, f"cannot write the run's logs to {self.folder!r} ({error.strerror}): start the run in "
+                               "a folder where it can create runs/, or remove what is in the way")
+        self.writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(
+            f"|{key}|{value}|" for key, value in settings.items()))
+        return self.writer
+
+    def start(self, agent: torch.nn.Module, optimizer: torch.optim.Optimizer, new_episodes: bool = False) -> tuple[int, int]:
+        """Just before the first iteration: restore a resumed run's weights, optimizer and random
+        generators (and say so; `new_episodes`: it could not go on with the saved ones), then start the
+        clock and the Ctrl-C handler. Returns the last iteration done and the environment steps so far."""
+        iteration, global_step = 0, 0
+        if self.checkpoint:
+            agent.load_state_dict(self.checkpoint["model"])
+            optimizer.load_state_dict(self.checkpoint["optimizer"])
+            rng = self.checkpoint["rng"]
+            restore_rng(rng[self.rank] if isinstance(rng, list) else rng, self.device)
+            iteration, global_step = self.checkpoint["iteration"], self.checkpoint["global_step"]
+            if self.rank == 0:
+                print(f"resuming {self.name} at step {global_step:,} of {self.args.total_timesteps:,}"
+                      + (" (with new episodes)" if new_episodes else ""))
+        self.start_time, self.start_step, self.last_print = time.time(), global_step, 0.0
+        self.interrupt = StopOnInterrupt()
+        return iteration, global_step
+
+    @property
+    def stopping(self) -> bool:
+        """Whether the run stops after this iteration: Ctrl-C was pressed (on some rank, under torchrun)."""
+        return self.interrupt.requested if self.agreed_stop is None else self.agreed_stop
+
+    def steps_per_second(self, global_step: int) -> int:
+        """Environment steps per second of this sitting: a resumed run counts from where it resumed."""
+        return int((global_step - self.start_step) / (time.time() - self.start_time))
+
+    def print_progress(self, iteration: int, global_step: int, sps: int, recent_returns) -> None:
+        """`step N/TOTAL | SPS | mean return (last K episodes)`, at most every 2 s, and at the end."""
+        if self.rank == 0 and (time.time() - self.last_print > 2.0 or iteration == self.num_iterations
+                               or self.stopping):
+            self.last_print = time.time()
+            total = f"{self.args.total_timesteps:,}"
+            mean_return = f"{np.mean(recent_returns):8.2f}" if recent_returns else "     n/a"
+            print(f"step {global_step:>{max(len(total), 9)},}/{total} | {sps:>6,} SPS | "
+                  f"mean return {mean_return} (last {len(recent_returns)} episodes)", flush=True)
+
+    def checkpoint_due(self, iteration: int) -> bool:
+        """With --save-model: at the end, every --save-interval iterations, and when the run stops."""
+        interval = self.args.save_interval
+        return self.args.save_model and (self.stopping or iteration == self.num_iterations
+                                         or (interval > 0 and iteration % interval == 0))
+
+    def save_checkpoint(self, iteration: int, global_step: int, agent: torch.nn.Module,
+                        optimizer: torch.optim.Optimizer, **loop_state) -> None:
+        """Write what resuming needs: the settings, the weights, the optimizer, the random generators
+        (unless `loop_state` brings its own, as one per rank) and the script's `loop_state` (where the
+        environments stand, statistics...). Only rank 0 writes."""
+        if self.rank == 0:
+            save_checkpoint(self.checkpoint_path, {
+                "variant": self.variant, "args": asdict(self.args), "run_name": self.name,
+                "iteration": iteration, "global_step": global_step, "model": agent.state_dict(),
+                "optimizer": optimizer.state_dict(), "rng": rng_state(self.device), **loop_state})
+
+    def finish(self, global_step: int, how_to_resume: str | None = None) -> None:
+        """Flush and close the logs, then say what comes next: how to resume a stopped run, or where
+        its checkpoint is."""
+        self.interrupt.restore()
+        if self.rank != 0:
+            return
+        self.writer.close()
+        if self.args.track:
+            import wandb
+
+            # wandb.finish() takes seconds, and a Ctrl-C inside it crashes W&B's service and loses the
+            # run's upload: a first Ctrl-C here only says so, a second one abandons the upload.
+            print("saving the W&B run...", flush=True)
+            still_saving = StopOnInterrupt("Ctrl-C: W&B is still saving the run (press Ctrl-C again to abandon it)")
+            wandb.finish()
+            still_saving.restore()
+        if self.stopping:
+            how = how_to_resume or f"resume with: python ppo/{self.variant}.py --resume {self.checkpoint_path}"
+            print(f"stopped at step {global_step:,}; " + (how if self.args.save_model else
+                  "no checkpoint written (run with --save-model to be able to resume)"))
+        elif self.args.save_model:
+            print(f"checkpoint: {self.checkpoint_path}\n"
+                  f"evaluate it with: python ppo/{self.variant}.py --evaluate {self.checkpoint_path}")
+
+
+# ---------------------------------------------------------------------------------------------------
+# 6. The speed options
+# ---------------------------------------------------------------------------------------------------
+
+
+def compiled(args, *functions: Callable) -> tuple[Callable, ...]:
+    """The functions as they are, or compiled by torch.compile with --compile, and also replayed as
+    CUDA graphs with --cudagraphs (torch.compile's reduce-overhead mode)."""
+    if not (args.compile or args.cudagraphs):
+        return functions
+    mode = "reduce-overhead" if args.cudagraphs else "default"
+    return tuple(torch.compile(function, mode=mode) for function in functions)
+
+
+def async_vector_env(env_fns: list[Callable[[], gym.Env]]) -> gym.vector.AsyncVectorEnv:
+    """--async-envs of the ale-py scripts: each game in a worker process of its own, all stepping at
+    once, the frames coming back through shared memory; SAME_STEP autoreset as the scripts' sync envs.
+    forkserver: the workers start from a clean process, not a copy of this one with its threads.
+    AsyncVectorEnv builds one game here too, for the spaces: this process's Ctrl-C handler is kept."""
+    sigint_handler = signal.getsignal(signal.SIGINT)
+    envs = gym.vector.AsyncVectorEnv([functools.partial(in_worker, make_game) for make_game in env_fns],
+                                     shared_memory=True, context="forkserver",
+                                     autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    signal.signal(signal.SIGINT, sigint_handler)
+    return envs
+
+
+def in_worker(make_game: Callable[[], gym.Env]) -> gym.Env:
+    """Build a game in a worker process of --async-envs. Ctrl-C reaches every process of the terminal's
+    group, but it is the main process's to handle (finish the iteration, save): the worker ignores it.
+    OpenCV, which resizes the frames, runs on one thread: the other workers have the other cores."""
+    import ale_py  # the ale-py scripts' games: ale-py and opencv come with the atari extra
+    import cv2
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    cv2.setNumThreads(1)
+    ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Error)  # no banner for every game made
+    # AsyncVectorEnv built the first game once in the main process too, for its spaces; with video
+    # that made the (new) folder, which RecordVideo here would warn of as if it held older videos.
+    warnings.filterwarnings("ignore", message=".*Overwriting existing videos")
+    return make_game()
+
+
+# ---------------------------------------------------------------------------------------------------
+# 7. Evaluation
+# ---------------------------------------------------------------------------------------------------
+
+
+class Evaluation:
+    """--evaluate: the device, the videos' folder and the seeds of an evaluation, and the scores of the
+    episodes it plays, each printed as it ends and their mean and standard deviation at the end."""
+
+    def __init__(self, args, variant: str, checkpoint: dict):
+        self.args, self.checkpoint, self.scores = args, checkpoint, []
+        self.device = choose_device(args, variant)
+        self.video_folder = f"videos/{checkpoint['run_name']}-eval"
+        # Seeds unlike any training seed, so the scores come from episodes the agent never trained on.
+        self.seed = args.seed + 100_000
+
+    def load(self, agent: torch.nn.Module) -> torch.nn.Module:
+        """The agent with the checkpoint's weights (and whatever else its state_dict holds), on the
+        device, its actions drawn from --seed."""
+        agent.load_state_dict(self.checkpoint["model"])
+        agent.to(self.device).eval()
+        torch.manual_seed(self.args.seed)
+        return agent
+
+    @property
+    def playing(self) -> bool:
+        return len(self.scores) < self.args.eval_episodes
+
+    def episode_ended(self, score: float, length: int | None = None) -> None:
+        self.scores.append(float(score))
+        print(f"episode {len(self.scores)}: return {score:.1f}" + ("" if length is None else f" ({length} steps)"))
+
+    def report(self) -> list[float]:
+        print(f"{self.args.env_id}: mean return {np.mean(self.scores):.2f} +- {np.std(self.scores):.2f} "
+              f"over {len(self.scores)} episodes")
+        if self.args.capture_video:
+            print(f"videos in {self.video_folder}/")
+        return self.scores
+
+
+# ---------------------------------------------------------------------------------------------------
+# 8. The command
+# ---------------------------------------------------------------------------------------------------
+
+
+def run(function: Callable, args, checkpoint: dict | None, variant: str, extra: str) -> NoReturn:
+    """`python ppo/<variant>.py`: run `function` (the script's main, or its evaluate) and exit with 0,
+    with 130 after a Ctrl-C, or with 2 and one line when a package is missing (gymnasium imports
+    rendering and video packages only when they are first used: `extra` is the script's extra)."""
+    try:
+        result = function(args, checkpoint)
+    except gym.error.DependencyNotInstalled as error:
+        extras = f"{extra},video" if args.capture_video else extra
+        fail(variant, f"missing optional dependency: {error} (pip install -e '.[{extras}]')")
+    except KeyboardInterrupt:  # a second Ctrl-C, or one before training began
+        if int(os.environ.get("LOCAL_RANK", "0")) == 0:
+            print("stopped at once by Ctrl-C: what came after the last checkpoint is lost", file=sys.stderr)
+        sys.exit(130)
+    sys.exit(130 if isinstance(result, dict) and result.get("interrupted") else 0)
