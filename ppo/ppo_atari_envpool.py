@@ -155,7 +155,7 @@ def make_envs(env_id: str, num_envs: int, seed: int = 0, capture_video: bool = F
         env_type="gymnasium",
         num_envs=num_envs,
         seed=seed % 2**31,  # a 32-bit seed; a resumed run's or an evaluation's (--seed + offset) may pass 2**31
-        noop_max=30,  # [Atari 1: NoopResetEnv] up to 30 no-op frames (random) after every reset
+        noop_max=30,  # [Atari 1: NoopResetEnv] 1-30 random no-ops at a reset (FIRE games: 0-29, then FIRE)
         frame_skip=4,  # [Atari 2: MaxAndSkipEnv] each action for 4 frames; the last two are max-pooled
         episodic_life=True,  # [Atari 3: EpisodicLifeEnv] a lost life ends the episode, not the game
         use_fire_reset=True,  # [Atari 4: FireResetEnv] FIRE after a reset, for games that wait for it
