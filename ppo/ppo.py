@@ -8,8 +8,8 @@
 The file reads top to bottom: settings, environments, the agent, GAE, the clipped loss, then the
 training loop in `main()`. Each of the 13 core implementation details of PPO is marked where it
 happens with a comment such as `[Core 5: Generalized Advantage Estimation]`; docs/ppo.md lists them
-all. What a run needs beyond PPO (the command line, checkpoints, logs, Ctrl-C) is in ppo/harness.py,
-whose calls read `harness.`...: take that file along when you copy this one.
+all. What a run needs beyond PPO (the command line, checkpoints, logs, Ctrl-C) comes from
+ppo/harness.py, called as `harness.*`: copy that file along with this one.
 """
 
 import os
@@ -144,14 +144,7 @@ def make_envs(env_id: str, num_envs: int, capture_video: bool = False, video_fol
         env_fns = [make_env(env_id, i, capture_video, video_folder, video_episodes) for i in range(num_envs)]
     with harness.packages_checked(env_id, VARIANT):
         envs = gym.vector.SyncVectorEnv(env_fns, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
-    if not isinstance(envs.single_action_space, gym.spaces.Discrete):
-        harness.fail(VARIANT, f"{env_id} has a {type(envs.single_action_space).__name__} action space but ppo.py "
-                              "needs Discrete actions: use ppo/ppo_continuous_action.py for Box actions")
-    space = envs.single_observation_space
-    if not isinstance(space, gym.spaces.Box) or len(space.shape) != 1:
-        images = ": use ppo/ppo_atari.py for images" if len(getattr(space, "shape", ())) == 3 else ""
-        harness.fail(VARIANT, f"{env_id} observations are {space}, but ppo.py needs flat vectors (a one-dimensional "
-                              f"Box){images}")
+    check_spaces(env_id, envs)
     return envs
 
 
@@ -473,7 +466,8 @@ def evaluate(args: Args, checkpoint: dict) -> list[float]:
 
 
 # ---------------------------------------------------------------------------------------------------
-# The command line: which settings a resumed run may change, and which make no run at all
+# The command line: which settings a resumed run may change, and which settings and environments make
+# no run at all
 # ---------------------------------------------------------------------------------------------------
 
 # Settings that may differ between a run and its resumption; every other field must stay the same.
@@ -514,6 +508,19 @@ def check_args(args: Args) -> None:
     if args.total_timesteps < batch_size:
         harness.fail(VARIANT, f"--total-timesteps {args.total_timesteps} is smaller than one batch "
                               f"(--num-envs x --num-steps = {batch_size}): raise it or shrink the batch")
+
+
+
+def check_spaces(env_id: str, envs: gym.vector.VectorEnv) -> None:
+    """Refuse environments whose spaces this script cannot train on, naming the script that can."""
+    if not isinstance(envs.single_action_space, gym.spaces.Discrete):
+        harness.fail(VARIANT, f"{env_id} has a {type(envs.single_action_space).__name__} action space but ppo.py "
+                              "needs Discrete actions: use ppo/ppo_continuous_action.py for Box actions")
+    space = envs.single_observation_space
+    if not isinstance(space, gym.spaces.Box) or len(space.shape) != 1:
+        images = ": use ppo/ppo_atari.py for images" if len(getattr(space, "shape", ())) == 3 else ""
+        harness.fail(VARIANT, f"{env_id} observations are {space}, but ppo.py needs flat vectors (a one-dimensional "
+                              f"Box){images}")
 
 
 if __name__ == "__main__":

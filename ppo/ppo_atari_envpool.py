@@ -9,10 +9,10 @@ ppo/ppo_atari.py with the games run by envpool: its C++ thread pool steps all en
 the whole Atari preprocessing, so the Python side is one call per step. The agent, the loss and the
 settings are ppo_atari.py's. What changes is how episodes end: envpool resets a finished environment
 on the *next* step, which it spends on the reset and whose action it ignores; those steps are kept
-out of training. The 13 core details are marked `[Core N: ...]`, the 9 Atari details `[Atari N: ...]`;
-docs/ppo_atari_envpool.md lists them all. Works with envpool 1.0.x and 1.2.x. What a run needs beyond
-PPO (the command line, checkpoints, logs, Ctrl-C) is in ppo/harness.py, whose calls read `harness.`...:
-take that file along when you copy this one.
+out of training. The 13 core details are marked `[Core N: ...]`, the 9 Atari details
+`[Atari N: ...]`; docs/ppo_atari_envpool.md lists them all. Works with envpool 1.0.x and 1.2.x. What
+a run needs beyond PPO (the command line, checkpoints, logs, Ctrl-C) comes from ppo/harness.py,
+called as `harness.*`: copy that file along with this one.
 """
 
 import contextlib
@@ -122,22 +122,6 @@ class Args:
 # ---------------------------------------------------------------------------------------------------
 
 
-def check_env_id(env_id: str) -> None:
-    """Refuse, with the script to use instead, an id that is not one of envpool's Atari games."""
-    if envpool is None:
-        harness.fail(VARIANT, f"{VARIANT}.py needs envpool: pip install -e '.[envpool]'")
-    if env_id not in envpool.list_all_envs():
-        hint = ""
-        if env_id.endswith("NoFrameskip-v4") or env_id.startswith("ALE/"):
-            game = env_id.removeprefix("ALE/").removesuffix("NoFrameskip-v4").removesuffix("-v5")
-            hint = f" (envpool names the game {game}-v5; ale-py ids such as {env_id} need ppo/ppo_atari.py)"
-        harness.fail(VARIANT, f"unknown env id {env_id!r}{hint}: envpool's Atari games are named like Breakout-v5")
-    kind = type(envpool.make_spec(env_id)).__name__
-    if kind != "AtariEnvSpec":
-        harness.fail(VARIANT, f"{env_id} is not an Atari game ({kind}): {VARIANT}.py trains on Atari frames only; "
-                              "use ppo/ppo.py for vector observations and ppo/ppo_continuous_action.py for Box actions")
-
-
 def make_envs(env_id: str, num_envs: int, seed: int = 0, capture_video: bool = False):
     """Build `num_envs` preprocessed games in one envpool, seeded seed, seed + 1, ...
 
@@ -168,10 +152,7 @@ def make_envs(env_id: str, num_envs: int, seed: int = 0, capture_video: bool = F
         max_episode_steps=27000,  # 108,000 frames, as ALE's v4 and v5 games
         **({"render_mode": "rgb_array"} if capture_video else {}),
     )
-    # envpool's action_space is one game's (a gymnasium vector env's would be the batch's).
-    if not isinstance(envs.action_space, gym.spaces.Discrete):
-        harness.fail(VARIANT, f"{env_id} has a {type(envs.action_space).__name__} action space but "
-                              f"{VARIANT}.py needs Discrete actions: use ppo/ppo_continuous_action.py for Box actions")
+    check_spaces(env_id, envs)
     return envs
 
 
@@ -552,7 +533,8 @@ def evaluate(args: Args, checkpoint: dict) -> list[float]:
     return evaluation.report()
 
 # ---------------------------------------------------------------------------------------------------
-# The command line: which settings a resumed run may change, and which make no run at all
+# The command line: which settings a resumed run may change, and which settings and environments make
+# no run at all
 # ---------------------------------------------------------------------------------------------------
 
 # Settings that may differ between a run and its resumption; every other field must stay the same.
@@ -596,6 +578,31 @@ def check_args(args: Args) -> None:
     if args.async_envs and args.num_envs % 2 != 0:
         harness.fail(VARIANT, f"--async-envs splits the games into two equal envpools, so --num-envs must be even, "
                               f"not {args.num_envs}")
+
+
+
+def check_env_id(env_id: str) -> None:
+    """Refuse, with the script to use instead, an id that is not one of envpool's Atari games."""
+    if envpool is None:
+        harness.fail(VARIANT, f"{VARIANT}.py needs envpool: pip install -e '.[envpool]'")
+    if env_id not in envpool.list_all_envs():
+        hint = ""
+        if env_id.endswith("NoFrameskip-v4") or env_id.startswith("ALE/"):
+            game = env_id.removeprefix("ALE/").removesuffix("NoFrameskip-v4").removesuffix("-v5")
+            hint = f" (envpool names the game {game}-v5; ale-py ids such as {env_id} need ppo/ppo_atari.py)"
+        harness.fail(VARIANT, f"unknown env id {env_id!r}{hint}: envpool's Atari games are named like Breakout-v5")
+    kind = type(envpool.make_spec(env_id)).__name__
+    if kind != "AtariEnvSpec":
+        harness.fail(VARIANT, f"{env_id} is not an Atari game ({kind}): {VARIANT}.py trains on Atari frames only; "
+                              "use ppo/ppo.py for vector observations and ppo/ppo_continuous_action.py for Box actions")
+
+
+def check_spaces(env_id: str, envs) -> None:
+    """Refuse a game whose actions this script cannot take. (envpool's action_space is one game's, where
+    a gymnasium vector env's would be the batch's.)"""
+    if not isinstance(envs.action_space, gym.spaces.Discrete):
+        harness.fail(VARIANT, f"{env_id} has a {type(envs.action_space).__name__} action space but "
+                              f"{VARIANT}.py needs Discrete actions: use ppo/ppo_continuous_action.py for Box actions")
 
 
 if __name__ == "__main__":

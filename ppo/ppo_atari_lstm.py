@@ -5,13 +5,13 @@
     python ppo/ppo_atari_lstm.py --resume runs/<run>/checkpoint.pt   # carry on after Ctrl-C or a crash
     python ppo/ppo_atari_lstm.py --evaluate runs/<run>/checkpoint.pt # score a saved agent
 
-ppo/ppo_atari.py with memory: the agent sees one frame at a time (no frame stacking) and an LSTM after
-the convolutional network carries what it needs from earlier frames. The rollout records the LSTM
-state it started from, and training replays each environment's whole sequence from that state.
+ppo/ppo_atari.py with memory: the agent sees one frame at a time (no frame stacking) and an LSTM
+after the convolutional network carries what it needs from earlier frames. The rollout records the
+LSTM state it started from, and training replays each environment's whole sequence from that state.
 The 13 core details are marked `[Core N: ...]`, the 9 Atari details `[Atari N: ...]` and the 5 LSTM
 details `[LSTM N: ...]`; docs/ppo_atari_lstm.md lists them all. What a run needs beyond PPO (the
-command line, checkpoints, logs, Ctrl-C) is in ppo/harness.py, whose calls read `harness.`...: take
-that file along when you copy this one.
+command line, checkpoints, logs, Ctrl-C) comes from ppo/harness.py, called as `harness.*`: copy that
+file along with this one.
 """
 
 from collections import deque
@@ -213,24 +213,6 @@ def make_env(env_id: str, idx: int, capture_video: bool, video_folder: str,
     return thunk
 
 
-def check_env_id(env_id: str) -> None:
-    """Refuse, with the script to use instead, an id that is not an ale-py Atari game."""
-    if ale_py is None:
-        harness.fail(VARIANT, f"{VARIANT}.py needs ale-py and opencv-python: pip install -e '.[atari]'")
-    gym.register_envs(ale_py)  # ale-py >= 0.9 registers its games only when asked
-    ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Error)  # no banner for every game made
-    try:
-        spec = gym.spec(env_id)
-    except gym.error.Error as error:
-        hint = ""
-        if env_id.endswith("-v5") and not env_id.startswith("ALE/"):
-            hint = f" (ale-py names it ALE/{env_id}; envpool ids such as {env_id} need ppo/ppo_atari_envpool.py)"
-        harness.fail(VARIANT, f"unknown env id {env_id!r}{hint}: {error}")
-    if spec.entry_point != "ale_py.env:AtariEnv":
-        harness.fail(VARIANT, f"{env_id} is not an Atari game of ale-py: {VARIANT}.py trains on Atari frames only; "
-                              "use ppo/ppo.py for vector observations and ppo/ppo_continuous_action.py for Box actions")
-
-
 def make_envs(env_id: str, num_envs: int, capture_video: bool = False, video_folder: str = "videos",
               saved_envs: list[bytes] | bytes | None = None, async_envs: bool = False,
               video_episodes: int | None = None) -> gym.vector.VectorEnv:
@@ -256,10 +238,7 @@ def make_envs(env_id: str, num_envs: int, capture_video: bool = False, video_fol
         envs = harness.async_vector_env(env_fns)
     else:
         envs = gym.vector.SyncVectorEnv(env_fns, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
-    if not isinstance(envs.single_action_space, gym.spaces.Discrete):
-        envs.close()
-        harness.fail(VARIANT, f"{env_id} has a {type(envs.single_action_space).__name__} action space but "
-                              f"{VARIANT}.py needs Discrete actions: use ppo/ppo_continuous_action.py for Box actions")
+    check_spaces(env_id, envs)
     return envs
 
 
@@ -656,7 +635,8 @@ def evaluate(args: Args, checkpoint: dict) -> list[float]:
     return evaluation.report()
 
 # ---------------------------------------------------------------------------------------------------
-# The command line: which settings a resumed run may change, and which make no run at all
+# The command line: which settings a resumed run may change, and which settings and environments make
+# no run at all
 # ---------------------------------------------------------------------------------------------------
 
 # Settings that may differ between a run and its resumption; every other field must stay the same.
@@ -698,6 +678,33 @@ def check_args(args: Args) -> None:
     if args.total_timesteps < batch_size:
         harness.fail(VARIANT, f"--total-timesteps {args.total_timesteps} is smaller than one batch "
                               f"(--num-envs x --num-steps = {batch_size}): raise it or shrink the batch")
+
+
+
+def check_env_id(env_id: str) -> None:
+    """Refuse, with the script to use instead, an id that is not an ale-py Atari game."""
+    if ale_py is None:
+        harness.fail(VARIANT, f"{VARIANT}.py needs ale-py and opencv-python: pip install -e '.[atari]'")
+    gym.register_envs(ale_py)  # ale-py >= 0.9 registers its games only when asked
+    ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Error)  # no banner for every game made
+    try:
+        spec = gym.spec(env_id)
+    except gym.error.Error as error:
+        hint = ""
+        if env_id.endswith("-v5") and not env_id.startswith("ALE/"):
+            hint = f" (ale-py names it ALE/{env_id}; envpool ids such as {env_id} need ppo/ppo_atari_envpool.py)"
+        harness.fail(VARIANT, f"unknown env id {env_id!r}{hint}: {error}")
+    if spec.entry_point != "ale_py.env:AtariEnv":
+        harness.fail(VARIANT, f"{env_id} is not an Atari game of ale-py: {VARIANT}.py trains on Atari frames only; "
+                              "use ppo/ppo.py for vector observations and ppo/ppo_continuous_action.py for Box actions")
+
+
+def check_spaces(env_id: str, envs: gym.vector.VectorEnv) -> None:
+    """Refuse a game whose actions this script cannot take (a continuous-action Atari game)."""
+    if not isinstance(envs.single_action_space, gym.spaces.Discrete):
+        envs.close()
+        harness.fail(VARIANT, f"{env_id} has a {type(envs.single_action_space).__name__} action space but "
+                              f"{VARIANT}.py needs Discrete actions: use ppo/ppo_continuous_action.py for Box actions")
 
 
 if __name__ == "__main__":

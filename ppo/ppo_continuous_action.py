@@ -9,8 +9,8 @@ MuJoCo comes with the extra: pip install -e ".[mujoco]". The file follows ppo/pp
 environments, the agent (with its observation statistics), GAE, the clipped loss, then the training
 loop in `main()`. The 13 core details are marked `[Core N: ...]` and the 9 details for continuous
 actions `[Continuous N: ...]` where they happen; docs/ppo_continuous_action.md lists them all. What
-a run needs beyond PPO (the command line, checkpoints, logs, Ctrl-C) is in ppo/harness.py, whose calls
-read `harness.`...: take that file along when you copy this one.
+a run needs beyond PPO (the command line, checkpoints, logs, Ctrl-C) comes from ppo/harness.py,
+called as `harness.*`: copy that file along with this one.
 """
 
 import os
@@ -156,13 +156,7 @@ def make_envs(env_id: str, num_envs: int, capture_video: bool = False, video_fol
         if "mujoco" in str(error).lower():
             harness.fail(VARIANT, f"{env_id} needs MuJoCo, which is not installed: pip install -e \".[mujoco]\"")
         raise  # another missing package (video writing, rendering): reported by harness.run
-    if not isinstance(envs.single_action_space, gym.spaces.Box):
-        harness.fail(VARIANT, f"{env_id} has a {type(envs.single_action_space).__name__} action space but "
-                              f"{VARIANT}.py needs Box (continuous) actions: use ppo/ppo.py for Discrete actions")
-    space = envs.single_observation_space
-    if not isinstance(space, gym.spaces.Box) or len(space.shape) != 1:
-        harness.fail(VARIANT, f"{env_id} observations are {space}, but {VARIANT}.py needs flat vectors: "
-                              "image observations need a CNN, as in ppo/ppo_atari.py or ppo/ppo_procgen.py")
+    check_spaces(env_id, envs)
     return envs
 
 
@@ -600,7 +594,8 @@ def evaluate(args: Args, checkpoint: dict) -> list[float]:
 
 
 # ---------------------------------------------------------------------------------------------------
-# The command line: which settings a resumed run may change, and which make no run at all
+# The command line: which settings a resumed run may change, and which settings and environments make
+# no run at all
 # ---------------------------------------------------------------------------------------------------
 
 # Settings that may differ between a run and its resumption; every other field must stay the same.
@@ -643,6 +638,18 @@ def check_args(args: Args) -> None:
     if args.total_timesteps < batch_size:
         harness.fail(VARIANT, f"--total-timesteps {args.total_timesteps} is smaller than one batch "
                               f"(--num-envs x --num-steps = {batch_size}): raise it or shrink the batch")
+
+
+
+def check_spaces(env_id: str, envs: gym.vector.VectorEnv) -> None:
+    """Refuse environments whose spaces this script cannot train on, naming the script that can."""
+    if not isinstance(envs.single_action_space, gym.spaces.Box):
+        harness.fail(VARIANT, f"{env_id} has a {type(envs.single_action_space).__name__} action space but "
+                              f"{VARIANT}.py needs Box (continuous) actions: use ppo/ppo.py for Discrete actions")
+    space = envs.single_observation_space
+    if not isinstance(space, gym.spaces.Box) or len(space.shape) != 1:
+        harness.fail(VARIANT, f"{env_id} observations are {space}, but {VARIANT}.py needs flat vectors: "
+                              "image observations need a CNN, as in ppo/ppo_atari.py or ppo/ppo_procgen.py")
 
 
 if __name__ == "__main__":

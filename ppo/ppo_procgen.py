@@ -6,13 +6,13 @@
     python ppo/ppo_procgen.py --evaluate runs/<run>/checkpoint.pt        # score a saved agent
 
 Procgen comes with the extra: pip install -e ".[procgen]" (OpenAI's procgen, published on PyPI as
-procgen-mirror). The file follows ppo/ppo.py: settings, environments, the agent, GAE, the clipped loss,
-then the training loop in `main()`. The 13 core details are marked `[Core N: ...]` where they happen,
-the network `[Procgen: IMPALA CNN]`, and the two settings of openai/train-procgen that the other
-scripts lack (no learning-rate annealing, rewards scaled and clipped) `[Procgen N: ...]`;
+procgen-mirror). The file follows ppo/ppo.py: settings, environments, the agent, GAE, the clipped
+loss, then the training loop in `main()`. The 13 core details are marked `[Core N: ...]` where they
+happen, the network `[Procgen: IMPALA CNN]`, and the two settings of openai/train-procgen that the
+other scripts lack (no learning-rate annealing, rewards scaled and clipped) `[Procgen N: ...]`;
 docs/ppo_procgen.md lists them all. The games are played on the easy levels. What a run needs beyond
-PPO (the command line, checkpoints, logs, Ctrl-C) is in ppo/harness.py, whose calls read `harness.`...:
-take that file along when you copy this one.
+PPO (the command line, checkpoints, logs, Ctrl-C) comes from ppo/harness.py, called as `harness.*`:
+copy that file along with this one.
 """
 
 import contextlib
@@ -218,25 +218,7 @@ class ProcgenVectorEnv:
 def make_envs(env_id: str, num_envs: int, capture_video: bool = False, video_folder: str = "videos",
               distribution_mode: str = "easy", num_levels: int = 0, start_level: int = 0) -> ProcgenVectorEnv:
     """Build the vector of games, checking that this script can train on them."""
-    if env_id not in GAMES:
-        hint, game = "", next((game for game in GAMES if game in env_id.lower()), None)
-        if "NoFrameskip" in env_id or env_id.startswith("ALE/"):
-            hint = " (Atari games need ppo/ppo_atari.py)"
-        elif game:  # StarPilot, StarpilotEasy-v0 (envpool), procgen:procgen-starpilot-v0 (gym)
-            hint = f" (did you mean {game!r}?)"
-        else:
-            with contextlib.suppress(gym.error.Error):
-                gym.spec(env_id)
-                hint = " (a gymnasium id: use ppo/ppo.py or ppo/ppo_continuous_action.py for those)"
-        harness.fail(VARIANT, f"unknown Procgen game {env_id!r}{hint}: pick one of {', '.join(GAMES)}")
-    if distribution_mode in MODE_GAMES and env_id not in MODE_GAMES[distribution_mode]:
-        harness.fail(VARIANT, f"{env_id} has no {distribution_mode!r} distribution mode: only "
-                              f"{', '.join(MODE_GAMES[distribution_mode])} have it")
-    if distribution_mode == "exploration" and (num_levels, start_level) != (0, 0):
-        harness.fail(VARIANT, "the exploration mode plays the one level Procgen picks for the game: "
-                              "leave out --num-levels and --start-level")
-    if ProcgenGym3Env is None:
-        harness.fail(VARIANT, f"Procgen is not installed ({PROCGEN_IMPORT_ERROR}): pip install -e \".[procgen]\"")
+    check_env_id(env_id, distribution_mode, num_levels, start_level)
     return ProcgenVectorEnv(env_id, num_envs, distribution_mode, num_levels, start_level,
                             video_folder if capture_video else None)
 
@@ -659,7 +641,8 @@ def evaluate(args: Args, checkpoint: dict) -> list[float]:
     return evaluation.report()
 
 # ---------------------------------------------------------------------------------------------------
-# The command line: which settings a resumed run may change, and which make no run at all
+# The command line: which settings a resumed run may change, and which settings and environments make
+# no run at all
 # ---------------------------------------------------------------------------------------------------
 
 # Settings that may differ between a run and its resumption; every other field must stay the same.
@@ -704,6 +687,31 @@ def check_args(args: Args) -> None:
     if args.total_timesteps < batch_size:
         harness.fail(VARIANT, f"--total-timesteps {args.total_timesteps} is smaller than one batch "
                               f"(--num-envs x --num-steps = {batch_size}): raise it or shrink the batch")
+
+
+
+def check_env_id(env_id: str, distribution_mode: str, num_levels: int, start_level: int) -> None:
+    """Refuse a game that Procgen does not have (naming the one meant, or the script to use instead), a
+    distribution mode the game lacks, and levels the exploration mode does not take."""
+    if env_id not in GAMES:
+        hint, game = "", next((game for game in GAMES if game in env_id.lower()), None)
+        if "NoFrameskip" in env_id or env_id.startswith("ALE/"):
+            hint = " (Atari games need ppo/ppo_atari.py)"
+        elif game:  # StarPilot, StarpilotEasy-v0 (envpool), procgen:procgen-starpilot-v0 (gym)
+            hint = f" (did you mean {game!r}?)"
+        else:
+            with contextlib.suppress(gym.error.Error):
+                gym.spec(env_id)
+                hint = " (a gymnasium id: use ppo/ppo.py or ppo/ppo_continuous_action.py for those)"
+        harness.fail(VARIANT, f"unknown Procgen game {env_id!r}{hint}: pick one of {', '.join(GAMES)}")
+    if distribution_mode in MODE_GAMES and env_id not in MODE_GAMES[distribution_mode]:
+        harness.fail(VARIANT, f"{env_id} has no {distribution_mode!r} distribution mode: only "
+                              f"{', '.join(MODE_GAMES[distribution_mode])} have it")
+    if distribution_mode == "exploration" and (num_levels, start_level) != (0, 0):
+        harness.fail(VARIANT, "the exploration mode plays the one level Procgen picks for the game: "
+                              "leave out --num-levels and --start-level")
+    if ProcgenGym3Env is None:
+        harness.fail(VARIANT, f"Procgen is not installed ({PROCGEN_IMPORT_ERROR}): pip install -e \".[procgen]\"")
 
 
 if __name__ == "__main__":
