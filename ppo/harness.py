@@ -66,16 +66,18 @@ def fail(variant: str, message: str) -> NoReturn:
 
 
 def parse_args(args_class: type, variant: str, runtime_fields: set[str], evaluation_fields: set[str],
-               argv: list[str] | None = None, evaluation_keeps: tuple[str, ...] = ("env_id",)):
+               argv: list[str] | None = None, evaluation_keeps: tuple[str, ...] = ("env_id",), doc: str = ""):
     """Read the command line into `args_class`; returns the settings and the checkpoint that --resume
-    or --evaluate names (None without either), read once, here.
+    or --evaluate names (None without either), read once, here. --help begins with the first two
+    paragraphs of `doc`, the script's docstring: what it is for, and its commands.
 
     With a checkpoint its settings are the defaults, so `--resume PATH` alone continues the run. A
     resumed run may change only the `runtime_fields` (how it runs, not what it learns) and refuses any
     other flag that contradicts the checkpoint. An evaluation starts from the default run-time options,
     may change the `evaluation_fields` (the seed of its games, say), must keep `evaluation_keeps` (the
     environment) and refuses every other training flag, which it would silently ignore."""
-    args = tyro.cli(args_class, args=argv)
+    description = "\n\n".join(doc.split("\n\n")[:2])
+    args = tyro.cli(args_class, args=argv, description=description)
     if args.resume and args.evaluate:
         fail(variant, "--resume goes on training a saved run and --evaluate plays a saved agent: give one of them")
     if not (args.resume or args.evaluate):
@@ -84,7 +86,7 @@ def parse_args(args_class: type, variant: str, runtime_fields: set[str], evaluat
     saved = replace(args_class(**checkpoint["args"]), resume=None, evaluate=None)
     if args.evaluate:
         saved = replace(saved, **{name: getattr(args_class(), name) for name in runtime_fields})
-    args = tyro.cli(args_class, args=argv, default=saved)
+    args = tyro.cli(args_class, args=argv, default=saved, description=description)
     kept = evaluation_keeps if args.evaluate else [f.name for f in fields(args_class) if f.name not in runtime_fields]
     for name in kept:
         if getattr(args, name) != getattr(saved, name):
@@ -94,7 +96,8 @@ def parse_args(args_class: type, variant: str, runtime_fields: set[str], evaluat
     if args.evaluate:
         for name in (f.name for f in fields(args_class) if f.name not in runtime_fields | evaluation_fields):
             if getattr(args, name) != getattr(saved, name):
-                fail(variant, f"--{name.replace('_', '-')} is a training setting, which --evaluate does not use: drop it")
+                fail(variant, f"--{name.replace('_', '-')} is a training setting, which --evaluate does not use: "
+                              "drop it")
     return args, checkpoint
 
 
@@ -180,7 +183,8 @@ def packages_checked(env_id: str, variant: str):
     except ImportError as error:
         namespace, name, version = gym.envs.registration.parse_env_id(env_id)
         newest = gym.envs.registration.find_highest_version(namespace, name)
-        hint = "" if newest in (None, version) else f" (try {gym.envs.registration.get_env_id(namespace, name, newest)})"
+        newest_id = gym.envs.registration.get_env_id(namespace, name, newest)
+        hint = "" if newest in (None, version) else f" (try {newest_id})"
         fail(variant, f"{env_id} cannot be made with the packages installed: {error}{hint}")
 
 
@@ -330,6 +334,12 @@ def choose_device(args, variant: str, device: torch.device | None = None) -> tor
     return device
 
 
+def clock(seconds: float) -> str:
+    """A duration as h:mm:ss."""
+    minutes, seconds = divmod(int(seconds), 60)
+    return f"{minutes // 60}:{minutes % 60:02}:{seconds:02}"
+
+
 def seed_everything(seed: int, torch_deterministic: bool) -> None:
     """Seed Python, NumPy and PyTorch; with torch_deterministic, cuDNN picks deterministic kernels."""
     random.seed(seed)
@@ -360,7 +370,8 @@ class Run:
             self.folder = f"runs/{self.name}"
         self.checkpoint_path = os.path.join(self.folder, "checkpoint.pt")
         # A resumed run's videos go into a folder of their own: its episode count starts again at 0.
-        self.video_folder = f"videos/{self.name}" + (f"/resumed-at-step-{checkpoint['global_step']}" if checkpoint else "")
+        self.video_folder = f"videos/{self.name}" + (f"/resumed-at-step-{checkpoint['global_step']}"
+                                                     if checkpoint else "")
         if args.track:
             try:
                 import wandb  # noqa: F401  (checked now, before anything is built; W&B starts in open_logs)
@@ -370,7 +381,7 @@ class Run:
         seed_everything(args.seed if seed is None else seed, args.torch_deterministic)
         # Under torchrun the ranks decide together, once an iteration, whether to stop (agreed_stop), so
         # that a Ctrl-C that reaches one rank late cannot split them; None: this process decides alone.
-        self.writer, self.interrupt, self.agreed_stop = None, None, None
+        self.writer, self.interrupt, self.agreed_stop, self.finished_earlier = None, None, None, False
 
     def open_logs(self, **sizes) -> SummaryWriter | None:
         """The run's TensorBoard writer (and, with --track, a W&B run that mirrors it), with the settings
@@ -390,7 +401,8 @@ class Run:
                                    "with `wandb login`, or set WANDB_MODE=offline to keep the run on this machine")
         try:
             os.makedirs(self.folder, exist_ok=True)
-            self.writer = SummaryWriter(self.folder, purge_step=self.checkpoint["global_step"] + 1 if self.checkpoint else None)
+            purge_step = self.checkpoint["global_step"] + 1 if self.checkpoint else None
+            self.writer = SummaryWriter(self.folder, purge_step=purge_step)
         except OSError as error:  # `runs` is a file, or a folder this user may not write to
             fail(self.variant, f"cannot write the run's logs to {self.folder!r} ({error.strerror}): start the run in "
                                "a folder where it can create runs/, or remove what is in the way")
@@ -398,7 +410,8 @@ class Run:
             f"|{key}|{value}|" for key, value in settings.items()))
         return self.writer
 
-    def start(self, agent: torch.nn.Module, optimizer: torch.optim.Optimizer, new_episodes: bool = False) -> tuple[int, int]:
+    def start(self, agent: torch.nn.Module, optimizer: torch.optim.Optimizer,
+              new_episodes: bool = False) -> tuple[int, int]:
         """Just before the first iteration: restore a resumed run's weights, optimizer and random
         generators (and say so; `new_episodes`: it could not go on with the saved ones), then start the
         clock and the Ctrl-C handler. Returns the last iteration done and the environment steps so far."""
@@ -409,9 +422,17 @@ class Run:
             rng = self.checkpoint["rng"]
             restore_rng(rng[self.rank] if isinstance(rng, list) else rng, self.device)
             iteration, global_step = self.checkpoint["iteration"], self.checkpoint["global_step"]
-            if self.rank == 0:
-                print(f"resuming {self.name} at step {global_step:,} of {self.args.total_timesteps:,}"
-                      + (" (with new episodes)" if new_episodes else ""))
+            self.finished_earlier = iteration >= self.num_iterations
+        if self.rank == 0 and self.finished_earlier:
+            print(f"{self.name} is already finished ({global_step:,} of {self.args.total_timesteps:,} steps): "
+                  f"evaluate it with: python ppo/{self.variant}.py --evaluate {self.checkpoint_path}")
+        elif self.rank == 0:  # the start line: what runs where, and where its logs and checkpoint go
+            saved = self.checkpoint_path if self.args.save_model else "none (--save-model keeps one)"
+            print((f"resuming {self.name} at step {global_step:,} of {self.args.total_timesteps:,}"
+                   + (" (with new episodes)" if new_episodes else "") if self.checkpoint else
+                   f"{self.name}: {self.args.total_timesteps:,} steps")
+                  + f" on {self.device}\n  logs in {self.folder}/ (tensorboard --logdir "
+                  f"{os.path.dirname(self.folder) or '.'}), checkpoint: {saved}", flush=True)
         self.start_time, self.start_step, self.last_print = time.time(), global_step, 0.0
         self.interrupt = StopOnInterrupt()
         return iteration, global_step
@@ -423,17 +444,26 @@ class Run:
 
     def steps_per_second(self, global_step: int) -> int:
         """Environment steps per second of this sitting: a resumed run counts from where it resumed."""
-        return int((global_step - self.start_step) / (time.time() - self.start_time))
+        return int((global_step - self.start_step) / max(time.time() - self.start_time, 1e-6))
 
-    def print_progress(self, iteration: int, global_step: int, sps: int, recent_returns) -> None:
-        """`step N/TOTAL | SPS | mean return (last K episodes)`, at most every 2 s, and at the end."""
-        if self.rank == 0 and (time.time() - self.last_print > 2.0 or iteration == self.num_iterations
-                               or self.stopping):
-            self.last_print = time.time()
-            total = f"{self.args.total_timesteps:,}"
-            mean_return = f"{np.mean(recent_returns):8.2f}" if recent_returns else "     n/a"
-            print(f"step {global_step:>{max(len(total), 9)},}/{total} | {sps:>6,} SPS | "
-                  f"mean return {mean_return} (last {len(recent_returns)} episodes)", flush=True)
+    def print_progress(self, global_step: int, recent_returns, iteration: int | None = None) -> None:
+        """`step N/TOTAL | SPS | time elapsed and left | mean return (last K episodes)`. After an
+        iteration (`iteration` given): the first time, then at most every 2 s, and always after the
+        last iteration and when the run stops. Within a rollout: when nothing was printed for 5 s, so
+        that a long rollout is not silent."""
+        now = time.time()
+        if iteration is None:
+            due = now - max(self.last_print, self.start_time) >= 5.0
+        else:
+            due = now - self.last_print > 2.0 or iteration == self.num_iterations or self.stopping
+        if self.rank != 0 or not due:
+            return
+        self.last_print = now
+        sps, total = self.steps_per_second(global_step), f"{self.args.total_timesteps:,}"
+        left = clock((self.args.total_timesteps - global_step) / sps) if sps > 0 else "?"
+        mean_return = f"{np.mean(recent_returns):8.2f}" if recent_returns else "     n/a"
+        print(f"step {global_step:>{max(len(total), 9)},}/{total} | {sps:>6,} SPS | {clock(now - self.start_time)} "
+              f"elapsed, {left} left | mean return {mean_return} (last {len(recent_returns)} episodes)", flush=True)
 
     def checkpoint_due(self, iteration: int) -> bool:
         """With --save-model: at the end, every --save-interval iterations, and when the run stops."""
@@ -468,6 +498,8 @@ class Run:
             still_saving = StopOnInterrupt("Ctrl-C: W&B is still saving the run (press Ctrl-C again to abandon it)")
             wandb.finish()
             still_saving.restore()
+        if self.finished_earlier:
+            return  # start() said so
         if self.stopping:
             how = how_to_resume or f"resume with: python ppo/{self.variant}.py --resume {self.checkpoint_path}"
             print(f"stopped at step {global_step:,}; " + (how if self.args.save_model else

@@ -379,6 +379,7 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
                 recent_returns.append(episode_return[i])
             episode_return[next_done] = 0.0
             episode_length[next_done] = 0
+            run.print_progress(global_step, recent_returns)  # within a long rollout too, every few seconds
 
         # Flatten the rollout into one batch of num_envs x num_steps transitions.
         b_obs = torch.as_tensor(obs.reshape((-1,) + obs_shape), device=device)
@@ -428,9 +429,8 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
             writer.add_scalar(f"losses/{key}", means[key], global_step)
         writer.add_scalar("losses/explained_variance",
                           explained_variance(b_values.cpu().numpy(), b_returns.cpu().numpy()), global_step)
-        sps = run.steps_per_second(global_step)
-        writer.add_scalar("charts/SPS", sps, global_step)
-        run.print_progress(iteration, global_step, sps, recent_returns)
+        writer.add_scalar("charts/SPS", run.steps_per_second(global_step), global_step)
+        run.print_progress(global_step, recent_returns, iteration)
 
         if run.checkpoint_due(iteration):
             run.save_checkpoint(iteration, global_step, agent, optimizer, envs=harness.pickle_envs(envs),
@@ -479,7 +479,7 @@ EVALUATION_FIELDS = {"seed"}
 
 def parse_args(argv: list[str] | None = None) -> tuple[Args, dict | None]:
     """The settings of the command line, and the checkpoint that --resume or --evaluate names."""
-    return harness.parse_args(Args, VARIANT, RUNTIME_FIELDS, EVALUATION_FIELDS, argv)
+    return harness.parse_args(Args, VARIANT, RUNTIME_FIELDS, EVALUATION_FIELDS, argv, doc=__doc__)
 
 
 def check_args(args: Args) -> None:

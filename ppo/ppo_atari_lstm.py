@@ -543,6 +543,7 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
                 writer.add_scalar("charts/episodic_return", score, global_step)
                 writer.add_scalar("charts/episodic_length", length, global_step)
                 recent_returns.append(score)
+            run.print_progress(global_step, recent_returns)  # within a long rollout too, every few seconds
 
         with torch.no_grad():
             next_value = agent.get_value(torch.as_tensor(next_obs, device=device), next_lstm_state,
@@ -594,9 +595,8 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
             writer.add_scalar(f"losses/{key}", means[key], global_step)
         writer.add_scalar("losses/explained_variance",
                           explained_variance(host_values.reshape(-1), returns.reshape(-1)), global_step)
-        sps = run.steps_per_second(global_step)
-        writer.add_scalar("charts/SPS", sps, global_step)
-        run.print_progress(iteration, global_step, sps, recent_returns)
+        writer.add_scalar("charts/SPS", run.steps_per_second(global_step), global_step)
+        run.print_progress(global_step, recent_returns, iteration)
 
         if run.checkpoint_due(iteration):
             # The LSTM state the next rollout starts from: with the games, it resumes their memory.
@@ -648,7 +648,7 @@ EVALUATION_FIELDS = {"seed"}
 
 def parse_args(argv: list[str] | None = None) -> tuple[Args, dict | None]:
     """The settings of the command line, and the checkpoint that --resume or --evaluate names."""
-    return harness.parse_args(Args, VARIANT, RUNTIME_FIELDS, EVALUATION_FIELDS, argv)
+    return harness.parse_args(Args, VARIANT, RUNTIME_FIELDS, EVALUATION_FIELDS, argv, doc=__doc__)
 
 
 def check_args(args: Args) -> None:

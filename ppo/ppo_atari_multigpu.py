@@ -439,9 +439,9 @@ def choose_device(args: Args, local_rank: int, local_world_size: int) -> torch.d
     """The device of this process: a GPU from --device-ids (or GPU local_rank, modulo the GPUs there
     are) when CUDA is there and wanted, else the CPU. Refuses settings that cannot work."""
     if args.device_ids and len(args.device_ids) != local_world_size:
-        harness.fail(VARIANT, f"--device-ids names {len(args.device_ids)} GPUs for the {local_world_size} processes of this "
-                              f"node: give one id per process (torchrun --nproc-per-node {len(args.device_ids)}, "
-                              f"or {local_world_size} ids)")
+        harness.fail(VARIANT, f"--device-ids names {len(args.device_ids)} GPUs for the {local_world_size} processes "
+                              f"of this node: give one id per process (torchrun --nproc-per-node "
+                              f"{len(args.device_ids)}, or {local_world_size} ids)")
     use_cuda = args.cuda and torch.cuda.is_available()
     if args.backend == "nccl" and not use_cuda:
         why = "--no-cuda was given" if not args.cuda else "no CUDA GPU is available"
@@ -548,8 +548,9 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
         torch.set_num_threads(1)
     check_env_id(args.env_id)
     if checkpoint and checkpoint["world_size"] != world_size:
-        harness.fail(VARIANT, f"the checkpoint was written by {checkpoint['world_size']} processes, not {world_size}: "
-                              f"resume it with as many (torchrun --nproc-per-node {checkpoint['world_size']} on one node)")
+        harness.fail(VARIANT, f"the checkpoint was written by {checkpoint['world_size']} processes, not "
+                              f"{world_size}: resume it with as many (torchrun --nproc-per-node "
+                              f"{checkpoint['world_size']} on one node)")
     # [Multi-GPU 2: Adjust seed per process] Each rank draws its actions, its minibatch order and its
     # games from its own seed, so the ranks do not collect the same data; rank r's environments get
     # the seeds seed + r x local_num_envs + i, so the world plays the same games as ppo_atari.py with
@@ -642,6 +643,7 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
             next_done = np.logical_or(terminations, truncations)
             rewards[step] = reward  # clipped
             games += [(global_step, score, length) for _, score, length in finished_games(infos)]
+            run.print_progress(global_step, recent_returns)  # within a long rollout too, every few seconds
 
         with torch.no_grad():
             next_value = agent.get_value(torch.as_tensor(next_obs, device=device))
@@ -702,9 +704,8 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
             writer.add_scalar("losses/explained_variance",
                               explained_variance(np.concatenate([r["values"] for r in reports]),
                                                  np.concatenate([r["returns"] for r in reports])), global_step)
-            sps = run.steps_per_second(global_step)
-            writer.add_scalar("charts/SPS", sps, global_step)
-            run.print_progress(iteration, global_step, sps, recent_returns)
+            writer.add_scalar("charts/SPS", run.steps_per_second(global_step), global_step)
+            run.print_progress(global_step, recent_returns, iteration)
 
         if run.checkpoint_due(iteration):
             # Every rank's own games and random generators go into the one file that rank 0 writes, so
@@ -732,7 +733,8 @@ def evaluate(args: Args, checkpoint: dict) -> list[float]:
     It plays in one process."""
     check_args(args, 1)
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        harness.fail(VARIANT, f"--evaluate plays in one process: run python ppo/{VARIANT}.py --evaluate {args.evaluate}")
+        harness.fail(VARIANT, f"--evaluate plays in one process: run python ppo/{VARIANT}.py --evaluate "
+                              f"{args.evaluate}")
     evaluation = harness.Evaluation(args, VARIANT, checkpoint)  # the device and seeds; prints the scores
     envs = make_envs(args.env_id, 1, args.capture_video, evaluation.video_folder, video_episodes=args.eval_episodes)
     agent = evaluation.load(Agent(envs.single_action_space.n))
@@ -762,7 +764,7 @@ EVALUATION_FIELDS = {"seed"}
 
 def parse_args(argv: list[str] | None = None) -> tuple[Args, dict | None]:
     """The settings of the command line, and the checkpoint that --resume or --evaluate names."""
-    return harness.parse_args(Args, VARIANT, RUNTIME_FIELDS, EVALUATION_FIELDS, argv)
+    return harness.parse_args(Args, VARIANT, RUNTIME_FIELDS, EVALUATION_FIELDS, argv, doc=__doc__)
 
 
 def check_args(args: Args, world_size: int) -> None:

@@ -552,6 +552,7 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
                 recent_returns.append(episode_return[i])
             episode_return[next_done] = 0.0
             episode_length[next_done] = 0
+            run.print_progress(global_step, recent_returns)  # within a long rollout too, every few seconds
 
         with torch.no_grad():
             next_value = agent.get_value(torch.as_tensor(next_obs, device=device))
@@ -600,9 +601,8 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
             writer.add_scalar(f"losses/{key}", means[key], global_step)
         writer.add_scalar("losses/explained_variance",
                           explained_variance(host_values.reshape(-1), returns.reshape(-1)), global_step)
-        sps = run.steps_per_second(global_step)
-        writer.add_scalar("charts/SPS", sps, global_step)
-        run.print_progress(iteration, global_step, sps, recent_returns)
+        writer.add_scalar("charts/SPS", run.steps_per_second(global_step), global_step)
+        run.print_progress(global_step, recent_returns, iteration)
 
         if run.checkpoint_due(iteration):
             # A recording run's games are not saved: its video would restart mid-episode anyway.
@@ -655,7 +655,7 @@ EVALUATION_FIELDS = {"seed", "distribution_mode", "num_levels", "start_level"}
 
 def parse_args(argv: list[str] | None = None) -> tuple[Args, dict | None]:
     """The settings of the command line, and the checkpoint that --resume or --evaluate names."""
-    return harness.parse_args(Args, VARIANT, RUNTIME_FIELDS, EVALUATION_FIELDS, argv)
+    return harness.parse_args(Args, VARIANT, RUNTIME_FIELDS, EVALUATION_FIELDS, argv, doc=__doc__)
 
 
 def check_args(args: Args) -> None:

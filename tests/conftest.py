@@ -137,27 +137,55 @@ def run_unbroken_and_interrupted_in_process(main, args, workdir: Path, env_class
 
 
 @contextlib.contextmanager
-def clock_of_the_steps(env_class: type):
+def clock_of_the_steps(env_class: type, seconds_per_step: float = 1 / 1024, step_method: str = "step"):
     """Within the block, the runs (ppo/harness.py) read the time from a clock that stands still except in
-    `env_class.step`, each call of which advances it by 1/1024 s (a power of 2: the sums stay exact), so
-    the steps per second that a run logs are a known figure, not a measurement."""
+    `env_class.step` (or `step_method`), each call of which advances it by `seconds_per_step` (1/1024 s:
+    a power of 2, the sums stay exact), so the steps per second that a run logs are a known figure, not
+    a measurement."""
     import types
 
     import harness  # where the scripts' runs read the clock
 
-    original_step, now = env_class.step, 1_700_000_000.0
+    original_step, now = getattr(env_class, step_method), 1_700_000_000.0
 
-    def step_and_tick(self, actions):
+    def step_and_tick(self, *inputs, **options):
         nonlocal now
-        now += 1 / 1024
-        return original_step(self, actions)
+        now += seconds_per_step
+        return original_step(self, *inputs, **options)
 
-    env_class.step = step_and_tick
+    setattr(env_class, step_method, step_and_tick)
     original_time, harness.time = harness.time, types.SimpleNamespace(time=lambda: now)
     try:
         yield
     finally:
-        env_class.step, harness.time = original_step, original_time
+        setattr(env_class, step_method, original_step)
+        harness.time = original_time
+
+
+# The progress line of ppo/harness.py's Run.print_progress, and its numbers: step, total, SPS.
+PROGRESS_LINE = re.compile(r"^step +([\d,]+)/([\d,]+) \| +([\d,]+) SPS \| \d+:\d\d:\d\d elapsed, (?:\d+:\d\d:\d\d|\?) "
+                           r"left \| mean return +(?:-?[\d.]+|n/a) \(last \d+ episodes\)$", re.MULTILINE)
+
+
+def assert_progress_is_printed_within_a_rollout(script, args, capsys, env_class: type, step_method: str = "step"):
+    """A long rollout is not silent: with a clock that each step of the environments advances by 1 s,
+    a run whose rollouts last num_steps seconds prints its progress line within them, every 5 s, and not
+    only after each update; and every progress line has its full form (elapsed and left included).
+    Also the start line: the run's name, its steps and device, where its logs go and the TensorBoard
+    command."""
+    capsys.readouterr()
+    with clock_of_the_steps(env_class, seconds_per_step=1.0, step_method=step_method):
+        script.main(args)
+    output = capsys.readouterr().out
+    lines = [line for line in output.splitlines() if line.startswith("step")]
+    printed = [int(match.group(1).replace(",", "")) for match in PROGRESS_LINE.finditer(output)]
+    assert len(printed) == len(lines) > 0, lines
+    batch = args.num_envs * args.num_steps
+    assert any(step % batch for step in printed), printed  # some line came from within a rollout
+    assert printed[-1] == args.total_timesteps
+    first = output.splitlines()[0]
+    assert f": {args.total_timesteps:,} steps on cpu" in first, output
+    assert "logs in runs/" in output and "(tensorboard --logdir runs)" in output, output
 
 
 def assert_compiled_run_resumes_exactly(script, args, workdir: Path, env_class: type,

@@ -20,7 +20,8 @@ from conftest import (METRICS, assert_compiled_loss_matches_plain, assert_compil
                       only_run_dir, read_scalars, run_script, run_unbroken_and_interrupted, without_module,
                       assert_evaluation_plays_the_saved_weights, assert_target_kl_ends_the_update_early,
                       assert_one_copy_to_the_host_per_step, assert_logged_losses_are_the_updates_own, expect_error_line,
-                      assert_the_batch_is_what_the_policy_saw_and_did, assert_anneal_clip_lowers_the_clipping_coefficient)
+                      assert_the_batch_is_what_the_policy_saw_and_did, assert_anneal_clip_lowers_the_clipping_coefficient,
+                      PROGRESS_LINE, assert_progress_is_printed_within_a_rollout)
 import ppo.ppo as script
 from ppo.ppo import Agent, Args, evaluate, main, minibatch_loss, parse_args
 
@@ -262,7 +263,7 @@ def test_help_lists_the_shared_flags(tmp_path):
 
 def test_tiny_run_logs_every_metric_and_the_hyperparameters(tmp_path):
     result = run_script("ppo.py", "--total-timesteps", "1024", *SMALL_FLAGS, cwd=tmp_path)
-    assert re.search(r"step +1,024/1,024 \| +[\d,]+ SPS \| mean return", result.stdout), result.stdout
+    assert [match.group(1) for match in PROGRESS_LINE.finditer(result.stdout)][-1] == "1,024", result.stdout
     run_dir = only_run_dir(tmp_path)
     assert run_dir.name.startswith("CartPole-v1__ppo__1__")
     assert_logs_every_metric(run_dir)
@@ -419,6 +420,27 @@ def test_checkpoints_of_another_variant_or_env_are_refused(capsys, workdir):
     expect_usage_error(capsys, lambda: parse_args(["--resume", "missing.pt"]), "ppo.py", "no checkpoint at 'missing.pt'")
     Path("junk.pt").write_text("not a checkpoint")
     expect_usage_error(capsys, lambda: parse_args(["--evaluate", "junk.pt"]), "ppo.py", "cannot read checkpoint")
+
+
+def test_the_progress_line_speaks_within_long_rollouts_too(workdir, capsys):
+    assert_progress_is_printed_within_a_rollout(script, Args(env_id="CartPole-v1", total_timesteps=128, **SMALL), capsys,
+                                                gym.vector.SyncVectorEnv)
+
+
+def test_a_finished_run_resumed_says_so_and_exits_0(tmp_path):
+    run_script("ppo.py", "--total-timesteps", "128", "--save-model", *SMALL_FLAGS, cwd=tmp_path)
+    checkpoint_path = only_run_dir(tmp_path) / "checkpoint.pt"
+    before = checkpoint_path.read_bytes()
+    result = run_script("ppo.py", "--resume", str(checkpoint_path), cwd=tmp_path)  # exit code 0, or it raises
+    assert result.stdout.strip() == (f"{checkpoint_path.parent.name} is already finished (128 of 128 steps): "
+                                     f"evaluate it with: python ppo/ppo.py --evaluate {checkpoint_path}")
+    assert checkpoint_path.read_bytes() == before
+
+
+def test_help_begins_with_what_the_script_is_for_and_its_commands(tmp_path):
+    result = run_script("ppo.py", "--help", cwd=tmp_path)
+    assert "PPO for discrete actions on vector observations" in result.stdout
+    assert "python ppo/ppo.py --resume runs/<run>/checkpoint.pt" in result.stdout
 
 
 def test_a_runs_file_in_the_way_is_a_one_line_error(tmp_path):

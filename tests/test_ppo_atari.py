@@ -18,7 +18,8 @@ from conftest import (assert_compiled_loss_matches_plain, assert_compiles_whole,
                       expect_usage_error, only_run_dir, run_script, run_unbroken_and_interrupted, without_module,
                       assert_evaluation_plays_the_saved_weights, assert_target_kl_ends_the_update_early,
                       assert_one_copy_to_the_host_per_step, assert_logged_losses_are_the_updates_own,
-                      assert_each_update_starts_at_ratio_one, assert_anneal_clip_lowers_the_clipping_coefficient)
+                      assert_each_update_starts_at_ratio_one, assert_anneal_clip_lowers_the_clipping_coefficient,
+                      assert_progress_is_printed_within_a_rollout)
 import ppo.ppo_atari as ppo_atari  # noqa: E402
 from ppo.ppo_atari import (Agent, Args, main, make_env, make_envs,  # noqa: E402
                            minibatch_loss, parse_args, finished_games)
@@ -280,6 +281,11 @@ def test_with_async_envs_each_update_starts_at_ratio_one(workdir):
 
 def test_anneal_clip_lowers_the_clipping_coefficient_with_each_iteration(workdir, monkeypatch):
     assert_anneal_clip_lowers_the_clipping_coefficient(ppo_atari, Args(total_timesteps=96, **TINY_ARGS), monkeypatch)
+
+
+def test_the_progress_line_speaks_within_long_rollouts_too(workdir, capsys):
+    assert_progress_is_printed_within_a_rollout(ppo_atari, Args(total_timesteps=64, **TINY_ARGS), capsys,
+                                                gym.vector.SyncVectorEnv)
 
 
 def test_the_rollout_copies_only_the_actions_to_the_host(workdir, monkeypatch):

@@ -15,7 +15,8 @@ from conftest import (assert_compiled_loss_matches_plain, assert_compiles_whole,
                       only_run_dir, read_scalars, run_script, without_module,
                       assert_evaluation_plays_the_saved_weights, assert_target_kl_ends_the_update_early,
                       assert_one_copy_to_the_host_per_step, assert_logged_losses_are_the_updates_own,
-                      assert_each_update_starts_at_ratio_one, assert_anneal_clip_lowers_the_clipping_coefficient)
+                      assert_each_update_starts_at_ratio_one, assert_anneal_clip_lowers_the_clipping_coefficient,
+                      assert_progress_is_printed_within_a_rollout)
 from ppo.ppo_atari_envpool import Args, main, make_envs  # noqa: E402
 import harness  # noqa: E402  (the scripts' run machinery, importable once ppo is)
 
@@ -201,6 +202,14 @@ def test_the_rollout_copies_only_the_actions_to_the_host(workdir, monkeypatch, a
 
     assert_one_copy_to_the_host_per_step(script, Args(total_timesteps=64, async_envs=async_envs, **TINY_ARGS),
                                          monkeypatch, EnvPoolMixin, action_shape=(pool_size,), step_method="send")
+
+
+def test_the_progress_line_speaks_within_long_rollouts_too(workdir, capsys):
+    """The clock ticks at each pool's recv: a step of the games."""
+    from envpool.python.envpool import EnvPoolMixin
+
+    assert_progress_is_printed_within_a_rollout(script, Args(total_timesteps=64, **TINY_ARGS), capsys, EnvPoolMixin,
+                                                step_method="recv")
 
 
 def test_the_logged_losses_are_the_updates_own(workdir, monkeypatch):

@@ -20,7 +20,8 @@ from conftest import (REPO, assert_details_marked, assert_evaluation_output, ass
                       assert_one_copy_to_the_host_per_step, assert_resume_keeps_the_latest_scores,
                       assert_same_final_weights, expect_usage_error, only_run_dir, read_scalars, run_script,
                       run_unbroken_and_interrupted, torchrun, assert_first_minibatch_replays_the_rollout,
-                      assert_each_update_starts_at_ratio_one, assert_anneal_clip_lowers_the_clipping_coefficient)
+                      assert_each_update_starts_at_ratio_one, assert_anneal_clip_lowers_the_clipping_coefficient,
+                      assert_progress_is_printed_within_a_rollout)
 from ppo.ppo_atari_multigpu import (Agent, Args, evaluate, gradient_step, main, make_envs,  # noqa: E402
                                     minibatch_loss, parse_args)
 
@@ -295,6 +296,17 @@ def test_anneal_clip_lowers_the_clipping_coefficient_with_each_iteration(workdir
 
     assert_anneal_clip_lowers_the_clipping_coefficient(script, Args(num_envs=2, num_steps=16, num_minibatches=2,
                                                                     total_timesteps=96, cuda=False), monkeypatch)
+
+
+def test_the_progress_line_speaks_within_long_rollouts_too(workdir, capsys):
+    """In one process (a world of one)."""
+    import gymnasium as gym
+
+    import ppo.ppo_atari_multigpu as script
+
+    assert_progress_is_printed_within_a_rollout(script, Args(num_envs=2, num_steps=16, num_minibatches=2,
+                                                             total_timesteps=64, cuda=False), capsys,
+                                                gym.vector.SyncVectorEnv)
 
 
 def test_the_rollout_copies_only_the_actions_to_the_host(workdir, monkeypatch):

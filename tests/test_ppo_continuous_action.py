@@ -18,7 +18,8 @@ from conftest import (assert_compiled_loss_matches_plain, assert_every_evaluated
                       only_run_dir, read_scalars, run_script, run_unbroken_and_interrupted_in_process, without_module,
                       assert_evaluation_plays_the_saved_weights, assert_target_kl_ends_the_update_early,
                       assert_one_copy_to_the_host_per_step, assert_the_batch_is_what_the_policy_saw_and_did,
-                      assert_anneal_clip_lowers_the_clipping_coefficient)
+                      assert_anneal_clip_lowers_the_clipping_coefficient,
+                      PROGRESS_LINE, assert_progress_is_printed_within_a_rollout)
 from ppo import ppo_continuous_action as script
 from ppo.ppo_continuous_action import Agent, Args, RewardScaler, RunningMeanStd, evaluate, main, minibatch_loss, parse_args
 import harness  # the scripts' run machinery, importable once ppo is
@@ -154,6 +155,11 @@ def test_the_batch_holds_the_normalized_observations_acted_on_and_the_actions_dr
 def test_anneal_clip_lowers_the_clipping_coefficient_with_each_iteration(workdir, monkeypatch):
     assert_anneal_clip_lowers_the_clipping_coefficient(script, Args(env_id="TightBounds-v0", total_timesteps=192,
                                                                     **SMALL), monkeypatch)
+
+
+def test_the_progress_line_speaks_within_long_rollouts_too(workdir, capsys):
+    assert_progress_is_printed_within_a_rollout(script, Args(env_id="TightBounds-v0", total_timesteps=128, **SMALL), capsys,
+                                                gym.vector.SyncVectorEnv)
 
 
 def test_the_rollout_copies_only_the_actions_to_the_host(workdir, monkeypatch):
@@ -343,7 +349,7 @@ def test_the_training_rewards_are_scaled_then_clipped(workdir, monkeypatch):
 
 def test_tiny_run_on_hopper_logs_every_metric(tmp_path, mujoco):
     result = run_script(SCRIPT, "--env-id", "Hopper-v4", *SMALL_FLAGS, "--total-timesteps", "256", cwd=tmp_path)
-    assert re.search(r"step +256/256 \| +[\d,]+ SPS \| mean return", result.stdout), result.stdout
+    assert [match.group(1) for match in PROGRESS_LINE.finditer(result.stdout)][-1] == "256", result.stdout
     run_dir = only_run_dir(tmp_path)
     assert run_dir.name.startswith("Hopper-v4__ppo_continuous_action__1__")
     scalars = assert_logs_every_metric(run_dir)

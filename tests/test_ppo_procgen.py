@@ -14,7 +14,8 @@ from conftest import (assert_compiled_loss_matches_plain, assert_compiled_run_re
                       only_run_dir, run_script, run_unbroken_and_interrupted_in_process,
                       assert_evaluation_plays_the_saved_weights, assert_target_kl_ends_the_update_early,
                       assert_one_copy_to_the_host_per_step, assert_logged_losses_are_the_updates_own,
-                      assert_anneal_clip_lowers_the_clipping_coefficient)
+                      assert_anneal_clip_lowers_the_clipping_coefficient,
+                      PROGRESS_LINE, assert_progress_is_printed_within_a_rollout)
 from ppo import ppo_procgen as script
 from ppo.ppo_procgen import Agent, Args, evaluate, main, minibatch_loss, parse_args
 
@@ -200,7 +201,7 @@ def test_seeds_past_31_bits_wrap_around(procgen):
 def test_tiny_run_on_starpilot_then_evaluate(tmp_path, monkeypatch, capsys, procgen):
     result = run_script(SCRIPT, *SMALL_FLAGS, "--total-timesteps", "128", "--save-model", cwd=tmp_path,
                         env=ONE_THREAD)
-    assert re.search(r"step +128/128 \| +[\d,]+ SPS \| mean return", result.stdout), result.stdout
+    assert [match.group(1) for match in PROGRESS_LINE.finditer(result.stdout)][-1] == "128", result.stdout
     assert result.stderr.strip() == ""  # nothing from the retired gym package that procgen imports
     run_dir = only_run_dir(tmp_path)
     assert run_dir.name.startswith("starpilot__ppo_procgen__1__")
@@ -223,6 +224,12 @@ def test_anneal_clip_lowers_the_clipping_coefficient_with_each_iteration(workdir
     """On the stand-in games."""
     monkeypatch.setattr(script, "ProcgenGym3Env", FakeGames)
     assert_anneal_clip_lowers_the_clipping_coefficient(script, Args(total_timesteps=192, **SMALL), monkeypatch)
+
+
+def test_the_progress_line_speaks_within_long_rollouts_too(workdir, capsys, monkeypatch):
+    """On the stand-in games."""
+    monkeypatch.setattr(script, "ProcgenGym3Env", FakeGames)
+    assert_progress_is_printed_within_a_rollout(script, Args(total_timesteps=128, **SMALL), capsys, script.ProcgenVectorEnv)
 
 
 def test_the_rollout_copies_only_the_actions_to_the_host(workdir, monkeypatch, procgen):
