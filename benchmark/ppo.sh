@@ -36,34 +36,43 @@ NUM_SEEDS=${NUM_SEEDS:-3}
 BENCH_WORKDIR=${BENCH_WORKDIR:-benchmark}
 
 FAMILIES=(classic atari lstm envpool mujoco procgen multigpu)
-declare -A SCRIPT ENVS COMMAND
+declare -A SCRIPT ENVS COMMAND TIME
+# How long one run takes, from the committed runs' SPS on a 2-core CPU (docs/results); no GPU run has
+# been timed yet. A family is 3 environments x NUM_SEEDS runs, WORKERS at a time.
 SCRIPT[classic]=ppo/ppo.py
 ENVS[classic]="CartPole-v1 Acrobot-v1 MountainCar-v0"
 COMMAND[classic]="python ppo/ppo.py --total-timesteps 500000"
+TIME[classic]="about 2 min a run on a CPU"
 
 SCRIPT[atari]=ppo/ppo_atari.py
 ENVS[atari]="BreakoutNoFrameskip-v4 PongNoFrameskip-v4 BeamRiderNoFrameskip-v4"
 COMMAND[atari]="python ppo/ppo_atari.py --total-timesteps 10000000"
+TIME[atari]="about 19 h a run on a CPU (144 SPS); on a GPU: not measured"
 
 SCRIPT[lstm]=ppo/ppo_atari_lstm.py
 ENVS[lstm]="BreakoutNoFrameskip-v4 PongNoFrameskip-v4 BeamRiderNoFrameskip-v4"
 COMMAND[lstm]="python ppo/ppo_atari_lstm.py --total-timesteps 10000000"
+TIME[lstm]="about 6 h a run on a CPU (489 SPS); on a GPU: not measured"
 
 SCRIPT[envpool]=ppo/ppo_atari_envpool.py
 ENVS[envpool]="Breakout-v5 Pong-v5 BeamRider-v5"
 COMMAND[envpool]="python ppo/ppo_atari_envpool.py --total-timesteps 10000000"
+TIME[envpool]="about 12 h a run on a CPU (237 SPS); on a GPU: not measured"
 
 SCRIPT[mujoco]=ppo/ppo_continuous_action.py
 ENVS[mujoco]="Hopper-v4 Walker2d-v4 HalfCheetah-v4"
 COMMAND[mujoco]="python ppo/ppo_continuous_action.py --total-timesteps 1000000"
+TIME[mujoco]="11 to 35 min a run on a CPU"
 
 SCRIPT[procgen]=ppo/ppo_procgen.py
 ENVS[procgen]="starpilot bossfight bigfish"
 COMMAND[procgen]="python ppo/ppo_procgen.py --total-timesteps 25000000"
+TIME[procgen]="about 38 h a run on a CPU (185 SPS); on a GPU: not measured"
 
 SCRIPT[multigpu]=ppo/ppo_atari_multigpu.py
 ENVS[multigpu]="BreakoutNoFrameskip-v4 PongNoFrameskip-v4 BeamRiderNoFrameskip-v4"
 COMMAND[multigpu]="torchrun --standalone --nnodes=1 --nproc_per_node=2 ppo/ppo_atari_multigpu.py --total-timesteps 10000000"
+TIME[multigpu]="not measured (2 processes; on GPUs)"
 
 list_families() {
     local family  # not the caller's loop variable
@@ -76,8 +85,10 @@ list_families() {
         if [[ -f ${SCRIPT[$family]} ]]; then status=ready; else status=missing; fi
         printf '  %-9s %-7s %s\n' "$family" "$status" "${COMMAND[$family]}"
         printf '  %-9s %-7s   on %s\n' "" "" "${ENVS[$family]}"
+        printf '  %-9s %-7s   %s\n' "" "" "${TIME[$family]}"
     done
     printf '  %-9s %-7s %s\n' quick ready "ppo/ppo.py on CartPole-v1 and Acrobot-v1, 2 seeds, 2048 steps (CI-sized)"
+    printf '  %-9s %-7s   %s\n' "" "" "under a minute; its report says 'below' the published returns: 2048 steps are not meant to learn"
 }
 
 dry_run=()
@@ -143,7 +154,7 @@ for family in "${selected[@]}"; do
         echo "== $family: skipped, ${SCRIPT[$family]} is missing"
         continue
     fi
-    echo "== $family: ${COMMAND[$family]} on ${ENVS[$family]}, $NUM_SEEDS seeds, $WORKERS at a time"
+    echo "== $family: ${COMMAND[$family]} on ${ENVS[$family]}, $NUM_SEEDS seeds, $WORKERS at a time (${TIME[$family]})"
     # With --slurm, each family's report job writes the report of everything under $BENCH_WORKDIR/runs.
     report_dir=()
     if [[ $use_slurm -eq 1 ]]; then report_dir=(--report-dir docs/results); fi

@@ -6,6 +6,9 @@
     python benchmark/run.py --quick                # the whole pipeline on a tiny budget, in a temp dir
     python benchmark/run.py ... --slurm --partition gpu --gpus 1 --time 12:00:00   # on a Slurm cluster
 
+While runs go, each one's step and time left (from the progress line in its log) and the whole
+benchmark's are shown: live on one line in a terminal, as a few lines a minute elsewhere (CI, Slurm).
+
 Each run is `<command> --env-id ID --seed S`, started in --workdir (default: the current directory,
 so its TensorBoard logs land in ./runs/) with OMP_NUM_THREADS=1, since parallel runs would otherwise
 fight over cores; an OMP_NUM_THREADS you set, or a Slurm task's --cpus-per-task, is passed on instead.
@@ -210,8 +213,70 @@ def log_tail(path: Path, lines: int = 3) -> str:
     return "".join(f"\n        {line}" for line in tail)
 
 
+# A run's progress line, as the PPO scripts print it: `step N/TOTAL | SPS | E elapsed, L left | ...`.
+PROGRESS = re.compile(r"^step +([\d,]+)/([\d,]+) \|[^|]*\| *([\d:]+) elapsed, ([\d:]+|\?) left")
+# How often the progress of the running runs is shown: live in a terminal, as lines elsewhere.
+LIVE_SECONDS, LINE_SECONDS = 1.0, 60.0
+
+
+def seconds_of(clock: str) -> int:
+    """h:mm:ss (or m:ss) as seconds."""
+    total = 0
+    for part in clock.split(":"):
+        total = 60 * total + int(part)
+    return total
+
+
+def clock(seconds: float) -> str:
+    """A duration as h:mm:ss."""
+    minutes, seconds = divmod(int(seconds), 60)
+    return f"{minutes // 60}:{minutes % 60:02}:{seconds:02}"
+
+
+def last_progress(log_path: Path) -> tuple[int, int, int, int | None] | None:
+    """A running run's last progress line, read from its log: (step, total, seconds elapsed, seconds
+    left or None); None before its first one."""
+    try:
+        with open(log_path, "rb") as log:
+            log.seek(max(0, log.seek(0, os.SEEK_END) - 4096))
+            lines = log.read().decode(errors="replace").splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        match = PROGRESS.match(line)
+        if match:
+            step, total = (int(group.replace(",", "")) for group in match.group(1, 2))
+            left = None if match.group(4) == "?" else seconds_of(match.group(4))
+            return step, total, seconds_of(match.group(3)), left
+    return None
+
+
+def progress_report(running: list, pending: int, done: int, workers: int, durations: list[float]) -> list[str]:
+    """What the running runs have done (from their logs) and the time the whole benchmark has left: the
+    running runs' own estimates, then the waiting runs at the mean length of the runs seen so far
+    (finished, or estimated from their progress), `workers` at a time. `running` holds (run, started)."""
+    lines, lefts, lengths = [], [], list(durations)
+    for run, started in running:
+        progress = last_progress(run.log_path)
+        if progress is None or progress[3] is None:
+            lines.append(f"{run.label}: starting ({clock(time.time() - started)})")
+            continue
+        step, total, elapsed, left = progress
+        lines.append(f"{run.label}: step {step:,}/{total:,}, {clock(left)} left")
+        lefts.append(left)
+        lengths.append(elapsed + left)
+    summary = f"{done} of {done + len(running) + pending} run(s) done"
+    if lengths and len(lefts) == len(running):
+        mean = sum(lengths) / len(lengths)
+        whole = (sum(lefts) + pending * mean) / max(1, min(workers, len(running) + pending))
+        summary += f", about {clock(whole)} left in all"
+    return lines + [summary]
+
+
 def run_all(runs: list[Run], workers: int, workdir: Path, force: bool = False) -> dict[str, int]:
-    """Run everything not finished earlier, `workers` at a time; print a line per run as it ends.
+    """Run everything not finished earlier, `workers` at a time; print a line per run as it starts and
+    as it ends, and meanwhile each running run's step and time left, read from its log, and the whole
+    benchmark's: live in a terminal, as a few lines a minute elsewhere (CI, Slurm logs).
 
     Returns the counts of runs that succeeded, were skipped and failed."""
     counts = {"ok": 0, "skipped": 0, "failed": 0}
@@ -224,12 +289,21 @@ def run_all(runs: list[Run], workers: int, workdir: Path, force: bool = False) -
             pending.append(run)
 
     running: list[tuple[Run, subprocess.Popen, object, float]] = []
+    live = sys.stdout.isatty()
+    durations, last_report, shown = [], time.time(), ""
+
+    def say(line: str) -> None:
+        """A line of its own, above the live progress (which the next report redraws)."""
+        print(("\r\033[K" if shown else "") + line, flush=True)
+
     try:
         while pending or running:
             while pending and len(running) < workers:
                 run = pending.pop(0)
                 process, log = start(run, workdir)
                 running.append((run, process, log, time.time()))
+                say(f"[start] {run.label}: log {run.log_path}")
+                shown = ""
             time.sleep(0.1)
             for entry in list(running):
                 run, process, log, started = entry
@@ -240,11 +314,24 @@ def run_all(runs: list[Run], workers: int, workdir: Path, force: bool = False) -
                 finish(run, process.returncode, seconds, log)
                 if process.returncode == 0:
                     counts["ok"] += 1
-                    print(f"[ok]   {run.label}: {seconds:.1f}s, log {run.log_path}", flush=True)
+                    durations.append(seconds)
+                    say(f"[ok]   {run.label}: {seconds:.1f}s, log {run.log_path}")
                 else:
                     counts["failed"] += 1
-                    print(f"[FAIL] {run.label}: exit code {process.returncode} after {seconds:.1f}s, "
-                          f"log {run.log_path}{log_tail(run.log_path)}", flush=True)
+                    say(f"[FAIL] {run.label}: exit code {process.returncode} after {seconds:.1f}s, "
+                        f"log {run.log_path}{log_tail(run.log_path)}")
+                shown = ""
+            if running and time.time() - last_report >= (LIVE_SECONDS if live else LINE_SECONDS):
+                last_report = time.time()
+                report = progress_report([(run, started) for run, _, _, started in running], len(pending),
+                                         counts["ok"] + counts["failed"], workers, durations)
+                if live:  # one line, redrawn in place
+                    shown = " | ".join(report)
+                    width = shutil.get_terminal_size().columns - 1
+                    print("\r\033[K" + (shown if len(shown) <= width else shown[:width - 3] + "..."),
+                          end="", flush=True)
+                else:
+                    print("\n".join(f"[...]  {line}" for line in report), flush=True)
     except KeyboardInterrupt:
         print(f"\ninterrupted: stopping {len(running)} running run(s); finished runs keep their "
               ".done markers, so the same command resumes the benchmark", flush=True)
@@ -622,7 +709,8 @@ def main(argv: list[str] | None = None) -> int:
         report = subprocess.run(bench.report_command(report_dir))
         if report.returncode != 0:
             return report.returncode
-        print(f"quick benchmark done: report in {report_dir}", flush=True)
+        print(f"quick benchmark done: report in {report_dir} (its runs are {QUICK_ARGS[1]} steps, to check the "
+              "pipeline: 'below' the published returns is expected)", flush=True)
     return 0
 
 

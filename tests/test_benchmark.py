@@ -166,6 +166,41 @@ def test_runner_keeps_workers_runs_going_at_a_time(tmp_path, monkeypatch):
     assert calls(tmp_path) == [f"A-v1 {seed}" for seed in range(1, 6)]
 
 
+def test_runner_names_each_runs_log_as_it_starts(tmp_path):
+    (tmp_path / "fake.py").write_text(FAKE_SCRIPT)
+    result = run_tool("run.py", "--env-ids", "A-v1", "--command", "python fake.py", "--num-seeds", "2",
+                      "--log-dir", "logs", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    for seed in (1, 2):
+        assert f"[start] fake A-v1 seed {seed}: log logs/fake/A-v1__seed{seed}.log" in result.stdout
+
+
+def test_the_runners_progress_reads_each_runs_log_and_estimates_the_whole(tmp_path, monkeypatch):
+    """While runs go, the runner shows each one's step and time left, from the last progress line in its
+    log, and the whole benchmark's time left: the running runs' own, then the waiting ones at the mean
+    length of the runs seen so far, `workers` at a time. Fixed logs and clock: the arithmetic is checked,
+    no timing."""
+    (tmp_path / "fake.py").write_text(FAKE_SCRIPT)
+    monkeypatch.chdir(tmp_path)
+    runs = runner.plan_runs("python fake.py", ["A-v1"], [1, 2, 3], tmp_path / "logs")
+    runs[0].log_path.parent.mkdir(parents=True)
+    runs[0].log_path.write_text(
+        "# command: ...\nCartPole-v1__ppo__1__1: 1,000 steps on cpu\n"
+        "step       100/1,000 |    100 SPS | 0:00:01 elapsed, 0:00:09 left | mean return      n/a (last 0 episodes)\n"
+        "step       500/1,000 |    100 SPS | 0:00:05 elapsed, 0:00:05 left | mean return    20.00 (last 4 episodes)\n")
+    runs[1].log_path.write_text("# command: ...\n")  # started, no progress line yet
+    monkeypatch.setattr(runner.time, "time", lambda: 1000.0)
+    report = runner.progress_report([(runs[0], 990.0), (runs[1], 998.0)], pending=1, done=2, workers=2,
+                                    durations=[30.0])
+    assert report == ["fake A-v1 seed 1: step 500/1,000, 0:00:05 left", "fake A-v1 seed 2: starting (0:00:02)",
+                      "2 of 5 run(s) done"]  # no estimate of the whole while a run has not said
+    runs[1].log_path.write_text(runs[0].log_path.read_text())
+    report = runner.progress_report([(runs[0], 990.0), (runs[1], 998.0)], pending=1, done=2, workers=2,
+                                    durations=[30.0])
+    # left: 5 + 5 s now, then one more run of the mean length (30, 10, 10 s: 16.7 s), 2 at a time
+    assert report[-1] == "2 of 5 run(s) done, about 0:00:13 left in all"
+
+
 @pytest.mark.parametrize("command, fragment", [
     ("nosuchprog --x", "the program 'nosuchprog' is not found on PATH"),
     ("./missing.sh", "./missing.sh does not exist"),
