@@ -1,8 +1,10 @@
 """The documentation: the site builds in strict mode, every relative link resolves, and every link to
 a line of a script still points at the implementation detail it names.
 
-mkdocs.yml lets links that leave docs/ (such as ../ppo/ppo.py#L123) pass the strict build, since the
-scripts are not part of the site; the checks here take over for those links.
+The pages link to the scripts relative to the repository (../ppo/ppo.py#L123), as GitHub reads them;
+the checks here hold those links to the repository's files. On the site, mkdocs_hooks.py publishes the
+scripts as pages with line anchors and points the links at them: tests/test_site.py checks the built
+site.
 """
 
 import re
