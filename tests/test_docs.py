@@ -278,3 +278,24 @@ def test_every_test_the_docs_name_exists():
             if name not in everywhere:
                 missing.append(f"{page.relative_to(REPO)}: {name}")
     assert not missing, missing
+
+
+# The user pages teach; measurements, experiments and histories go to the notes (docs/notes/).
+SCRIPT_PAGE_WORDS = 1_500
+USER_PAGES_WORDS = 12_000
+
+
+def test_user_pages_stay_short_and_the_notes_come_last():
+    """Each script page within SCRIPT_PAGE_WORDS, all pages outside docs/notes/ together within
+    USER_PAGES_WORDS (`wc -w`), and the notes in one section at the end of the nav."""
+    words = {path.relative_to(REPO / "docs").as_posix(): len(path.read_text().split())
+             for path in (REPO / "docs").glob("**/*.md") if "notes" not in path.relative_to(REPO / "docs").parts}
+    long_pages = {page: count for page, count in words.items() if page.startswith("ppo") and count > SCRIPT_PAGE_WORDS}
+    assert not long_pages, f"script pages over {SCRIPT_PAGE_WORDS} words: {long_pages}"
+    assert sum(words.values()) <= USER_PAGES_WORDS, (
+        f"the user pages hold {sum(words.values())} words, over {USER_PAGES_WORDS}: move lab notes to docs/notes/")
+    config = (REPO / "mkdocs.yml").read_text()
+    nav = config.split("\nnav:\n", 1)[1].split("\n\n", 1)[0]
+    top = [line for line in nav.splitlines() if re.match(r"^  - ", line)]
+    assert top[-1].strip() == "- Notes:", top[-1]
+    assert all("notes/" not in line for line in nav.split("- Notes:")[0].splitlines())
