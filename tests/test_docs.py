@@ -299,3 +299,19 @@ def test_user_pages_stay_short_and_the_notes_come_last():
     top = [line for line in nav.splitlines() if re.match(r"^  - ", line)]
     assert top[-1].strip() == "- Notes:", top[-1]
     assert all("notes/" not in line for line in nav.split("- Notes:")[0].splitlines())
+
+
+# Phrases that speak of how the project was made, not to its readers: the machines it was built on,
+# its working sessions, files only those machines hold. The docs name the hardware a figure was
+# measured on ("a 2-core AMD EPYC VM") and cite public sources instead.
+PRIVATE_WORDING = re.compile(r"\b(?:this machine|reference machine|this VM|(?:earlier|previous|this|a) session|lent)\b"
+                             r"|\bshared/|\bseeds/\S*\.txt", re.IGNORECASE)
+
+
+def test_pages_speak_to_readers_not_of_the_project_s_own_machines():
+    found = []
+    for page in [*markdown_files(), REPO / "CONTRIBUTING.md"]:
+        for number, line in enumerate(page.read_text().splitlines(), 1):
+            for match in PRIVATE_WORDING.finditer(line):
+                found.append(f"{page.relative_to(REPO)}:{number}: {match.group(0)!r} in {line.strip()[:100]}")
+    assert not found, "pages that speak of the project's own machines or sessions:\n" + "\n".join(found)
