@@ -29,8 +29,10 @@ SOURCE_DIR = "source"  # where their pages go on the site
 CSS_URI = "assets/source-listing.css"
 
 CSS = """\
-.source-listing { line-height: 1.45; font-size: 12px; padding: 8px 0; }
-.source-listing .line { display: block; padding-right: 12px; white-space: pre; }
+.wy-nav-content:has(.source-listing) { max-width: 1200px; }
+.source-listing { line-height: 1.45; font-size: 12px; padding: 8px 0; overflow-x: auto; }
+.source-listing .line { display: block; min-width: max-content; padding-right: 12px; white-space: pre;
+  scroll-margin-top: 6em; }
 .source-listing .line:target { background: #fff3b0; }
 .source-listing .lineno { display: inline-block; width: 4.5em; padding-right: 1.2em; text-align: right;
   color: #999; user-select: none; text-decoration: none; }

@@ -1,5 +1,6 @@
 """The built documentation site works on its own: every internal link and anchor of every page resolves,
-and the code pages that mkdocs_hooks.py generates put each line at its `#L<n>` anchor.
+the code pages that mkdocs_hooks.py generates put each line at its `#L<n>` anchor, and every page has
+a title of its own.
 
 tests/test_docs.py checks the Markdown sources against the repository (a line link lands on the
 marker it names); the tests here check what a reader of the built site gets.
@@ -164,6 +165,18 @@ def test_the_site_keeps_every_line_link_of_the_markdown(site):
             if (script, line) not in built:
                 missing.append(f"{markdown.relative_to(REPO)}: {script_link}#{line}")
     assert not missing, "line links missing from the built pages:\n" + "\n".join(missing)
+
+
+def test_every_page_has_a_title_of_its_own(site):
+    root = site.root
+    titles, headings = {}, {}
+    for page, parsed in site.pages.items():
+        if page.name in ("404.html", "search.html"):
+            continue
+        titles.setdefault(parsed.title.strip(), []).append(str(page.relative_to(root)))
+        headings.setdefault(parsed.h1.replace("¶", "").strip(), []).append(str(page.relative_to(root)))
+    shared = {title: pages for title, pages in {**titles, **headings}.items() if len(pages) > 1}
+    assert not shared, f"titles shared by several pages: {shared}"
 
 
 def test_a_link_to_an_unpublished_file_fails_the_strict_build(tmp_path):
