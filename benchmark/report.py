@@ -625,6 +625,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    try:
+        import matplotlib  # noqa: F401  (the plots need it; check before any work is done)
+    except ImportError:
+        fail('matplotlib is not installed, and the report draws its plots with it: pip install -e ".[benchmark]"')
     if not args.runs_dir.is_dir():
         fail(f"no runs directory {args.runs_dir}: give the directory the runs wrote their TensorBoard logs "
              "to (--runs-dir)")

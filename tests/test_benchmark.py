@@ -19,10 +19,9 @@ from benchmark import run as runner
 from conftest import (FAKE_SCRIPT, REPO, assert_quick_runs_finished, calls, expect_error_line, expect_usage_error,
                       read_scalars, run_tool, table_rows)
 
-SEED_DOCUMENT = REPO.parent / "shared" / "seeds" / "000_858a261d7ff62938.txt"
-
-# Every row of the result tables of the source document (Huang et al. 2022 numbers and the document's
-# own), in its order: variant, row name as printed, own column (mean, std), comparison column (mean, std).
+# Every row of the result tables of CleanRL's PPO documentation (its own numbers, and Huang et al. 2022's
+# for openai/baselines), in its order: variant, row name as printed, CleanRL's column (mean, std),
+# comparison column (mean, std).
 PUBLISHED = [
     ("ppo", "CartPole-v1", 492.40, 13.05, 497.54, 4.02),
     ("ppo", "Acrobot-v1", -89.93, 6.34, -81.82, 5.58),
@@ -298,25 +297,6 @@ def test_baselines_spot_checks_and_env_name_mapping():
     assert report.find_baseline(baselines, "nope", "CartPole-v1") == (None, None)
 
 
-@pytest.mark.skipif(not SEED_DOCUMENT.exists(), reason="the source document is not in this checkout")
-def test_published_table_above_is_the_whole_source_document():
-    """Cross-check PUBLISHED (and so baselines.toml) against every table row of the source document."""
-    sections = {"ppo.py": "ppo", "ppo_atari.py": "ppo_atari", "ppo_continuous_action.py": "ppo_continuous_action",
-                "ppo_atari_lstm.py": "ppo_atari_lstm", "ppo_atari_envpool.py": "ppo_atari_envpool",
-                "ppo_procgen.py": "ppo_procgen", "ppo_atari_multigpu.py": "ppo_atari_multigpu"}
-    number = r"(-?\d+(?:\.\d+)?)\s*±\s*(\d+(?:\.\d+)?)"
-    row_pattern = re.compile(rf"^\|\s*([^|]+?)\s*\|\s*{number}\s*\|\s*{number}")
-    variant, rows = None, []
-    for line in SEED_DOCUMENT.read_text().splitlines():
-        heading = re.match(r"^## `([\w.]+)`", line)
-        if heading:
-            variant = sections[heading.group(1)]
-        match = row_pattern.match(line)
-        if match:
-            rows.append((variant, match.group(1), *map(float, match.groups()[1:])))
-    assert sorted(rows) == sorted(PUBLISHED)
-
-
 # ---------------------------------------------------------------------------------------------------
 # The report, on hand-made TensorBoard logs with known numbers
 # ---------------------------------------------------------------------------------------------------
@@ -417,7 +397,7 @@ def test_report_uses_the_newest_complete_run_per_seed(tmp_path):
     assert row["seeds"] == "2" and row["steps per run"] == "1,000"
     assert row[FINAL_RETURN] == "-97.50 ± 12.50"
     assert row["mean SPS"] == "100"
-    assert row["baseline: ppo.py (source document)"] == "-89.93 ± 6.34"
+    assert row["baseline: ppo.py (CleanRL)"] == "-89.93 ± 6.34"
     assert row["openai/baselines' PPO (Huang et al. 2022)"] == "-81.82 ± 5.58"
     assert row["status"] == "below"
     left_out = page.split("Runs left out:")[1]
@@ -663,6 +643,17 @@ def test_report_without_runs_says_so_and_writes_nothing(tmp_path):
     expect_error_line(result, "report.py", "no runs directory nowhere")
 
 
+
+def test_report_without_matplotlib_says_which_extra_to_install(tmp_path):
+    hiding = tmp_path / "hiding" / "matplotlib"  # an import of matplotlib fails, as in an install without it
+    hiding.mkdir(parents=True)
+    (hiding / "__init__.py").write_text("raise ImportError('No module named matplotlib')\n")
+    (tmp_path / "runs").mkdir()
+    result = run_tool("report.py", "--runs-dir", "runs", "--out-dir", "out", cwd=tmp_path,
+                      env={"PYTHONPATH": str(hiding.parent)})
+    expect_error_line(result, "report.py", "matplotlib is not installed", 'pip install -e ".[benchmark]"')
+    assert not (tmp_path / "out").exists()
+
 INCOMPLETE_BASELINE = """
 [variants.ppo]
 [[variants.ppo.envs]]
@@ -796,7 +787,7 @@ def test_quick_report_numbers_match_the_tensorboard_logs(quick_dir):
         assert row[FINAL_RETURN] == f"{np.mean(finals):.2f} ± {np.std(finals):.2f}"
         assert row["seeds"] == "2" and row["steps per run"] == "2,048"
         assert row["mean SPS"] == f"{np.mean(sps):,.0f}"
-        assert row["baseline: ppo.py (source document)"] == published
+        assert row["baseline: ppo.py (CleanRL)"] == published
         assert row["status"] == report.classify(float(np.mean(finals)), *map(float, published.split(" ± ")))
     assert "measured after 500,000 steps; these runs used 2,048" in page
 
