@@ -47,7 +47,7 @@ TIME[classic]="about 2 min a run on a CPU"
 SCRIPT[atari]=ppo/ppo_atari.py
 ENVS[atari]="BreakoutNoFrameskip-v4 PongNoFrameskip-v4 BeamRiderNoFrameskip-v4"
 COMMAND[atari]="python ppo/ppo_atari.py --total-timesteps 10000000"
-TIME[atari]="about 19 h a run on a CPU (144 SPS); on a GPU: not measured"
+TIME[atari]="13 to 19 h a run on a CPU (214 SPS idle, 144 loaded); on a GPU: not measured"
 
 SCRIPT[lstm]=ppo/ppo_atari_lstm.py
 ENVS[lstm]="BreakoutNoFrameskip-v4 PongNoFrameskip-v4 BeamRiderNoFrameskip-v4"

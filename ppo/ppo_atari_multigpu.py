@@ -96,8 +96,8 @@ class Args:
     learning_rate: float = 2.5e-4
     """the learning rate of the optimizer"""
     num_envs: int = 8
-    """the number of parallel environments over ALL processes (the source documents' reading; the
-    current reference counts them per process): each of N processes steps num_envs / N, so a batch is
+    """the number of parallel environments over ALL processes (as CleanRL's 2022 PPO docs read it;
+    its current script counts them per process): each of N processes steps num_envs / N, so a batch is
     num_envs x num_steps for any N (1024 by default: 8 x 128 in 1 process, 4 x 128 in each of 2, 2 x
     128 in each of 4)"""
     num_steps: int = 128

@@ -292,7 +292,7 @@ class RewardScaler:
     for episode ends is that of the reference implementation, which wraps each environment in
     gymnasium's NormalizeReward: a termination cuts the return at the terminal step, whose return is
     its own reward alone; a time-limit truncation cuts nothing, the return runs on into the next
-    episode. The source documents' detail 8 points to openai/baselines' VecNormalize instead, which
+    episode. The 37-details post's detail 8 points to openai/baselines' VecNormalize instead, which
     restarts the return after every episode end, truncations included; the two rules differ only in
     the standard deviation they estimate. One set of statistics serves all environments, as the one
     value network learns from all of them (docs/ppo_continuous_action.md discusses both choices)."""

@@ -280,7 +280,7 @@ def test_rewards_are_scaled_by_the_std_of_the_discounted_return(script):
 # ---------------------------------------------------------------------------------------------------
 
 # What every variant shares, then each one's own values (the scripts' pages list them with the
-# source documents' tables); a changed default changes every result the docs report.
+# published tables of CleanRL's PPO docs); a changed default changes every result the docs report.
 SHARED_DEFAULTS = dict(gae_lambda=0.95, norm_adv=True, clip_vloss=True, vf_coef=0.5, max_grad_norm=0.5,
                        target_kl=None, anneal_clip=False)
 ATARI_DEFAULTS = dict(total_timesteps=10_000_000, learning_rate=2.5e-4, num_envs=8, num_steps=128, anneal_lr=True,

@@ -429,7 +429,7 @@ def test_every_core_atari_and_multi_gpu_detail_is_marked_in_the_script():
 
 
 def test_help_says_num_envs_counts_all_processes(capsys):
-    """--num-envs is the world's total (the source documents' reading), not the reference's per
+    """--num-envs is the world's total (CleanRL's 2022 docs' reading), not the reference's per
     process count: --help must say so, with the batch it implies."""
     with pytest.raises(SystemExit) as stop:
         parse_args(["--help"])
