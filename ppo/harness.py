@@ -210,8 +210,8 @@ def load_checkpoint(path: str, variant: str, resuming: bool = False, trust_old: 
         fail(variant, f"{path!r} is not a checkpoint of this collection")
     if checkpoint["variant"] != variant:
         fail(variant, f"{path!r} was written by {checkpoint['variant']}.py: use ppo/{checkpoint['variant']}.py for it")
-    if not set(EVALUATION_KEYS) <= checkpoint.keys() or not isinstance(checkpoint["args"], dict):
-        fail(variant, f"{path!r} is not a checkpoint of this collection: it lacks the weights or the settings")
+    if not isinstance(checkpoint.get("args"), dict):
+        fail(variant, f"{path!r} is not a checkpoint of this collection: it holds no settings")
     version = checkpoint.get("format")
     if version is None and resuming:
         if not trust_old:
@@ -222,7 +222,7 @@ def load_checkpoint(path: str, variant: str, resuming: bool = False, trust_old: 
     elif version is not None and version != CHECKPOINT_FORMAT:
         fail(variant, f"{path!r} has checkpoint format {version!r}, which this version of the scripts does not read: "
                       "use the version that wrote it")
-    return checkpoint if resuming else {key: checkpoint[key] for key in EVALUATION_KEYS}
+    return checkpoint if resuming else {key: checkpoint[key] for key in EVALUATION_KEYS if key in checkpoint}
 
 
 def save_checkpoint(path: str, state: dict) -> None:
