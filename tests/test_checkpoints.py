@@ -23,7 +23,7 @@ from conftest import assert_same_agent_state, expect_usage_error, only_run_dir, 
 importlib.import_module("ppo")  # puts ppo/ on the path, where the scripts' run machinery is
 import harness  # noqa: E402
 
-ATARI = dict(total_timesteps=32, num_envs=2, num_steps=16, num_minibatches=2, cuda=False)
+ATARI = dict(total_timesteps=32, num_envs=2, num_steps=16, num_minibatches=2, update_epochs=1, cuda=False)
 # (script, what its tiny run needs installed, the settings of that run)
 SCRIPTS = {
     "ppo": ((), dict(env_id="CartPole-v1", total_timesteps=64, num_envs=2, num_steps=32, num_minibatches=2,
@@ -35,7 +35,8 @@ SCRIPTS = {
     "ppo_continuous_action": ((), dict(env_id="Hopper-v4" if importlib.util.find_spec("mujoco") else "Pendulum-v1",
                                        total_timesteps=64, num_steps=64, num_minibatches=2, update_epochs=2,
                                        cuda=False)),
-    "ppo_procgen": (("procgen",), dict(total_timesteps=64, num_envs=4, num_steps=16, num_minibatches=2, cuda=False)),
+    "ppo_procgen": (("procgen",), dict(total_timesteps=64, num_envs=4, num_steps=16, num_minibatches=2, update_epochs=1,
+                                       cuda=False)),
 }
 # The scripts whose older checkpoints held pickled environments (envpool saves no games; Procgen's
 # were already its own state bytes).
@@ -67,6 +68,7 @@ def tiny(request, tmp_path_factory):
     if request.param not in TRAINED:
         directory, previous, threads = tmp_path_factory.mktemp(request.param), Path.cwd(), torch.get_num_threads()
         os.chdir(directory)
+        torch.set_num_threads(1)  # the tiny networks' fastest, and immune to a busy second core
         try:
             script.main(script.Args(save_model=True, **settings))
         finally:
