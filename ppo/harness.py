@@ -151,10 +151,10 @@ def numpy_types() -> list:
         from numpy._core import multiarray
     except ImportError:  # NumPy before 1.26
         from numpy.core import multiarray
-    types = [bytes, np.ndarray, np.dtype] + [type(np.dtype(code)) for code in "?bBhHiIlLqQefdgFDG"]
+    allowed = [bytes, np.ndarray, np.dtype] + [type(np.dtype(code)) for code in "?bBhHiIlLqQefdgFDG"]
     for function in (multiarray._reconstruct, multiarray.scalar):
-        types += [(function, f"numpy.{core}.multiarray.{function.__name__}") for core in ("core", "_core")]
-    return types
+        allowed += [(function, f"numpy.{core}.multiarray.{function.__name__}") for core in ("core", "_core")]
+    return allowed
 
 
 def read_data(path: str, variant: str):

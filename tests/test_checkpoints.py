@@ -231,3 +231,17 @@ def test_the_flag_comes_from_the_command_line_never_from_the_checkpoint(tiny, tm
     torch.save(old, tmp_path / "old.pt")
     expect_usage_error(capsys, lambda: script.parse_args(["--resume", str(tmp_path / "old.pt")]),
                        f"{script.VARIANT}.py", "--trust-old-checkpoint")
+
+
+@pytest.mark.parametrize("tiny", ["ppo"], indirect=True)
+def test_saved_environments_that_do_not_fit_are_refused_in_one_line(tiny, tmp_path, capsys, monkeypatch):
+    """Data that cannot run code can still be wrong (another version of the wrappers, an altered file):
+    resuming it stops with one line, not a traceback from inside the environments."""
+    script, path = tiny
+    checkpoint = one_batch_more(read(path))
+    checkpoint["envs"][0][0]["class"] = "AnotherWrapper"
+    torch.save(checkpoint, tmp_path / "checkpoint.pt")
+    monkeypatch.chdir(tmp_path)
+    args, loaded = script.parse_args(["--resume", str(tmp_path / "checkpoint.pt")])
+    expect_usage_error(capsys, lambda: harness.run(script.main, args, loaded, script.VARIANT, "classic-control"),
+                       "ppo.py", "cannot resume the saved environments", "AnotherWrapper")
