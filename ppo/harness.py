@@ -7,8 +7,10 @@ meets it:
 1. errors: one line that says what to do, and exit code 2 (`fail`);
 2. the command line, where --resume and --evaluate take a checkpoint's settings (`parse_args`), and
    the engine that runs a script's rules for its flags (`check_rules`);
-3. checkpoints: reading, writing, the random generators' state (`load_checkpoint`, `save_checkpoint`);
-4. the environments' state, where several scripts save it alike (`pickle_envs`, `SavableGame`, ...);
+3. checkpoints, which are data and read as data, so that reading one runs no code: reading, writing,
+   the random generators' state (`load_checkpoint`, `save_checkpoint`);
+4. the environments' state, saved as data and put back into environments built anew (`save_envs`,
+   `SavableGame`, `restored_envs`);
 5. the run itself: name, folder, device, seeds, TensorBoard and W&B, the clock and the progress line,
    Ctrl-C, the checkpoints it writes and what it says at the end (`Run`);
 6. the speed options' wiring, where it is not a marked line in a script's loop (`compiled`, ...);
@@ -18,8 +20,8 @@ meets it:
 It knows no script: a script passes in what it needs (its Args class, its name, its main and evaluate
 functions), and nothing here imports one. The fields of Args read here are those every script has:
 env_id, exp_name, seed, torch_deterministic, cuda, cudagraphs, compile, track, wandb_project_name,
-wandb_entity, capture_video, save_model, save_interval, resume, evaluate, eval_episodes and
-total_timesteps. A script copied elsewhere needs this file beside it.
+wandb_entity, capture_video, save_model, save_interval, resume, trust_old_checkpoint, evaluate,
+eval_episodes and total_timesteps. A script copied elsewhere needs this file beside it.
 """
 
 import contextlib
@@ -30,7 +32,9 @@ import random
 import signal
 import sys
 import time
+import types
 import warnings
+from collections import deque
 from dataclasses import asdict, fields, replace
 from typing import Callable, NoReturn
 
@@ -82,8 +86,15 @@ def parse_args(args_class: type, variant: str, runtime_fields: set[str], evaluat
         fail(variant, "--resume goes on training a saved run and --evaluate plays a saved agent: give one of them")
     if not (args.resume or args.evaluate):
         return args, None
-    checkpoint = load_checkpoint(args.resume or args.evaluate, variant)
-    saved = replace(args_class(**checkpoint["args"]), resume=None, evaluate=None)
+    checkpoint = load_checkpoint(args.resume or args.evaluate, variant, resuming=bool(args.resume),
+                                 trust_old=args.trust_old_checkpoint)
+    unknown = set(checkpoint["args"]) - {f.name for f in fields(args_class)}
+    if unknown:
+        fail(variant, f"the checkpoint's settings name {', '.join(sorted(map(str, unknown)))}, which {variant}.py "
+                      "does not have: it was written by another version of the script")
+    # --trust-old-checkpoint speaks for this command alone: never taken from a checkpoint, free to differ.
+    runtime_fields = runtime_fields | {"trust_old_checkpoint"}
+    saved = replace(args_class(**checkpoint["args"]), resume=None, evaluate=None, trust_old_checkpoint=False)
     if args.evaluate:
         saved = replace(saved, **{name: getattr(args_class(), name) for name in runtime_fields})
     args = tyro.cli(args_class, args=argv, default=saved, description=description)
@@ -120,22 +131,98 @@ def check_rules(args, variant: str, rules: list[tuple[str, str, Callable]]) -> N
 # ---------------------------------------------------------------------------------------------------
 
 
-def load_checkpoint(path: str, variant: str) -> dict:
-    """Read a checkpoint written by the script `variant`; refuse anything else with a clear message."""
+# The format of the checkpoints written here: 2, data only. A checkpoint is read with torch.load's
+# weights_only=True, which builds tensors, plain containers, numbers, strings and bytes, and of other
+# types only those allowed here (NumPy's arrays and scalars of numbers): reading it runs no code that
+# the file names. A checkpoint without "format" is of the older format, whose environments were
+# pickled Python objects (see OldPickle).
+CHECKPOINT_FORMAT = 2
+# What an evaluation reads of a checkpoint: the weights, with the statistics the agent owns (they are
+# in its state_dict), and the settings.
+EVALUATION_KEYS = ("variant", "args", "run_name", "model")
+
+
+def numpy_types() -> list:
+    """The NumPy types a checkpoint may hold besides tensors: arrays and scalars of booleans and numbers
+    (random-generator states, statistics, observations, the environments' arrays), allowed under the
+    names both NumPy 1 and NumPy 2 pickle them with. Arrays of Python objects stay refused. And `bytes`,
+    which torch.save's pickle protocol calls for an empty bytes (an empty array's data)."""
+    try:
+        from numpy._core import multiarray
+    except ImportError:  # NumPy before 1.26
+        from numpy.core import multiarray
+    allowed = [bytes, np.ndarray, np.dtype] + [type(np.dtype(code)) for code in "?bBhHiIlLqQefdgFDG"]
+    for function in (multiarray._reconstruct, multiarray.scalar):
+        allowed += [(function, f"numpy.{core}.multiarray.{function.__name__}") for core in ("core", "_core")]
+    return allowed
+
+
+def read_data(path: str, variant: str):
+    """The checkpoint at `path`, read as data: torch.load(weights_only=True) with the NumPy types of
+    `numpy_types`. A file that names anything else (a function that unpickling would call, a class it
+    would build) is refused in one line that names it."""
+    with torch.serialization.safe_globals(numpy_types()):
+        try:
+            return torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as error:  # torch raises many kinds of errors for a file it cannot read
+            lines = [line.strip() for line in str(error).splitlines() if line.strip()] or [type(error).__name__]
+            try:
+                found = sorted(torch.serialization.get_unsafe_globals_in_checkpoint(path))
+            except Exception:  # not a file that torch.save wrote
+                fail(variant, f"cannot read checkpoint {path!r}: {lines[0]}")
+    if found:
+        held = f"{', '.join(found)}, which loading it would call or build"
+    elif lines[0].startswith("Weights only load failed") and len(lines) > 2:
+        held = f"what a checkpoint never holds ({lines[-2]})"  # torch's reason, between its advice
+    else:
+        fail(variant, f"cannot read checkpoint {path!r}: {lines[0]}")
+    fail(variant, f"refusing {path!r}: it holds {held}; the checkpoints of these scripts hold only tensors, "
+                  "arrays, numbers and text, so this file was made otherwise or altered")
+
+
+class OldPickle(bytes):
+    """Pickled environments of a checkpoint in the older format. Only load_checkpoint makes these, from
+    such a checkpoint's bytes, when the user resumes it with --trust-old-checkpoint: they are the only
+    bytes ever unpickled here, and no file can hold one (reading builds no class of this module)."""
+
+
+def old_pickles(saved):
+    """`saved`, the environments of an older checkpoint (bytes, or lists of bytes), its bytes marked as
+    OldPickle."""
+    if isinstance(saved, list):
+        return [old_pickles(item) for item in saved]
+    return OldPickle(saved) if isinstance(saved, bytes) else saved
+
+
+def load_checkpoint(path: str, variant: str, resuming: bool = False, trust_old: bool = False) -> dict:
+    """Read a checkpoint written by the script `variant`, as data (`read_data`): reading it runs no code.
+    Refuse anything else with a clear message. An evaluation gets only what it reads (EVALUATION_KEYS).
+
+    A checkpoint of the older format (written before format 2) evaluates as it is, its weights and
+    settings being data; but its environments are pickled objects, which can run any code when they
+    are loaded, so it resumes only with `trust_old` (--trust-old-checkpoint), and its bytes are then
+    marked for unpickling (OldPickle). The checkpoints the resumed run writes are of the new format."""
     if not os.path.isfile(path):
         several_nodes = int(os.environ.get("WORLD_SIZE", "1")) > int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
         fail(variant, f"no checkpoint at {path!r}" + (" (every node needs it, at this path)" if several_nodes else ""))
-    try:
-        # weights_only=False: a checkpoint holds NumPy random-generator states and pickled environments,
-        # not only tensors. Only load checkpoints you wrote yourself.
-        checkpoint = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as error:  # torch raises many kinds of errors for a file it cannot read
-        fail(variant, f"cannot read checkpoint {path!r}: {error}")
+    checkpoint = read_data(path, variant)
     if not isinstance(checkpoint, dict) or "variant" not in checkpoint:
         fail(variant, f"{path!r} is not a checkpoint of this collection")
     if checkpoint["variant"] != variant:
         fail(variant, f"{path!r} was written by {checkpoint['variant']}.py: use ppo/{checkpoint['variant']}.py for it")
-    return checkpoint
+    if not isinstance(checkpoint.get("args"), dict):
+        fail(variant, f"{path!r} is not a checkpoint of this collection: it holds no settings")
+    version = checkpoint.get("format")
+    if version is None and resuming:
+        if not trust_old:
+            fail(variant, f"{path!r} is a checkpoint of the older format, whose saved environments are pickled Python "
+                          "objects, and loading those runs whatever code they name: if you wrote it yourself, resume "
+                          "it with --trust-old-checkpoint (the run then saves the new format, which needs no flag)")
+        checkpoint["envs"] = old_pickles(checkpoint.get("envs"))
+    elif version is not None and version != CHECKPOINT_FORMAT:
+        fail(variant, f"{path!r} has checkpoint format {version!r}, which this version of the scripts does not read: "
+                      "use the version that wrote it")
+    return checkpoint if resuming else {key: checkpoint[key] for key in EVALUATION_KEYS if key in checkpoint}
 
 
 def save_checkpoint(path: str, state: dict) -> None:
@@ -199,83 +286,199 @@ def record_video(env: gym.Env, folder: str, episodes: int | None = None) -> gym.
     return gym.wrappers.RecordVideo(env, folder, episode_trigger=trigger)
 
 
-def pickle_envs(envs: gym.vector.SyncVectorEnv) -> bytes | None:
-    """The sub-environments' full state (physics, random generator, time limit) of environments that
-    pickle whole, as classic control's do; None where that is impossible (video recording, for one)."""
+# An environment's state goes into a checkpoint as data (env_state) and back into an environment built
+# anew (restore_env). Layer by layer, from the outermost wrapper to the environment itself, what a layer
+# holds is saved as data, or is a random generator (its state is data), or a simulator (its state is
+# arrays or bytes), or else it was made when the layer was built and never changes, and the rebuilt
+# layer has it: these attributes, by name (the arguments that built it, ALE's action set) and by kind
+# (spaces, functions such as TransformReward's np.sign, MuJoCo's model and its renderer).
+BUILT_ATTRIBUTES = {"env", "spec", "_saved_kwargs", "_ezpickle_args", "_ezpickle_kwargs", "_action_set"}
+BUILT_KINDS = (gym.Space, gym.envs.registration.EnvSpec, types.FunctionType, types.BuiltinFunctionType,
+               types.MethodType, np.ufunc)
+BUILT_CLASSES = {"MjModel", "MujocoRenderer"}
+SIMULATORS = {"MjData", "ALEInterface"}  # MuJoCo's simulation data, ale-py's emulator
+BIT_GENERATORS = {"PCG64", "PCG64DXSM", "MT19937", "Philox", "SFC64"}  # NumPy's, by the name in their state
+
+
+class NotData(Exception):
+    """Raised for a value that is not data: the state that holds it cannot be saved."""
+
+
+class EnvStateMismatch(ValueError):
+    """A saved environment state that does not fit the environment built to take it back."""
+
+
+def as_data(value):
+    """`value` as data a checkpoint holds (None, booleans, numbers, strings, bytes, NumPy arrays and
+    scalars of numbers, and tuples, lists and dicts of these), its arrays copied; NotData otherwise."""
+    if value is None or type(value) in (bool, int, float, str, bytes):
+        return value
+    if type(value) is np.ndarray or isinstance(value, np.generic):
+        if value.dtype.kind not in "biufc":
+            raise NotData(value)
+        return value.copy()
+    if type(value) in (tuple, list):
+        return type(value)(as_data(item) for item in value)
+    if type(value) is dict:
+        return {as_data(key): as_data(item) for key, item in value.items()}
+    raise NotData(value)
+
+
+def simulator_state(simulator) -> dict:
+    """The state of a simulator of SIMULATORS, for `restore_simulator`. MuJoCo: the time and all of
+    MjData's arrays: positions and velocities, the solver's warm start, and the quantities derived from
+    them, which some tasks read before a step (Ant's position). ale-py: the emulator's own state, with
+    its random generator, as the bytes ALE serializes it to."""
+    kind = type(simulator).__name__
+    if kind == "MjData":
+        arrays = {name: getattr(simulator, name) for name in dir(simulator) if not name.startswith("_")}
+        return {"mujoco": {"time": simulator.time, "arrays": {name: array.copy() for name, array in arrays.items()
+                                                               if isinstance(array, np.ndarray)}}}
+    return {"ale": simulator.cloneState(include_rng=True).__getstate__()}
+
+
+def restore_simulator(simulator, state: dict) -> None:
+    """Put back a simulator's state from `simulator_state`. MuJoCo's arrays whose size depends on the
+    contacts of the moment (they differ from a new MjData's) are left: each step computes them anew."""
+    kind = type(simulator).__name__
+    if kind == "MjData" and isinstance(state.get("mujoco"), dict):
+        for name, array in state["mujoco"]["arrays"].items():
+            target = getattr(simulator, name, None)
+            if isinstance(target, np.ndarray) and target.shape == np.shape(array):
+                target[...] = array
+        simulator.time = state["mujoco"]["time"]
+    elif kind == "ALEInterface" and isinstance(state.get("ale"), bytes):
+        import ale_py  # installed, since an ale-py game was built
+
+        emulator = ale_py.ALEState.__new__(ale_py.ALEState)  # as pickle rebuilds one, from its bytes
+        emulator.__setstate__(state["ale"])
+        simulator.restoreState(emulator)
+    else:
+        raise EnvStateMismatch(f"a saved simulator state does not fit the {kind} built")
+
+
+def layer_state(layer, simulators: set[int]) -> dict:
+    """One layer's state: its class, its attributes that are data, the state of each of its random
+    generators and of its simulator (saved with the first layer that holds it: ale-py's wrappers hold the
+    game's too). Raises NotData for an attribute that is none of these, nor made when it was built."""
+    state = {"class": type(layer).__name__, "data": {}, "generators": {}, "simulators": {}}
+    for name, value in vars(layer).items():
+        if name in BUILT_ATTRIBUTES or isinstance(value, BUILT_KINDS) or type(value).__name__ in BUILT_CLASSES:
+            continue
+        if isinstance(value, np.random.Generator):
+            state["generators"][name] = value.bit_generator.state
+        elif isinstance(value, deque):  # a frame stack, the latest episodes' statistics
+            state["data"][name] = as_data(list(value))
+        elif type(value).__name__ in SIMULATORS:
+            if id(value) not in simulators:
+                simulators.add(id(value))
+                state["simulators"][name] = simulator_state(value)
+        else:
+            state["data"][name] = as_data(value)
+    return state
+
+
+def env_state(env: gym.Env) -> list[dict] | None:
+    """One environment's full state as data (`layer_state` of each layer, outermost first), so that a
+    resumed run continues its very episode: classic control's `state`, MuJoCo's physics, the Atari
+    emulator, the time limit's count, the frame stack, the lives, the running game statistics, and the
+    random generators. None where some of it cannot be saved as data: a video recorder (its file half
+    written), or an object of a kind not known here (a Box2D world, say); a resumed run then starts new
+    episodes."""
+    layers, simulators = [], set()
+    while True:
+        if isinstance(env, gym.wrappers.RecordVideo):
+            return None
+        try:
+            layers.append(layer_state(env, simulators))
+        except NotData:
+            return None
+        if not isinstance(env, gym.Wrapper):
+            return layers
+        env = env.env
+
+
+def restore_layer(layer, state: dict) -> None:
+    """Put back one layer's state from `layer_state`: into attributes that the rebuilt layer holds data
+    in or has not made yet (classic control's `state` is made at the first reset), and into its random
+    generators and simulator; never over anything else (a method, a space)."""
+    for name, value in state["data"].items():
+        current = getattr(layer, name, None) if name.isidentifier() and not name.startswith("__") else NotData
+        try:
+            as_data(list(current) if isinstance(current, deque) else current)
+        except NotData:
+            raise EnvStateMismatch(f"{state['class']} holds no data in {name!r}") from None
+        if isinstance(current, deque):
+            current.clear()
+            current.extend(value)
+        else:
+            setattr(layer, name, value)
+    for name, saved in state["generators"].items():
+        generator = getattr(layer, name, None)
+        if not isinstance(generator, np.random.Generator):  # a generator made at the first reset
+            if generator is not None or saved.get("bit_generator") not in BIT_GENERATORS:
+                raise EnvStateMismatch(f"{state['class']}.{name} is not a random generator of NumPy's")
+            generator = np.random.Generator(getattr(np.random, saved["bit_generator"])())
+            setattr(layer, name, generator)
+        generator.bit_generator.state = saved
+    for name, saved in state["simulators"].items():
+        restore_simulator(getattr(layer, name, None), saved)
+
+
+def restore_env(make_env: Callable[[], gym.Env], layers: list[dict]) -> gym.Env:
+    """The environment `make_env` builds, with the state `env_state` saved put back. Raises
+    EnvStateMismatch where the saved layers do not fit the ones built (another version of the wrappers)."""
+    env = make_env()
+    layer = env
     try:
-        return pickle.dumps(envs.envs)
-    except (pickle.PicklingError, TypeError, AttributeError):
-        return None
+        for state in layers:
+            if layer is None or type(layer).__name__ != state["class"]:
+                raise EnvStateMismatch(f"the saved environment has a {state['class']} where the one built has "
+                                       f"{type(layer).__name__ if layer is not None else 'nothing'}")
+            restore_layer(layer, state)
+            layer = layer.env if isinstance(layer, gym.Wrapper) else None
+    except EnvStateMismatch:
+        raise
+    except (TypeError, ValueError, KeyError, AttributeError) as error:  # data of another shape or kind
+        raise EnvStateMismatch(f"the saved state does not fit ({error})") from None
+    if layer is not None:
+        raise EnvStateMismatch(f"the environment built has a {type(layer).__name__} the saved one has not")
+    return env
 
 
-def unpickle_envs(saved: bytes) -> list[Callable[[], gym.Env]]:
-    """A function per environment of `pickle_envs` that returns it as it was saved."""
-    return [lambda env=env: env for env in pickle.loads(saved)]
+def save_envs(envs: gym.vector.SyncVectorEnv) -> list[list[dict]] | None:
+    """Every environment's state (`env_state`), so a resumed run continues the very same episodes; None
+    where one cannot be saved as data (video recording, for one)."""
+    saved = [env_state(env) for env in envs.envs]
+    return None if any(state is None for state in saved) else saved
 
 
-def mujoco_data(env: gym.Env):
-    """The MuJoCo simulation data (mujoco.MjData) of a MuJoCo environment; None for any other."""
-    data = getattr(env.unwrapped, "data", None)
-    return data if type(data).__name__ == "MjData" else None
-
-
-def save_mujoco_envs(envs: gym.vector.SyncVectorEnv) -> bytes | None:
-    """The sub-environments' full state, so a resumed run continues the very same episodes; None for
-    environments that cannot be saved (video recording, for one).
-
-    A MuJoCo environment pickles, but only as the arguments that built it (gymnasium's EzPickle):
-    unpickled, it is a new environment with new physics and a new random generator. So beside each
-    pickled environment go its random generator's state and its whole MjData: positions, velocities,
-    the solver's warm start, and the quantities derived from them, which some tasks read before a
-    step (Ant's position). `load_mujoco_envs` puts both back. Wrappers (the time limit) pickle whole."""
-    try:
-        return pickle.dumps([(env, env.unwrapped.np_random.bit_generator.state, mujoco_data(env))
-                             for env in envs.envs])
-    except (pickle.PicklingError, TypeError, AttributeError):
-        return None
-
-
-def load_mujoco_envs(saved: bytes) -> list[gym.Env]:
-    """The environments saved by `save_mujoco_envs`, in the state they were saved in."""
-    envs = []
-    for env, rng, data in pickle.loads(saved):
-        env.unwrapped.np_random.bit_generator.state = rng
-        if data is not None:
-            import mujoco  # installed, since a MuJoCo environment was saved
-
-            mujoco.mj_copyData(env.unwrapped.data, env.unwrapped.model, data)
-        envs.append(env)
-    return envs
+def restored_envs(env_fns: list[Callable[[], gym.Env]], saved: list) -> list[Callable[[], gym.Env]]:
+    """A function per environment that builds it with its function of `env_fns` and puts its state of
+    `saved` (`save_envs`, `save_games`) back: for a SyncVectorEnv, or for the worker processes of an
+    AsyncVectorEnv, where each game is then rebuilt. The environments of a checkpoint of the older
+    format, which the user trusts (OldPickle), are unpickled instead (`unpickled_envs`)."""
+    if isinstance(saved, OldPickle) or isinstance(saved, list) and any(isinstance(s, OldPickle) for s in saved):
+        return unpickled_envs(saved)
+    if not isinstance(saved, list) or len(saved) != len(env_fns):
+        raise EnvStateMismatch(f"the checkpoint holds {len(saved) if isinstance(saved, list) else 'no list of'} "
+                               f"environments, not {len(env_fns)}")
+    return [functools.partial(restore_env, make_env, state) for make_env, state in zip(env_fns, saved)]
 
 
 class SavableGame(gym.Wrapper):
     """The outermost wrapper of an ale-py game: it saves the game it wraps where the game runs. With
     --async-envs that is a worker process, which `envs.call("save_game")` reaches as it reaches this
-    process's games.
+    process's games."""
 
-    Pickling alone is not enough: ale-py's AtariEnv pickles only its constructor arguments, so an
-    unpickled game is a fresh one, at its first frame. The emulator's state (with its random
-    generator) and the environment's own generator (the no-op counts) are saved beside the wrapper
-    stack, which pickles whole (frame stack, lives, running game statistics). cloudpickle, not pickle:
-    it also carries the wrapper classes of a script's __main__, which a worker process or a later run
-    may not have."""
-
-    def save_game(self) -> bytes | None:
-        """The game's full state, for restore_game; None for the game whose video is being recorded:
-        the recorder is not saved, so a resumed run starts new games."""
-        env = self.env
-        while isinstance(env, gym.Wrapper):
-            if isinstance(env, gym.wrappers.RecordVideo):
-                return None
-            env = env.env
-        try:
-            return cloudpickle.dumps((self, self.unwrapped.ale.cloneState(include_rng=True),
-                                      self.unwrapped.np_random.bit_generator.state))
-        except (pickle.PicklingError, TypeError, AttributeError):
-            return None
+    def save_game(self) -> list[dict] | None:
+        """The game's full state as data (`env_state`: the emulator's, the wrappers' and the random
+        generators'); None for the game whose video is being recorded: the recorder is not saved, so a
+        resumed run starts new games."""
+        return env_state(self)
 
 
-def save_games(envs: gym.vector.VectorEnv) -> list[bytes] | None:
+def save_games(envs: gym.vector.VectorEnv) -> list[list[dict]] | None:
     """Every ale-py game's full state (SavableGame.save_game), so a resumed run continues the very same
     games; None where that is impossible (video recording). The same for sync and async envs, so a run
     saved with --async-envs may resume without it, and the other way round."""
@@ -283,17 +486,36 @@ def save_games(envs: gym.vector.VectorEnv) -> list[bytes] | None:
     return None if any(saved_game is None for saved_game in saved_games) else saved_games
 
 
-def games_to_restore(saved_envs: list[bytes] | bytes) -> list[Callable[[], gym.Env]]:
-    """A function per game of `save_games` that rebuilds it as it was saved. (A checkpoint from before
-    SavableGame held all games in one pickle: those are converted first.)"""
-    if isinstance(saved_envs, bytes):
-        saved_envs = [cloudpickle.dumps((SavableGame(env), emulator, rng))
-                      for env, emulator, rng in pickle.loads(saved_envs)]
-    return [functools.partial(restore_game, saved_game) for saved_game in saved_envs]
+# Checkpoints of the older format (before CHECKPOINT_FORMAT 2) held their environments as pickles.
+# Resumed with --trust-old-checkpoint, they are unpickled here, and nowhere else.
 
 
-def restore_game(saved_game: bytes) -> gym.Env:
-    """The wrapper stack of SavableGame.save_game, with its emulator put back where it was."""
+def unpickled_envs(saved: OldPickle | list[OldPickle]) -> list[Callable[[], gym.Env]]:
+    """A function per environment of an older checkpoint that returns it as it was saved: ale-py's games
+    (one pickle each, unpickled where the game will run), classic control's environments (pickled
+    whole), MuJoCo's (each with its random generator's state and MjData), or ale-py's games of a yet
+    older checkpoint (all in one pickle, with SavableGame to add)."""
+    if isinstance(saved, list):
+        return [functools.partial(unpickle_game, game) for game in saved]
+    items = pickle.loads(saved)
+    if all(isinstance(item, gym.Env) for item in items):
+        return [lambda env=env: env for env in items]
+    if all(isinstance(rng, dict) for _, rng, _ in items):
+        envs = []
+        for env, rng, data in items:
+            env.unwrapped.np_random.bit_generator.state = rng
+            if data is not None:
+                import mujoco  # installed, since a MuJoCo environment was saved
+
+                mujoco.mj_copyData(env.unwrapped.data, env.unwrapped.model, data)
+            envs.append(env)
+        return [lambda env=env: env for env in envs]
+    return [functools.partial(unpickle_game, cloudpickle.dumps((SavableGame(env), emulator, rng)))
+            for env, emulator, rng in items]
+
+
+def unpickle_game(saved_game: bytes) -> gym.Env:
+    """An ale-py game of an older checkpoint: its pickled wrapper stack, with its emulator put back."""
     env, emulator_state, rng = pickle.loads(saved_game)
     env.unwrapped.ale.restoreState(emulator_state)
     env.unwrapped.np_random.bit_generator.state = rng
@@ -478,7 +700,7 @@ class Run:
         environments stand, statistics...). Only rank 0 writes."""
         if self.rank == 0:
             save_checkpoint(self.checkpoint_path, {
-                "variant": self.variant, "args": asdict(self.args), "run_name": self.name,
+                "format": CHECKPOINT_FORMAT, "variant": self.variant, "args": asdict(self.args), "run_name": self.name,
                 "iteration": iteration, "global_step": global_step, "model": agent.state_dict(),
                 "optimizer": optimizer.state_dict(), "rng": rng_state(self.device), **loop_state})
 
@@ -606,6 +828,8 @@ def run(function: Callable, args, checkpoint: dict | None, variant: str, extra: 
     except gym.error.DependencyNotInstalled as error:
         extras = f"{extra},video" if args.capture_video else extra
         fail(variant, f"missing optional dependency: {error} (pip install -e '.[{extras}]')")
+    except EnvStateMismatch as error:  # a checkpoint's environments that the script cannot rebuild
+        fail(variant, f"cannot resume the saved environments: {error}")
     except KeyboardInterrupt:  # a second Ctrl-C, or one before training began
         if int(os.environ.get("LOCAL_RANK", "0")) == 0:
             print("stopped at once by Ctrl-C: what came after the last checkpoint is lost", file=sys.stderr)

@@ -53,6 +53,8 @@ class Args:
     """with --save-model, also write the checkpoint every this many iterations (0: only at the end)"""
     resume: str | None = None
     """path of a checkpoint to continue training from; the run keeps the checkpoint's settings"""
+    trust_old_checkpoint: bool = False
+    """if toggled, --resume also reads the older checkpoint format, whose environments are pickles that can run any code: only for files you wrote yourself"""
     evaluate: str | None = None
     """path of a checkpoint to evaluate instead of training"""
     eval_episodes: int = 10
@@ -124,7 +126,7 @@ def make_env(env_id: str, idx: int, capture_video: bool, video_folder: str,
 
 
 def make_envs(env_id: str, num_envs: int, capture_video: bool = False, video_folder: str = "videos",
-              saved_envs: bytes | None = None, video_episodes: int | None = None) -> gym.vector.SyncVectorEnv:
+              saved_envs: list | None = None, video_episodes: int | None = None) -> gym.vector.SyncVectorEnv:
     """Build the vector of environments (from `saved_envs`, the very ones a checkpoint saved), checking
     that this script can train on them.
 
@@ -138,10 +140,9 @@ def make_envs(env_id: str, num_envs: int, capture_video: bool = False, video_fol
     observation it returns for a finished environment is already the first of the next episode.
     """
     harness.check_gymnasium_id(env_id, VARIANT)
-    if saved_envs is not None:
-        env_fns = harness.unpickle_envs(saved_envs)
-    else:
-        env_fns = [make_env(env_id, i, capture_video, video_folder, video_episodes) for i in range(num_envs)]
+    env_fns = [make_env(env_id, i, capture_video, video_folder, video_episodes) for i in range(num_envs)]
+    if saved_envs is not None:  # the environments built anew, then put back where the checkpoint saved them
+        env_fns = harness.restored_envs(env_fns, saved_envs)
     with harness.packages_checked(env_id, VARIANT):
         envs = gym.vector.SyncVectorEnv(env_fns, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     check_spaces(env_id, envs)
@@ -433,7 +434,7 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
         run.print_progress(global_step, recent_returns, iteration)
 
         if run.checkpoint_due(iteration):
-            run.save_checkpoint(iteration, global_step, agent, optimizer, envs=harness.pickle_envs(envs),
+            run.save_checkpoint(iteration, global_step, agent, optimizer, envs=harness.save_envs(envs),
                                 next_obs=next_obs, next_done=next_done, episode_return=episode_return.copy(),
                                 episode_length=episode_length.copy(), recent_returns=list(recent_returns))
         if run.stopping:  # Ctrl-C: this iteration was finished, logged and saved

@@ -65,6 +65,8 @@ class Args:
     """with --save-model, also write the checkpoint every this many iterations (0: only at the end)"""
     resume: str | None = None
     """path of a checkpoint to continue training from; the run keeps the checkpoint's settings"""
+    trust_old_checkpoint: bool = False
+    """if toggled, --resume also reads the older checkpoint format, whose environments are pickles that can run any code: only for files you wrote yourself"""
     evaluate: str | None = None
     """path of a checkpoint to evaluate instead of training"""
     eval_episodes: int = 10

@@ -68,6 +68,8 @@ class Args:
     resume: str | None = None
     """path of a checkpoint to continue training from (the same path on every node); the run keeps
     the checkpoint's settings and needs as many processes as wrote it"""
+    trust_old_checkpoint: bool = False
+    """if toggled, --resume also reads the older checkpoint format, whose environments are pickles that can run any code: only for files you wrote yourself"""
     evaluate: str | None = None
     """path of a checkpoint to evaluate instead of training (in one process, started with python)"""
     eval_episodes: int = 10
@@ -234,7 +236,7 @@ def make_env(env_id: str, idx: int, capture_video: bool, video_folder: str,
 
 
 def make_envs(env_id: str, num_envs: int, capture_video: bool = False, video_folder: str = "videos",
-              saved_envs: list[bytes] | bytes | None = None, async_envs: bool = False,
+              saved_envs: list | None = None, async_envs: bool = False,
               video_episodes: int | None = None) -> gym.vector.VectorEnv:
     """Build the vector of preprocessed games (from `saved_envs`, the very games a checkpoint saved),
     checking that this script can train on them.
@@ -250,10 +252,9 @@ def make_envs(env_id: str, num_envs: int, capture_video: bool = False, video_fol
     so their frames are the same as in this process: only the time differs.
     """
     check_env_id(env_id)
-    if saved_envs is not None:
-        env_fns = harness.games_to_restore(saved_envs)
-    else:
-        env_fns = [make_env(env_id, i, capture_video, video_folder, video_episodes) for i in range(num_envs)]
+    env_fns = [make_env(env_id, i, capture_video, video_folder, video_episodes) for i in range(num_envs)]
+    if saved_envs is not None:  # the games built anew, then put back where the checkpoint saved them
+        env_fns = harness.restored_envs(env_fns, saved_envs)
     if async_envs:
         envs = harness.async_vector_env(env_fns)
     else:

@@ -426,8 +426,8 @@ def test_interrupted_and_resumed_run_ends_exactly_like_an_unbroken_one(workdir, 
 
 
 def test_saved_mujoco_environments_continue_the_same_episodes(mujoco):
-    """Pickling alone rebuilds a MuJoCo environment from its arguments, with new physics; the saved
-    MjData and random state make the copy continue exactly (Ant reads derived positions too)."""
+    """A MuJoCo environment built anew has new physics; the saved MjData arrays and random state,
+    put back into it, make the copy continue exactly (Ant reads derived positions too)."""
     for env_id in ("Hopper-v4", "Ant-v5"):
         envs = script.make_envs(env_id, 1)
         envs.reset(seed=0)
@@ -435,7 +435,7 @@ def test_saved_mujoco_environments_continue_the_same_episodes(mujoco):
         actions = rng.uniform(-1, 1, size=(300,) + envs.action_space.shape).astype(np.float32)
         for action in actions[:30]:
             envs.step(action)
-        copy = script.make_envs(env_id, 1, saved_envs=harness.save_mujoco_envs(envs))
+        copy = script.make_envs(env_id, 1, saved_envs=harness.save_envs(envs))
         for action in actions[30:]:  # long enough to cross episode ends and their resets
             original, restored = envs.step(action), copy.step(action)
             for a, b in zip(original[:4], restored[:4]):

@@ -1,0 +1,247 @@
+"""Checkpoints are data: reading one runs no code that it names, in every script (ppo/harness.py).
+
+A checkpoint crafted to run a command when it is unpickled (in a top-level entry, in the settings or
+in the environments' state) is refused by --evaluate and by --resume: exit code 2, one line that names
+what was found, and the command never runs. A checkpoint of the older format, whose environments
+were pickled, evaluates as it is (its weights and settings are data) and resumes only with
+--trust-old-checkpoint, then exactly as its new-format twin does. Each script's checkpoint comes from
+one tiny run of its own, shared by the tests of this file.
+"""
+
+import importlib.util
+import os
+import pickle
+import shlex
+from pathlib import Path
+
+import cloudpickle
+import pytest
+import torch
+
+from conftest import assert_same_agent_state, expect_usage_error, only_run_dir, run_script
+
+importlib.import_module("ppo")  # puts ppo/ on the path, where the scripts' run machinery is
+import harness  # noqa: E402
+
+ATARI = dict(total_timesteps=32, num_envs=2, num_steps=16, num_minibatches=2, update_epochs=1, cuda=False)
+# (script, what its tiny run needs installed, the settings of that run)
+SCRIPTS = {
+    "ppo": ((), dict(env_id="CartPole-v1", total_timesteps=64, num_envs=2, num_steps=32, num_minibatches=2,
+                     cuda=False)),
+    "ppo_atari": (("ale_py", "cv2"), ATARI),
+    "ppo_atari_lstm": (("ale_py", "cv2"), ATARI),
+    "ppo_atari_multigpu": (("ale_py", "cv2"), ATARI),
+    "ppo_atari_envpool": (("envpool",), ATARI),
+    "ppo_continuous_action": ((), dict(env_id="Hopper-v4" if importlib.util.find_spec("mujoco") else "Pendulum-v1",
+                                       total_timesteps=64, num_steps=64, num_minibatches=2, update_epochs=2,
+                                       cuda=False)),
+    "ppo_procgen": (("procgen",), dict(total_timesteps=64, num_envs=4, num_steps=16, num_minibatches=2, update_epochs=1,
+                                       cuda=False)),
+}
+# The scripts whose older checkpoints held pickled environments (envpool saves no games; Procgen's
+# were already its own state bytes).
+PICKLED_ENVS = ["ppo", "ppo_atari", "ppo_atari_lstm", "ppo_atari_multigpu", "ppo_continuous_action"]
+
+
+class RunsACommand:
+    """Unpickled, this runs `touch <marker>`: what a crafted checkpoint can do to a pickle reader."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {shlex.quote(str(self.marker))}",)
+
+
+TRAINED: dict[str, Path] = {}  # script -> the checkpoint of its tiny run, made once for this file
+
+
+@pytest.fixture(params=list(SCRIPTS))
+def tiny(request, tmp_path_factory):
+    """(script module, path of the checkpoint of its tiny finished run)."""
+    needs, settings = SCRIPTS[request.param]
+    for package in needs:
+        pytest.importorskip(package)
+    script = importlib.import_module(f"ppo.{request.param}")
+    if request.param == "ppo_procgen" and script.ProcgenGym3Env is None:
+        pytest.skip("procgen is not installed")
+    if request.param not in TRAINED:
+        directory, previous, threads = tmp_path_factory.mktemp(request.param), Path.cwd(), torch.get_num_threads()
+        os.chdir(directory)
+        torch.set_num_threads(1)  # the tiny networks' fastest, and immune to a busy second core
+        try:
+            script.main(script.Args(save_model=True, **settings))
+        finally:
+            os.chdir(previous)
+            torch.set_num_threads(threads)
+        TRAINED[request.param] = only_run_dir(directory) / "checkpoint.pt"
+    return script, TRAINED[request.param]
+
+
+def read(path: Path) -> dict:
+    """A checkpoint as the scripts read it (as data), whole."""
+    with torch.serialization.safe_globals(harness.numpy_types()):
+        return torch.load(path, weights_only=True)
+
+
+def first_leaf_replaced(state, payload):
+    """`state` with its first value (going down the first item of each list and dict) replaced by `payload`."""
+    if isinstance(state, list) and state:
+        return [first_leaf_replaced(state[0], payload), *state[1:]]
+    if isinstance(state, dict) and state:
+        key = next(iter(state))
+        return {**state, key: first_leaf_replaced(state[key], payload)}
+    return payload
+
+
+def crafted(checkpoint: dict, where: str, payload) -> dict:
+    """The checkpoint with `payload` as a top-level entry, in the settings, or in the environments'
+    state (for envpool, which saves no games, in the loop state it saves: the latest scores)."""
+    if where == "entry":
+        return {**checkpoint, "notes": payload}
+    if where == "args":
+        return {**checkpoint, "args": {**checkpoint["args"], "exp_name": payload}}
+    key = "envs" if checkpoint.get("envs") is not None else "recent_returns"
+    return {**checkpoint, key: first_leaf_replaced(checkpoint[key] or [0.0], payload)}
+
+
+@pytest.mark.parametrize("where", ["entry", "args", "envs"])
+def test_a_checkpoint_that_would_run_a_command_is_refused(tiny, where, tmp_path, capsys):
+    script, path = tiny
+    marker = tmp_path / "marker"
+    evil = tmp_path / "evil.pt"
+    torch.save(crafted(read(path), where, RunsACommand(marker)), evil)
+    for mode in ("--evaluate", "--resume"):
+        expect_usage_error(capsys, lambda: script.parse_args([mode, str(evil)]), f"{script.VARIANT}.py",
+                           f"refusing {str(evil)!r}", "posix.system")
+        assert not marker.exists(), mode
+    torch.load(evil, weights_only=False)  # the payload is live: a pickle reader runs it
+    assert marker.exists()
+
+
+@pytest.mark.parametrize("tiny", ["ppo"], indirect=True)
+def test_the_command_line_refuses_the_crafted_checkpoint_of_the_issue(tiny, tmp_path):
+    """The issue's steps: a real checkpoint plus one entry whose unpickling calls os.system, given to
+    `python ppo/ppo.py --evaluate`, as a user would."""
+    marker = tmp_path / "marker"
+    torch.save({**read(tiny[1]), "notes": RunsACommand(marker)}, tmp_path / "evil.pt")
+    result = run_script("ppo.py", "--evaluate", "evil.pt", "--eval-episodes", "1", cwd=tmp_path, check=False)
+    assert result.returncode == 2 and result.stdout == "", result
+    assert result.stderr.strip().splitlines() == [
+        "ppo.py: error: refusing 'evil.pt': it holds posix.system, which loading it would call or build; the "
+        "checkpoints of these scripts hold only tensors, arrays, numbers and text, so this file was made "
+        "otherwise or altered"]
+    assert not marker.exists()
+
+
+# ---------------------------------------------------------------------------------------------------
+# Checkpoints of the older format: their environments were pickled
+# ---------------------------------------------------------------------------------------------------
+
+
+def pickled_as_before(script, checkpoint: dict) -> dict:
+    """`checkpoint` as the scripts wrote it before checkpoints were data: no "format", and the
+    environments pickled, rebuilt here from their saved state and pickled as the older harness did
+    (classic control whole; MuJoCo with its random generator and MjData; each ale-py game with its
+    emulator state and random generator, by cloudpickle)."""
+    old = {key: value for key, value in checkpoint.items() if key != "format"}
+    args = checkpoint["args"]
+    if script.VARIANT not in PICKLED_ENVS:
+        return old
+    if script.VARIANT == "ppo_atari_multigpu":
+        ranks = [script.make_envs(args["env_id"], args["num_envs"], saved_envs=games) for games in checkpoint["envs"]]
+    else:
+        ranks = [script.make_envs(args["env_id"], args["num_envs"], saved_envs=checkpoint["envs"])]
+    saved = []
+    for envs in ranks:
+        if script.VARIANT == "ppo":
+            saved.append(pickle.dumps(envs.envs))
+        elif script.VARIANT == "ppo_continuous_action":
+            saved.append(pickle.dumps([(env, env.unwrapped.np_random.bit_generator.state,
+                                        getattr(env.unwrapped, "data", None)) for env in envs.envs]))
+        else:
+            saved.append([cloudpickle.dumps((game, game.unwrapped.ale.cloneState(include_rng=True),
+                                             game.unwrapped.np_random.bit_generator.state)) for game in envs.envs])
+    return {**old, "envs": saved if script.VARIANT == "ppo_atari_multigpu" else saved[0]}
+
+
+def leaves(state) -> list:
+    """The values of nested lists (the environments' entry of a checkpoint)."""
+    return [leaf for item in state for leaf in leaves(item)] if isinstance(state, list) else [state]
+
+
+def one_batch_more(checkpoint: dict) -> dict:
+    """The finished run's checkpoint with one more batch to go, so that it resumes."""
+    args = checkpoint["args"]
+    return {**checkpoint, "args": {**args, "total_timesteps": 2 * args["total_timesteps"]}}
+
+
+def test_an_old_checkpoint_resumes_only_with_the_flag(tiny, tmp_path, capsys):
+    script, path = tiny
+    torch.save(pickled_as_before(script, one_batch_more(read(path))), tmp_path / "old.pt")
+    old_path = str(tmp_path / "old.pt")
+    expect_usage_error(capsys, lambda: script.parse_args(["--resume", old_path]), f"{script.VARIANT}.py",
+                       f"{old_path!r} is a checkpoint of the older format", "--trust-old-checkpoint")
+    _, old = script.parse_args(["--resume", old_path, "--trust-old-checkpoint"])
+    if script.VARIANT in PICKLED_ENVS:  # its pickles, marked for unpickling
+        assert all(isinstance(item, harness.OldPickle) for item in leaves(old["envs"]))
+
+
+# One script per kind of pickle the older checkpoints held: classic control's environments, MuJoCo's
+# with their MjData, ale-py's games one by one (and per rank).
+@pytest.mark.parametrize("tiny", ["ppo", "ppo_continuous_action", "ppo_atari", "ppo_atari_multigpu"], indirect=True)
+def test_an_old_checkpoint_resumed_with_the_flag_ends_as_its_new_twin(tiny, tmp_path, monkeypatch):
+    script, path = tiny
+    new = one_batch_more(read(path))
+    for name, checkpoint in (("new", new), ("old", pickled_as_before(script, new))):
+        (tmp_path / name).mkdir()
+        torch.save(checkpoint, tmp_path / name / "checkpoint.pt")
+    old_path = str(tmp_path / "old" / "checkpoint.pt")
+    monkeypatch.chdir(tmp_path)
+    with_new = script.main(*script.parse_args(["--resume", str(tmp_path / "new" / "checkpoint.pt")]))
+    with_old = script.main(*script.parse_args(["--resume", old_path, "--trust-old-checkpoint"]))
+    assert_same_agent_state(with_new["agent"].state_dict(), with_old["agent"].state_dict())
+    assert with_old["recent_returns"] == with_new["recent_returns"]
+    rewritten = read(old_path)  # the resumed run saved the new format, which resumes without the flag
+    assert rewritten["format"] == harness.CHECKPOINT_FORMAT and rewritten["global_step"] == new["args"]["total_timesteps"]
+    assert script.parse_args(["--resume", old_path])[1]["format"] == harness.CHECKPOINT_FORMAT
+
+
+def test_an_old_checkpoint_evaluates_without_the_flag_and_its_pickles_stay_shut(tiny, tmp_path):
+    """An evaluation reads only the weights (with the statistics the agent owns) and the settings:
+    the pickled environments of an older checkpoint, here with a command in them, are never opened."""
+    script, path = tiny
+    marker = tmp_path / "marker"
+    old = pickled_as_before(script, read(path))
+    if script.VARIANT in PICKLED_ENVS:
+        old["envs"] = first_leaf_replaced(old["envs"], pickle.dumps(RunsACommand(marker)))
+    torch.save(old, tmp_path / "old.pt")
+    args, checkpoint = script.parse_args(["--evaluate", str(tmp_path / "old.pt")])
+    assert set(checkpoint) == set(harness.EVALUATION_KEYS)
+    assert_same_agent_state(read(path)["model"], checkpoint["model"])
+    with pytest.raises(SystemExit):
+        script.parse_args(["--resume", str(tmp_path / "old.pt")])
+    assert not marker.exists()
+
+
+def test_the_flag_comes_from_the_command_line_never_from_the_checkpoint(tiny, tmp_path, capsys):
+    script, path = tiny
+    old = one_batch_more(pickled_as_before(script, read(path)))
+    old["args"]["trust_old_checkpoint"] = True
+    torch.save(old, tmp_path / "old.pt")
+    expect_usage_error(capsys, lambda: script.parse_args(["--resume", str(tmp_path / "old.pt")]),
+                       f"{script.VARIANT}.py", "--trust-old-checkpoint")
+
+
+@pytest.mark.parametrize("tiny", ["ppo"], indirect=True)
+def test_saved_environments_that_do_not_fit_are_refused_in_one_line(tiny, tmp_path, capsys, monkeypatch):
+    """Data that cannot run code can still be wrong (another version of the wrappers, an altered file):
+    resuming it stops with one line, not a traceback from inside the environments."""
+    script, path = tiny
+    checkpoint = one_batch_more(read(path))
+    checkpoint["envs"][0][0]["class"] = "AnotherWrapper"
+    torch.save(checkpoint, tmp_path / "checkpoint.pt")
+    monkeypatch.chdir(tmp_path)
+    args, loaded = script.parse_args(["--resume", str(tmp_path / "checkpoint.pt")])
+    expect_usage_error(capsys, lambda: harness.run(script.main, args, loaded, script.VARIANT, "classic-control"),
+                       "ppo.py", "cannot resume the saved environments", "AnotherWrapper")
