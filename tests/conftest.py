@@ -636,6 +636,8 @@ def ctrl_c_during_step(env_class: type, step_number: int, stop_signal: int = sig
         nonlocal calls
         calls += 1
         if calls == step_number:
+            # Without a handler of the run's, SIGTERM or SIGUSR1 would end this whole test session.
+            assert callable(signal.getsignal(stop_signal)), f"no handler for {signal_name(stop_signal)}: the run dies"
             signal.raise_signal(stop_signal)
         return original_step(self, actions)
 

@@ -313,6 +313,22 @@ def test_ppo_sh_slurm_dry_run_of_a_family(tmp_path):
     assert "== mujoco" not in missing.stdout
 
 
+def test_ppo_sh_passes_on_requeue_the_warning_and_the_save_interval(tmp_path):
+    """ppo.sh gives run.py --requeue, --warning-seconds and --save-minutes: a family submitted with them
+    gets the lines and the runs that survive time limits. From a checkout in tmp_path, as above."""
+    (tmp_path / "benchmark").mkdir()
+    for name in ("ppo.sh", "run.py"):
+        (tmp_path / "benchmark" / name).symlink_to(REPO / "benchmark" / name)
+    (tmp_path / "ppo").symlink_to(REPO / "ppo")
+    options = ["--requeue", "--warning-seconds", "300", "--save-minutes=5", "--time", "2:00:00"]
+    result = subprocess.run(["bash", "benchmark/ppo.sh", "--slurm", "--dry-run", *options, "classic"], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHON": sys.executable})
+    assert result.returncode == 0, result.stderr
+    script = (tmp_path / SLURM_DIR / "ppo.sbatch").read_text()
+    assert {"#SBATCH --signal=B:USR1@300", "#SBATCH --requeue"} <= set(sbatch_lines(script))
+    assert "--save-minutes 5 --requeue --task-index" in script.splitlines()[-1]
+
+
 def test_ppo_sh_reads_the_paths_it_is_given_from_where_it_is_run(tmp_path):
     """ppo.sh works from the repository root, but --slurm-template FILE, PYTHON and BENCH_WORKDIR are
     read from the directory the user runs it in. A checkout in tmp_path, as above."""
