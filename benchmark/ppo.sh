@@ -10,13 +10,17 @@
 #   bash benchmark/ppo.sh quick                 # the whole pipeline on a tiny budget, in a temp dir
 #   bash benchmark/ppo.sh --slurm classic       # submit to Slurm: a job array per family, then the report
 #   bash benchmark/ppo.sh --slurm --partition gpu --gpus 1 --cpus-per-task 4 --time 12:00:00 atari
+#   bash benchmark/ppo.sh --slurm --requeue --time 12:00:00 atari   # a task at its time limit requeues itself
 #
 # Runs start in benchmark/ (BENCH_WORKDIR), so their TensorBoard logs go to benchmark/runs/, apart from
 # ad-hoc runs in ./runs/. Logs and .done markers go to benchmark/logs/; running the same family again
-# skips the runs that already finished. NUM_SEEDS (default 3) and PYTHON (default python) can be set.
+# skips the runs that already finished and continues the others from their checkpoints (every run
+# keeps one at most --save-minutes M old, default 10; Ctrl-C lets the runs save before they stop).
+# NUM_SEEDS (default 3) and PYTHON (default python) can be set.
 # With --slurm nothing runs here: benchmark/run.py --slurm writes and submits each family's job array
 # (a task per run, the same command, log and .done marker) and a report job that runs after it;
-# --partition, --gpus, --cpus-per-task, --time and --slurm-template FILE go to it.
+# --partition, --gpus, --cpus-per-task, --time, --slurm-template FILE, --warning-seconds S and --requeue
+# go to it (see benchmark/run.py --help).
 # The script works from the repository root, but a path you give it (--slurm-template FILE, a PYTHON
 # or BENCH_WORKDIR with a relative path) is read from the directory you run it in.
 set -euo pipefail
@@ -78,7 +82,9 @@ list_families() {
     local family  # not the caller's loop variable
     echo "usage: bash benchmark/ppo.sh [--workers K] [--dry-run] FAMILY [FAMILY ...] | all | quick"
     echo "       bash benchmark/ppo.sh --slurm [--partition P] [--gpus N] [--cpus-per-task N] [--time T]"
-    echo "                             [--slurm-template FILE] [--dry-run] FAMILY [FAMILY ...] | all | quick"
+    echo "                             [--slurm-template FILE] [--warning-seconds S] [--requeue] [--dry-run]"
+    echo "                             FAMILY [FAMILY ...] | all | quick"
+    echo "       --save-minutes M (both): each run keeps a checkpoint at most M minutes old (default 10)"
     echo
     printf '  %-9s %-7s %s\n' family status "command (+ --env-id ID --seed S, seeds 1..$NUM_SEEDS)"
     for family in "${FAMILIES[@]}"; do
@@ -92,6 +98,7 @@ list_families() {
 }
 
 dry_run=()
+saving=()
 use_slurm=0
 slurm=()
 selected=()
@@ -103,17 +110,23 @@ while [[ $# -gt 0 ]]; do
         --workers=*) WORKERS=${1#*=}; shift ;;
         --dry-run) dry_run=(--dry-run); shift ;;
         --slurm) use_slurm=1; slurm+=(--slurm); shift ;;
+        --requeue) slurm+=(--requeue); shift ;;
         # run.py checks these options and says what is wrong with them.
-        --partition|--gpus|--cpus-per-task|--time|--slurm-template)
+        --save-minutes)
+            if [[ $# -lt 2 ]]; then echo "ppo.sh: error: $1 needs a value" >&2; exit 2; fi
+            saving=("$1" "$2"); shift 2 ;;
+        --save-minutes=*) saving=("$1"); shift ;;
+        --partition|--gpus|--cpus-per-task|--time|--slurm-template|--warning-seconds)
             if [[ $# -lt 2 ]]; then echo "ppo.sh: error: $1 needs a value" >&2; exit 2; fi
             if [[ $1 == --slurm-template ]]; then slurm+=("$1" "$(from_caller "$2")"); else slurm+=("$1" "$2"); fi
             shift 2 ;;
         --slurm-template=*) slurm+=(--slurm-template "$(from_caller "${1#*=}")"); shift ;;
-        --partition=*|--gpus=*|--cpus-per-task=*|--time=*) slurm+=("$1"); shift ;;
+        --partition=*|--gpus=*|--cpus-per-task=*|--time=*|--warning-seconds=*) slurm+=("$1"); shift ;;
         -h|--help) list_families; exit 0 ;;
         -*)
-            echo "ppo.sh: error: unknown option '$1': the options are --workers K, --dry-run, --slurm," \
-                 "--partition, --gpus, --cpus-per-task, --time, --slurm-template (bash benchmark/ppo.sh --help)" >&2
+            echo "ppo.sh: error: unknown option '$1': the options are --workers K, --dry-run, --save-minutes," \
+                 "--slurm, --partition, --gpus, --cpus-per-task, --time, --slurm-template, --warning-seconds," \
+                 "--requeue (bash benchmark/ppo.sh --help)" >&2
             exit 2 ;;
         all) selected+=("${FAMILIES[@]}"); shift ;;
         *) selected+=("$1"); shift ;;
@@ -134,8 +147,8 @@ for family in "${selected[@]}"; do
 done
 
 # run.py's exit code 2 means wrong input, or Slurm refusing a job: it would be the same for the next
-# family, so stop there, with that code. 130 means Ctrl-C, which run.py catches to stop its runs
-# cleanly: bash then does not see the interrupt itself, so stop here too, without a report.
+# family, so stop there, with that code. 130 means Ctrl-C (or kill), which run.py catches to let its
+# runs save and stop: bash then does not see the interrupt itself, so stop here too, without a report.
 run() {
     local code=0
     "$PYTHON" benchmark/run.py "$@" || code=$?
@@ -147,7 +160,7 @@ ran=0
 failed=()
 for family in "${selected[@]}"; do
     if [[ $family == quick ]]; then
-        run --quick --workers "$WORKERS" "${slurm[@]}" "${dry_run[@]}" || failed+=(quick)
+        run --quick --workers "$WORKERS" "${saving[@]}" "${slurm[@]}" "${dry_run[@]}" || failed+=(quick)
         continue
     fi
     if [[ ! -f ${SCRIPT[$family]} ]]; then
@@ -162,7 +175,7 @@ for family in "${selected[@]}"; do
     # shellcheck disable=SC2086  # ENVS holds several ids on purpose
     run --env-ids ${ENVS[$family]} --command "${COMMAND[$family]}" \
         --num-seeds "$NUM_SEEDS" --workers "$WORKERS" --workdir "$BENCH_WORKDIR" \
-        --log-dir benchmark/logs "${slurm[@]}" "${report_dir[@]}" "${dry_run[@]}" || failed+=("$family")
+        --log-dir benchmark/logs "${saving[@]}" "${slurm[@]}" "${report_dir[@]}" "${dry_run[@]}" || failed+=("$family")
 done
 
 if [[ $ran -eq 1 && $use_slurm -eq 1 ]]; then

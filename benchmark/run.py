@@ -14,7 +14,12 @@ so its TensorBoard logs land in ./runs/) with OMP_NUM_THREADS=1, since parallel 
 fight over cores; an OMP_NUM_THREADS you set, or a Slurm task's --cpus-per-task, is passed on instead.
 Its stdout and stderr go to `<log-dir>/<variant>/<env id>__seed<S>.log`; when it exits 0 a
 `.done` marker is written beside the log, and a later invocation with the same command skips it.
-So an interrupted benchmark is resumed by running the same command again.
+Each run is also given `--save-model --save-minutes M` (--save-minutes, default 10), so it keeps a
+checkpoint no older than M minutes, and a later invocation continues a run that has a checkpoint and
+no marker with `--resume`, from where it stopped, instead of starting it again (its log goes on).
+Ctrl-C, `kill` or SIGUSR1 to the runner asks its runs to save and stop (it waits for them; a second
+Ctrl-C or `kill` stops them at once), and it exits 130. So an interrupted benchmark is resumed by
+running the same command again, and loses at most the work since each run's last checkpoint.
 
 Paths to scripts in the command are relative to where run.py is started (normally the repository
 root), also with --workdir. Standard library only, so it works before anything else is installed.
@@ -22,8 +27,11 @@ root), also with --workdir. Standard library only, so it works before anything e
 With --slurm the runs are not started here: they are submitted as one Slurm job array, a task per
 run not finished earlier, and a report job that runs after the array (benchmark/slurm_template.sh is
 the job scripts' template). Each task calls this runner with `--task-index N`, which does run N
-exactly as a run here: same command, working directory, log and .done marker. So runs done by Slurm
-and runs done here skip each other, and benchmark/report.py reads both alike.
+exactly as a run here: same command, working directory, log, checkpoint and .done marker. So runs
+done by Slurm and runs done here skip and continue each other, and benchmark/report.py reads both
+alike. Slurm warns each task --warning-seconds before its time limit (SIGUSR1): its run saves and
+stops, and with --requeue the task puts itself back in the queue, to continue the run when it starts
+again; without, submitting the same command again continues it.
 """
 
 from __future__ import annotations
@@ -51,6 +59,9 @@ REPORT = REPO / "benchmark" / "report.py"
 QUICK_ENV_IDS = ["CartPole-v1", "Acrobot-v1"]
 QUICK_SEEDS = 2
 QUICK_ARGS = ["--total-timesteps", "2048", "--num-steps", "64"]
+# The exit code of a runner (and of a run) that stopped because it was asked to, before its runs
+# finished: the same command continues them. The PPO scripts exit with it too (harness.STOPPED).
+STOPPED = 130
 
 
 def fail(message: str) -> NoReturn:
@@ -83,7 +94,7 @@ class Run:
     env_id: str
     seed: int
     command: list[str]  # as given, with --env-id and --seed appended: what identifies the run
-    argv: list[str]     # what is executed: `python` and script paths resolved
+    argv: list[str]     # what is executed: `python` and script paths resolved, the checkpoint flags added
     log_path: Path
 
     @property
@@ -102,6 +113,21 @@ class Run:
         except (OSError, ValueError):
             return False
         return record.get("command") == self.command
+
+    def checkpoint(self, workdir: Path) -> Path | None:
+        """The checkpoint an unfinished earlier attempt of exactly this run left, to continue it from;
+        None if there is none. Found through the run's log, which keeps every attempt: its first line
+        names the run (`# run: <command>`), and each attempt's start line names its checkpoint
+        (`  logs in runs/<name>/ (...), checkpoint: runs/<name>/checkpoint.pt`, a path from `workdir`)."""
+        try:
+            lines = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return None
+        if not lines or lines[0] != f"# run: {json.dumps(self.command)}":
+            return None  # another command's log, or one from before checkpoints were kept
+        named = [match.group(1) for match in map(CHECKPOINT_LINE.match, lines) if match]
+        path = workdir / named[-1] if named else None
+        return path if path is not None and path.is_file() else None
 
 
 def variant_name(argv: list[str]) -> str:
@@ -154,8 +180,10 @@ def check_program(given: str, executed: str) -> None:
         fail(f"--command: {given} is not executable: chmod +x it, or start it with its interpreter")
 
 
-def plan_runs(command: str, env_ids: list[str], seeds: list[int], log_dir: Path) -> list[Run]:
-    """Every run to do, environment by environment, seed by seed."""
+def plan_runs(command: str, env_ids: list[str], seeds: list[int], log_dir: Path,
+              save_minutes: float = 0) -> list[Run]:
+    """Every run to do, environment by environment, seed by seed; with `save_minutes`, each keeps a
+    checkpoint written at least that often (its command, which names the run, stays as given)."""
     try:
         base = shlex.split(command)
     except ValueError as error:  # an unclosed quote, or a trailing backslash
@@ -168,29 +196,47 @@ def plan_runs(command: str, env_ids: list[str], seeds: list[int], log_dir: Path)
     if script is not None and not os.path.isfile(script):  # every run would stop at "can't open file"
         fail(f"--command: the script {script} does not exist (paths are read from {os.getcwd()}): give the right path")
     variant = variant_name(base)
+    saving = ["--save-model", "--save-minutes", f"{save_minutes:g}"] if save_minutes > 0 else []
     runs = []
     for env_id in env_ids:
         for seed in seeds:
             full = base + ["--env-id", env_id, "--seed", str(seed)]
-            runs.append(Run(variant, env_id, seed, full, resolve(full),
+            runs.append(Run(variant, env_id, seed, full, resolve(full) + saving,
                             log_dir / variant / f"{safe_name(env_id)}__seed{seed}.log"))
     return runs
 
 
-def start(run: Run, workdir: Path) -> tuple[subprocess.Popen, object]:
-    """Start one run in the background, its output going to its log file."""
+# The line of a PPO script's start that says where its checkpoint goes (ppo/harness.py, Run.start).
+CHECKPOINT_LINE = re.compile(r"^  logs in .*, checkpoint: (.+)$")
+
+
+def attempt(run: Run, workdir: Path, force: bool) -> tuple[list[str], Path | None]:
+    """What to execute for `run` now, and the checkpoint it continues from: `--resume CHECKPOINT` when an
+    earlier attempt left one (unless `force`, which starts every run again), else the run itself."""
+    checkpoint = None if force else run.checkpoint(workdir)
+    if checkpoint is None:
+        return run.argv, None
+    return run.argv + ["--resume", os.path.relpath(checkpoint, workdir)], checkpoint
+
+
+def start(run: Run, workdir: Path, force: bool = False) -> tuple[subprocess.Popen, object, Path | None]:
+    """Start one run in the background, its output going to its log file: a new log, or, when it
+    continues from a checkpoint, the earlier attempts' log with this attempt's output added. Returns the
+    process, the open log and that checkpoint (None for a new start)."""
     run.log_path.parent.mkdir(parents=True, exist_ok=True)
     run.done_path.unlink(missing_ok=True)
-    log = open(run.log_path, "w")
-    log.write(f"# command: {shlex.join(run.argv)}\n# cwd: {workdir}\n"
+    argv, checkpoint = attempt(run, workdir, force)
+    log = open(run.log_path, "a" if checkpoint else "w")
+    log.write(("# ---- continued\n" if checkpoint else f"# run: {json.dumps(run.command)}\n")
+              + f"# command: {shlex.join(argv)}\n# cwd: {workdir}\n"
               f"# started: {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
     log.flush()
     # One thread per run unless the user (OMP_NUM_THREADS) or Slurm (the task's CPUs) says otherwise.
     threads = os.environ.get("OMP_NUM_THREADS") or os.environ.get("SLURM_CPUS_PER_TASK") or "1"
     env = {**os.environ, "OMP_NUM_THREADS": threads, "PYTHONUNBUFFERED": "1"}
-    process = subprocess.Popen(run.argv, cwd=workdir, env=env, stdout=log, stderr=subprocess.STDOUT,
+    process = subprocess.Popen(argv, cwd=workdir, env=env, stdout=log, stderr=subprocess.STDOUT,
                                stdin=subprocess.DEVNULL)
-    return process, log
+    return process, log, checkpoint
 
 
 def finish(run: Run, returncode: int, seconds: float, log) -> None:
@@ -205,12 +251,16 @@ def finish(run: Run, returncode: int, seconds: float, log) -> None:
 
 def log_tail(path: Path, lines: int = 3) -> str:
     """The last few lines of a log, indented, for the summary of a failed run."""
+    return "".join(f"\n        {line}" for line in last_lines(path, lines))
+
+
+def last_lines(path: Path, count: int) -> list[str]:
+    """The last `count` lines a run wrote to its log (not the runner's own `# exit code` lines)."""
     try:
         text = path.read_text(errors="replace").splitlines()
     except OSError:
-        return ""
-    tail = [line for line in text if not line.startswith("# exit code")][-lines:]
-    return "".join(f"\n        {line}" for line in tail)
+        return []
+    return [line for line in text if not line.startswith("# exit code")][-count:]
 
 
 # A run's progress line, as the PPO scripts print it: `step N/TOTAL | SPS | E elapsed, L left | ...`.
@@ -274,12 +324,15 @@ def progress_report(running: list, pending: int, done: int, workers: int, durati
 
 
 def run_all(runs: list[Run], workers: int, workdir: Path, force: bool = False) -> dict[str, int]:
-    """Run everything not finished earlier, `workers` at a time; print a line per run as it starts and
+    """Run everything not finished earlier, `workers` at a time, continuing each from its checkpoint if
+    an earlier attempt left one (`force`: start every run again); print a line per run as it starts and
     as it ends, and meanwhile each running run's step and time left, read from its log, and the whole
     benchmark's: live in a terminal, as a few lines a minute elsewhere (CI, Slurm logs).
 
-    Returns the counts of runs that succeeded, were skipped and failed."""
-    counts = {"ok": 0, "skipped": 0, "failed": 0}
+    Returns the counts of runs that succeeded, were skipped, failed and stopped (a run stopped by a
+    signal of its own, not the runner's). Asked to stop itself (Stopped, a KeyboardInterrupt), it lets
+    the running runs save and stop (stop_runs), starts no other, and raises it again."""
+    counts = {"ok": 0, "skipped": 0, "failed": 0}  # and "stopped", once a run stops
     pending = []
     for run in runs:
         if not force and run.finished_earlier():
@@ -288,7 +341,7 @@ def run_all(runs: list[Run], workers: int, workdir: Path, force: bool = False) -
         else:
             pending.append(run)
 
-    running: list[tuple[Run, subprocess.Popen, object, float]] = []
+    running: list[tuple[Run, subprocess.Popen, object, float, Path | None]] = []
     live = sys.stdout.isatty()
     durations, last_report, shown = [], time.time(), ""
 
@@ -300,30 +353,28 @@ def run_all(runs: list[Run], workers: int, workdir: Path, force: bool = False) -
         while pending or running:
             while pending and len(running) < workers:
                 run = pending.pop(0)
-                process, log = start(run, workdir)
-                running.append((run, process, log, time.time()))
-                say(f"[start] {run.label}: log {run.log_path}")
+                process, log, checkpoint = start(run, workdir, force)
+                running.append((run, process, log, time.time(), checkpoint))
+                say(f"[resume] {run.label}: from {checkpoint}, log {run.log_path}" if checkpoint else
+                    f"[start] {run.label}: log {run.log_path}")
                 shown = ""
             time.sleep(0.1)
             for entry in list(running):
-                run, process, log, started = entry
+                run, process, log, started, checkpoint = entry
                 if process.poll() is None:
                     continue
                 running.remove(entry)
                 seconds = time.time() - started
                 finish(run, process.returncode, seconds, log)
-                if process.returncode == 0:
-                    counts["ok"] += 1
+                outcome = judge(run, process.returncode, seconds, checkpoint, workdir)
+                counts[outcome[0]] = counts.get(outcome[0], 0) + 1
+                if outcome[0] == "ok":
                     durations.append(seconds)
-                    say(f"[ok]   {run.label}: {seconds:.1f}s, log {run.log_path}")
-                else:
-                    counts["failed"] += 1
-                    say(f"[FAIL] {run.label}: exit code {process.returncode} after {seconds:.1f}s, "
-                        f"log {run.log_path}{log_tail(run.log_path)}")
+                say(outcome[1])
                 shown = ""
             if running and time.time() - last_report >= (LIVE_SECONDS if live else LINE_SECONDS):
                 last_report = time.time()
-                report = progress_report([(run, started) for run, _, _, started in running], len(pending),
+                report = progress_report([(entry[0], entry[3]) for entry in running], len(pending),
                                          counts["ok"] + counts["failed"], workers, durations)
                 if live:  # one line, redrawn in place
                     shown = " | ".join(report)
@@ -332,20 +383,66 @@ def run_all(runs: list[Run], workers: int, workdir: Path, force: bool = False) -
                           end="", flush=True)
                 else:
                     print("\n".join(f"[...]  {line}" for line in report), flush=True)
-    except KeyboardInterrupt:
-        print(f"\ninterrupted: stopping {len(running)} running run(s); finished runs keep their "
-              ".done markers, so the same command resumes the benchmark", flush=True)
-        for run, process, log, started in running:
-            process.send_signal(signal.SIGTERM)
-        for run, process, log, started in running:
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-            finish(run, process.returncode, time.time() - started, log)
+    except KeyboardInterrupt as stop:
+        print(("\n" if shown else "") + f"{signal_name(stop)}: asking {len(running)} running run(s) to save and "
+              "stop (again: stop them at once); the same command continues them", flush=True)
+        stop_runs(running, workdir)
         raise
     return counts
+
+
+def judge(run: Run, returncode: int, seconds: float, checkpoint: Path | None, workdir: Path) -> tuple[str, str]:
+    """How a run ended, as (count, the line that says so): ok, stopped (exit code STOPPED, a signal of
+    its own: it continues from its checkpoint) or failed. A run given a checkpoint that exits with 2,
+    the PPO scripts' code for input they refuse, could not resume from it: that is said in one line,
+    and the run is not started again in its place."""
+    if returncode == 0:
+        return "ok", f"[ok]   {run.label}: {seconds:.1f}s, log {run.log_path}"
+    if returncode == STOPPED:
+        return "stopped", f"[stop] {run.label}: {where_it_stopped(run, workdir)}, log {run.log_path}"
+    if returncode == 2 and checkpoint is not None:
+        refusal = next((line for line in reversed(last_lines(run.log_path, 5)) if "error:" in line), "")
+        return "failed", (f"[FAIL] {run.label}: cannot resume from {checkpoint} ({refusal.strip()}): move it "
+                          "away to start the run again, or continue it with the version of the script that wrote it")
+    return "failed", (f"[FAIL] {run.label}: exit code {returncode} after {seconds:.1f}s, "
+                      f"log {run.log_path}{log_tail(run.log_path)}")
+
+
+def where_it_stopped(run: Run, workdir: Path) -> str:
+    """What a stopped run left for the next invocation: its checkpoint, or nothing to continue from."""
+    checkpoint = run.checkpoint(workdir)
+    return (f"stopped, the same command continues it from {checkpoint}" if checkpoint else
+            "stopped before its first checkpoint, the same command starts it again")
+
+
+def stop_runs(running: list, workdir: Path) -> None:
+    """Ask each running run to save and stop (SIGTERM, once: the PPO scripts finish their iteration and
+    write their checkpoint, torchrun passes it on to its processes), wait until they have, and say
+    where each one stopped. Another Ctrl-C or SIGTERM meanwhile sends SIGTERM again, which stops them
+    at once (they lose the work since their last checkpoint); those still running 10 s later are killed.
+    SIGUSR1, Slurm's warning of a time limit, only says again what the runs are doing already."""
+    for entry in running:
+        entry[1].send_signal(signal.SIGTERM)
+    deadline = None
+    while any(entry[1].poll() is None for entry in running):
+        try:
+            time.sleep(0.1)
+            if deadline is not None and time.time() > deadline:
+                for entry in running:
+                    entry[1].kill()
+        except KeyboardInterrupt as again:
+            if deadline is None and not (isinstance(again, Stopped) and again.args[0] == signal.SIGUSR1):
+                print("stopping the runs at once", flush=True)
+                for entry in running:
+                    if entry[1].poll() is None:
+                        entry[1].send_signal(signal.SIGTERM)
+                deadline = time.time() + 10
+    for run, process, log, started, _ in running:
+        finish(run, process.returncode, time.time() - started, log)
+        if process.returncode == 0:
+            print(f"[ok]   {run.label}: finished as it was asked to stop, log {run.log_path}", flush=True)
+        else:
+            print(f"[stop] {run.label}: {where_it_stopped(run, workdir)}, log {run.log_path}", flush=True)
 
 
 @dataclass
@@ -358,20 +455,22 @@ class Benchmark:
     seeds: list[int]  # consecutive, from the first
     workdir: Path
     log_dir: Path
+    save_minutes: float = 10  # each run keeps a checkpoint at most this old (0: none, runs start over)
 
     def runs(self) -> list[Run]:
-        return plan_runs(self.command, self.env_ids, self.seeds, self.log_dir)
+        return plan_runs(self.command, self.env_ids, self.seeds, self.log_dir, self.save_minutes)
 
     def runner_args(self) -> list[str]:
         """The arguments of this runner that plan exactly these runs (what a Slurm task is given)."""
         return ["--env-ids", *self.env_ids, "--command", self.command, "--num-seeds", str(len(self.seeds)),
-                "--start-seed", str(self.seeds[0]), "--workdir", str(self.workdir), "--log-dir", str(self.log_dir)]
+                "--start-seed", str(self.seeds[0]), "--workdir", str(self.workdir), "--log-dir", str(self.log_dir),
+                "--save-minutes", f"{self.save_minutes:g}"]
 
     def report_command(self, out_dir: Path) -> list[str]:
         return [sys.executable, str(REPORT), "--runs-dir", str(self.workdir / "runs"), "--out-dir", str(out_dir)]
 
 
-def quick_benchmark(quick_dir: Path | None, shared: bool) -> Benchmark:
+def quick_benchmark(quick_dir: Path | None, shared: bool, save_minutes: float = 10) -> Benchmark:
     """ppo.py on two small environments, in quick_dir or a new temporary directory. `shared`: the runs
     will be Slurm tasks, maybe on other machines, which do not see this one's /tmp; the directory is
     then made under the repository's benchmark/logs/, which every node running its scripts sees."""
@@ -386,27 +485,66 @@ def quick_benchmark(quick_dir: Path | None, shared: bool) -> Benchmark:
                  f"({error.strerror}): give one with --quick-dir")
     make_directory(quick_dir, "--quick-dir")
     command = shlex.join(["python", str(REPO / "ppo" / "ppo.py"), *QUICK_ARGS])
-    return Benchmark(command, QUICK_ENV_IDS, list(range(1, QUICK_SEEDS + 1)), quick_dir, quick_dir / "logs")
+    return Benchmark(command, QUICK_ENV_IDS, list(range(1, QUICK_SEEDS + 1)), quick_dir, quick_dir / "logs",
+                     save_minutes)
 
 
 def print_commands(runs: list[Run], workdir: Path, force: bool) -> None:
-    """--dry-run: each run as a shell line, marked when it would be skipped."""
+    """--dry-run: each run as a shell line (with --resume where it would continue from a checkpoint),
+    marked when it would be skipped."""
     for run in runs:
         state = "  # finished earlier, would be skipped" if run.finished_earlier() and not force else ""
+        argv, checkpoint = attempt(run, workdir, force)
         where = "" if workdir == Path(".") else f"(cd {shlex.quote(str(workdir))} && "
-        print(f"{where}{shlex.join(run.argv)}{')' if where else ''} > {shlex.quote(str(run.log_path))} 2>&1{state}")
+        print(f"{where}{shlex.join(argv)}{')' if where else ''} {'>>' if checkpoint else '>'} "
+              f"{shlex.quote(str(run.log_path))} 2>&1{state}")
 
 
-def stop_on_sigterm(signum, frame):
-    """Treat `kill` like Ctrl-C, so the runs this runner started are stopped too. Slurm, too, sends
-    SIGTERM to a task that reaches its time limit or is cancelled."""
-    raise KeyboardInterrupt
+class Stopped(KeyboardInterrupt):
+    """The runner was asked to stop: by Ctrl-C (SIGINT), `kill` or Slurm at a task's end (SIGTERM), or
+    Slurm's warning before a task's time limit (SIGUSR1). Its argument is the signal's number."""
+
+
+def stop_on_signal(signum, frame):
+    """Ctrl-C, SIGTERM and SIGUSR1 stop the runner alike: its runs save and stop (run_all)."""
+    raise Stopped(signum)
+
+
+def signal_name(stop: KeyboardInterrupt) -> str:
+    """The signal that stopped the runner, as a user names it."""
+    signum = stop.args[0] if isinstance(stop, Stopped) else signal.SIGINT
+    return "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+
+
+def requeue_this_task() -> None:
+    """--requeue: put this Slurm task back in the queue (`scontrol requeue`), to continue its run when it
+    starts again; it waits as pending, and the report job, which waits for the whole array, with it.
+    Slurm ends the task now with SIGTERM, which is ignored (main): the run has saved, the runner is done."""
+    # An array task by `<array job>_<task>`: the array's own job id is also the id of one of its tasks,
+    # and given alone it would requeue the whole array, its running tasks too.
+    array_job, task = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
+    job = f"{array_job}_{task}" if array_job and task else os.environ.get("SLURM_JOB_ID")
+    if job is None:
+        print("--requeue: not in a Slurm job, nothing to requeue; the same command continues the run", flush=True)
+        return
+    try:
+        result = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True)
+    except OSError as error:  # scontrol not found
+        result = subprocess.CompletedProcess([], 1, "", str(error))
+    if result.returncode == 0:
+        print(f"[requeue] job {job} is back in the queue: when Slurm starts it again, it continues the run",
+              flush=True)
+    else:
+        message = " ".join((result.stderr or result.stdout).split())
+        print(f"[requeue] Slurm did not requeue job {job} ({message}): submit the same command again to "
+              "continue the run", flush=True)
 
 
 def summary_line(counts: dict[str, int]) -> str:
     total = sum(counts.values())
+    stopped = f", {counts['stopped']} stopped (the same command continues them)" if counts.get("stopped") else ""
     return (f"{total} run(s): {counts['ok']} ran ok, {counts['skipped']} skipped (finished earlier), "
-            f"{counts['failed']} failed")
+            f"{counts['failed']} failed{stopped}")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -436,13 +574,21 @@ def array_spec(indices: list[int]) -> str:
 
 
 def resource_lines(args: argparse.Namespace, report_job: bool) -> str:
-    """The #SBATCH lines of the resource options; the report job needs no GPU and one CPU."""
+    """The #SBATCH lines of the resource options; the report job needs no GPU and one CPU. The array's
+    tasks also ask for the warning before their time limit, and with --requeue may be requeued."""
     options = [("partition", args.partition)]
     if not report_job:
         # --gres=gpu:N rather than --gpus=N: it works with every select plugin and Slurm version.
         options += [("gres", f"gpu:{args.gpus}" if args.gpus else None), ("cpus-per-task", args.cpus_per_task or 1)]
     options.append(("time", args.time))
-    return "\n".join(f"#SBATCH --{name}={value}" for name, value in options if value is not None)
+    if not report_job:
+        # SIGUSR1 to the batch shell, which is this runner (the task script execs it): its run saves
+        # and stops. Slurm may send it up to a minute early.
+        options.append(("signal", f"B:USR1@{args.warning_seconds}"))
+        if args.requeue:  # a requeued task's output goes on in the same file
+            options += [("requeue", None), ("open-mode", "append")]
+    return "\n".join(f"#SBATCH --{name}" + ("" if value is None else f"={value}") for name, value in options
+                     if value is not None or name == "requeue")
 
 
 def read_template(path: Path) -> str:
@@ -490,10 +636,12 @@ def fill(template: str, values: dict[str, str]) -> str:
     return re.sub(pattern, replace, template)
 
 
-def task_command(bench: Benchmark, runs: list[Run], force: bool) -> str:
+def task_command(bench: Benchmark, runs: list[Run], force: bool, requeue: bool = False) -> str:
     """The array job's command: this runner, told which run to do by the task index. The runs are
-    listed above it in comments, so that the script says what each task does."""
-    runner = [sys.executable, str(RUNNER), *bench.runner_args(), *(["--force"] if force else [])]
+    listed above it in comments, so that the script says what each task does. `exec`: the runner is
+    the batch shell, which gets Slurm's warning before the time limit (--signal=B:...)."""
+    runner = [sys.executable, str(RUNNER), *bench.runner_args(), *(["--force"] if force else []),
+              *(["--requeue"] if requeue else [])]
     listing = [f"#   {index}: {run.label}: {shlex.join(run.argv)} > {run.log_path}" for index, run in enumerate(runs)]
     return "\n".join([
         f"# Task N does run N, started in {bench.workdir}, exactly as run.py without --slurm does it",
@@ -547,7 +695,7 @@ def submit(bench: Benchmark, report_dir: Path, args: argparse.Namespace, templat
             "job_name": f"ppo-benchmark-{variant}", "output": output_pattern(slurm_dir, f"{variant}_%A_%a.out"),
             "array_line": f"#SBATCH --array={array_spec(todo)}",
             "resource_lines": resource_lines(args, report_job=False),
-            "command": task_command(bench, runs, args.force)}))
+            "command": task_command(bench, runs, args.force, args.requeue)}))
         print(f"slurm: wrote {array_script}: {len(todo)} task(s), --array={array_spec(todo)}; "
               f"{len(runs) - len(todo)} of {len(runs)} run(s) finished earlier and are left out", flush=True)
     else:
@@ -610,7 +758,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--log-dir", type=Path, help="where run logs and .done markers go (default benchmark/logs)")
     parser.add_argument("--workdir", type=Path,
                         help="directory the runs start in, so their runs/ lands there (default .)")
-    parser.add_argument("--force", action="store_true", help="rerun runs that finished earlier too")
+    parser.add_argument("--force", action="store_true",
+                        help="rerun runs that finished earlier too, and start unfinished ones again rather than "
+                        "continue them")
+    parser.add_argument("--save-minutes", type=float, default=10, metavar="M",
+                        help="runs write a checkpoint at least every M minutes (--save-model --save-minutes M), and "
+                        "an unfinished run continues from it; a stop loses at most that much of a run (default 10; "
+                        "0: no checkpoint, an unfinished run starts again)")
     parser.add_argument("--dry-run", action="store_true",
                         help="print the commands and run nothing (with --slurm: write the job scripts, submit nothing)")
     parser.add_argument("--quick", action="store_true",
@@ -628,6 +782,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     slurm.add_argument("--time", help="time limit per run, in Slurm's format, e.g. 12:00:00 (default: the partition's)")
     slurm.add_argument("--slurm-template", type=Path,
                        help=f"the job script template (default {SLURM_TEMPLATE.relative_to(REPO)}): copy it and edit it for your site")
+    slurm.add_argument("--warning-seconds", type=int, default=120, metavar="S",
+                       help="Slurm warns each task S seconds before its time limit (#SBATCH --signal=B:USR1@S), up to "
+                       "a minute early; its run finishes the iteration and saves, so S must cover one iteration and "
+                       "a save (default 120)")
+    slurm.add_argument("--requeue", action="store_true",
+                       help="a task warned of its time limit (or sent SIGUSR1) saves its run and requeues itself, to "
+                       "continue it when Slurm starts it again (#SBATCH --requeue); without it, submitting the same "
+                       "command again continues the unfinished runs")
     slurm.add_argument("--report-dir", type=Path,
                        help="where the report job writes the report (default WORKDIR/results; with --quick QUICK_DIR/results)")
     slurm.add_argument("--task-index", type=int, metavar="N",
@@ -659,24 +821,33 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(f"{', '.join(slurm_only)}: only with --slurm")
     if (args.gpus is not None and args.gpus < 1) or (args.cpus_per_task is not None and args.cpus_per_task < 1):
         parser.error("--gpus and --cpus-per-task must be at least 1")
+    if not 0 <= args.save_minutes < float("inf"):
+        parser.error(f"--save-minutes must be 0 (no checkpoints) or more, got {args.save_minutes}")
+    if not 0 <= args.warning_seconds <= 65535:  # what sbatch takes
+        parser.error(f"--warning-seconds must be 0 to 65535, got {args.warning_seconds}")
+    if args.requeue and not (args.slurm or args.task_index is not None):
+        parser.error("--requeue: only with --slurm")
     if args.task_index is not None and (args.slurm or args.quick or args.dry_run):
         parser.error("--task-index does one run here: it does not go with --slurm, --quick or --dry-run")
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
+    # First of all: Slurm may warn a task of its time limit as soon as it starts.
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(signum, stop_on_signal)
     args = parse_args(argv)
     if args.slurm:
         # What a submission needs is checked before anything is written.
         template = read_template(args.slurm_template or SLURM_TEMPLATE)
         program = None if args.dry_run else find_sbatch()
     if args.quick:
-        bench = quick_benchmark(args.quick_dir, shared=args.slurm)
+        bench = quick_benchmark(args.quick_dir, shared=args.slurm, save_minutes=args.save_minutes)
         report_dir = args.report_dir or bench.workdir / "results"
         print(f"quick benchmark in {bench.workdir}: {bench.command}", flush=True)
     else:
         seeds = list(range(args.start_seed, args.start_seed + args.num_seeds))
-        bench = Benchmark(args.command, args.env_ids, seeds, args.workdir, args.log_dir)
+        bench = Benchmark(args.command, args.env_ids, seeds, args.workdir, args.log_dir, args.save_minutes)
         report_dir = args.report_dir or bench.workdir / "results"
     if args.slurm:
         made_for_this_submission = bench.workdir if args.quick and args.quick_dir is None else None
@@ -696,14 +867,20 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     make_directory(bench.workdir, "--workdir")
     make_directory(bench.log_dir, "--log-dir")
-    signal.signal(signal.SIGTERM, stop_on_sigterm)
     try:
         counts = run_all(runs, args.workers, bench.workdir, args.force)
-    except KeyboardInterrupt:
-        return 130
+    except KeyboardInterrupt as stop:
+        for signum in (signal.SIGTERM, signal.SIGUSR1):  # the runs have saved: nothing more to stop
+            signal.signal(signum, signal.SIG_IGN)
+        unfinished = [run for run in runs if not run.finished_earlier()]
+        if args.requeue and unfinished and isinstance(stop, Stopped) and stop.args[0] == signal.SIGUSR1:
+            requeue_this_task()
+        return STOPPED
     print(summary_line(counts), flush=True)
     if counts["failed"]:
         return 1
+    if counts.get("stopped"):
+        return STOPPED
     if args.quick:
         # The quick mode is the whole pipeline: the report and its plots too.
         report = subprocess.run(bench.report_command(report_dir))

@@ -15,10 +15,15 @@
 ##   {array_line}      `#SBATCH --array=...`: the indices of the runs still to do (finished ones are
 ##                     left out); empty in the report job
 ##   {resource_lines}  one `#SBATCH` line per resource option: --partition, --gpus N (as --gres=gpu:N),
-##                     --cpus-per-task (default 1), --time; the report job gets the partition and time
+##                     --cpus-per-task (default 1), --time; the report job gets the partition and time.
+##                     In the job array also --signal=B:USR1@<--warning-seconds>, the warning before the
+##                     time limit, and with --requeue, --requeue and --open-mode=append
 ##   {command}         what the job runs: `cd` to where run.py was started, then
-##                     `run.py ... --task-index $SLURM_ARRAY_TASK_ID`, which runs that one run exactly as
-##                     run.py without --slurm would (or, in the report job, report.py)
+##                     `exec run.py ... --task-index $SLURM_ARRAY_TASK_ID`, which runs that one run exactly
+##                     as run.py without --slurm would (or, in the report job, report.py). `exec`: the
+##                     runner is the batch shell, which Slurm's warning (B:USR1) reaches; it passes it on
+##                     to the run, which saves and stops. A site's wrapper around {command} must pass on
+##                     SIGUSR1 too (trap it, and `wait`).
 ##
 ## sbatch reads `#SBATCH` lines only up to the first command, so keep yours above `set`.
 #SBATCH --job-name={job_name}

@@ -12,16 +12,17 @@ meets it:
 4. the environments' state, saved as data and put back into environments built anew (`save_envs`,
    `SavableGame`, `restored_envs`);
 5. the run itself: name, folder, device, seeds, TensorBoard and W&B, the clock and the progress line,
-   Ctrl-C, the checkpoints it writes and what it says at the end (`Run`);
+   Ctrl-C and the other signals that stop it (`kill`, Slurm's), the checkpoints it writes and what it
+   says at the end (`Run`);
 6. the speed options' wiring, where it is not a marked line in a script's loop (`compiled`, ...);
 7. evaluation: the device, the seeds, and each played episode's score (`Evaluation`);
-8. the command `python ppo/<script>.py` itself: exit codes, a second Ctrl-C, missing packages (`run`).
+8. the command `python ppo/<script>.py` itself: exit codes, a second signal, missing packages (`run`).
 
 It knows no script: a script passes in what it needs (its Args class, its name, its main and evaluate
 functions), and nothing here imports one. The fields of Args read here are those every script has:
 env_id, exp_name, seed, torch_deterministic, cuda, cudagraphs, compile, track, wandb_project_name,
-wandb_entity, capture_video, save_model, save_interval, resume, trust_old_checkpoint, evaluate,
-eval_episodes and total_timesteps. A script copied elsewhere needs this file beside it.
+wandb_entity, capture_video, save_model, save_interval, save_minutes, resume, trust_old_checkpoint,
+evaluate, eval_episodes and total_timesteps. A script copied elsewhere needs this file beside it.
 """
 
 import contextlib
@@ -36,6 +37,7 @@ import types
 import warnings
 from collections import deque
 from dataclasses import asdict, fields, replace
+from time import monotonic  # not time.monotonic: tests replace `time` by a clock of their own
 from typing import Callable, NoReturn
 
 import cloudpickle
@@ -86,12 +88,12 @@ def parse_args(args_class: type, variant: str, runtime_fields: set[str], evaluat
         fail(variant, "--resume goes on training a saved run and --evaluate plays a saved agent: give one of them")
     if not (args.resume or args.evaluate):
         return args, None
-    checkpoint = load_checkpoint(args.resume or args.evaluate, variant, resuming=bool(args.resume),
-                                 trust_old=args.trust_old_checkpoint)
-    unknown = set(checkpoint["args"]) - {f.name for f in fields(args_class)}
+    path = args.resume or args.evaluate
+    checkpoint = load_checkpoint(path, variant, resuming=bool(args.resume), trust_old=args.trust_old_checkpoint)
+    unknown = sorted(map(str, set(checkpoint["args"]) - {field.name for field in fields(args_class)}))
     if unknown:
-        fail(variant, f"the checkpoint's settings name {', '.join(sorted(map(str, unknown)))}, which {variant}.py "
-                      "does not have: it was written by another version of the script")
+        fail(variant, f"{path!r} was written by another version of {variant}.py, with settings this one lacks "
+                      f"({', '.join(unknown)}): continue it with that version, or start the run again")
     # --trust-old-checkpoint speaks for this command alone: never taken from a checkpoint, free to differ.
     runtime_fields = runtime_fields | {"trust_old_checkpoint"}
     saved = replace(args_class(**checkpoint["args"]), resume=None, evaluate=None, trust_old_checkpoint=False)
@@ -527,25 +529,63 @@ def unpickle_game(saved_game: bytes) -> gym.Env:
 # ---------------------------------------------------------------------------------------------------
 
 
-class StopOnInterrupt:
-    """The first Ctrl-C only prints `notice` and sets `requested`: training then stops after the
-    current iteration, so the run can flush its logs and save a checkpoint at a clean point. A second
-    Ctrl-C stops at once (KeyboardInterrupt). Under torchrun, which passes a Ctrl-C on to every
-    process, only rank 0 prints the notice."""
+# The exit code of a run that stopped before its end because it was asked to (Ctrl-C, `kill`, Slurm's
+# warning before a time limit): with --save-model its checkpoint continues it (--resume). A finished run
+# exits 0, wrong input 2, a crash 1. 130 is the shell's code for Ctrl-C, which Ctrl-C has always given.
+STOPPED = 130
+# What asks a run to stop after the current iteration: Ctrl-C, `kill` and a Slurm task's end (SIGTERM),
+# and the warning Slurm sends before a time limit when asked to (`#SBATCH --signal=B:USR1@<seconds>`).
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
+# A second stop signal this soon after the first is the same request arriving twice, not a second one:
+# Slurm signals every process of a task, and the runner or torchrun above the run passes it on too.
+SAME_REQUEST_SECONDS = 1.0
 
-    def __init__(self, notice: str = "Ctrl-C: stopping after this iteration (press Ctrl-C again to quit at once)"):
-        self.requested, self.notice = False, notice
-        self.previous_handler = signal.signal(signal.SIGINT, self.handle)
+
+def signal_name(signum: int) -> str:
+    """How a stop signal is named to the user: Ctrl-C for SIGINT, else its name (SIGTERM, SIGUSR1)."""
+    return "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+
+
+class StoppedAtOnce(KeyboardInterrupt):
+    """A stop signal that ends the run where it is: a second one, or one before training began. Its
+    argument names the signal."""
+
+
+def stop_at_once(signum, frame):
+    """Until a run's training begins, SIGTERM and SIGUSR1 stop it at once, as Ctrl-C does (their
+    default would end the process without a word)."""
+    raise StoppedAtOnce(signal_name(signum))
+
+
+class StopOnInterrupt:
+    """The first Ctrl-C, SIGTERM or SIGUSR1 only prints `notice` and sets `requested`: training then
+    stops after the current iteration, so the run can flush its logs and save a checkpoint at a clean
+    point. A second Ctrl-C or SIGTERM stops at once (StoppedAtOnce, a KeyboardInterrupt), but for a
+    SIGTERM within SAME_REQUEST_SECONDS of the first signal, which is the first one delivered twice (two
+    presses of Ctrl-C are always two). SIGUSR1, Slurm's warning that the time limit is near, never
+    stops at once: said again, it says nothing new. Under torchrun, which passes a signal on to every
+    process, only rank 0 prints the notice; {signal} in it names the signal, {again} how to stop at once."""
+
+    def __init__(self, notice: str = "{signal}: stopping after this iteration ({again} to quit at once)"):
+        self.requested, self.notice, self.first = False, notice, (None, 0.0)
+        self.previous_handlers = {signum: signal.signal(signum, self.handle) for signum in STOP_SIGNALS}
 
     def handle(self, signum, frame):
+        first_signal, first_time = self.first
         if self.requested:
-            raise KeyboardInterrupt
-        self.requested = True
+            same_request = signum == signal.SIGUSR1 or (monotonic() - first_time < SAME_REQUEST_SECONDS
+                                                        and not signum == signal.SIGINT == first_signal)
+            if same_request:
+                return
+            raise StoppedAtOnce(signal_name(signum))
+        self.requested, self.first = True, (signum, monotonic())
         if int(os.environ.get("RANK", "0")) == 0:
-            print("\n" + self.notice, flush=True)
+            again = "press Ctrl-C again" if signum == signal.SIGINT else "Ctrl-C or SIGTERM"
+            print("\n" + self.notice.format(signal=signal_name(signum), again=again), flush=True)
 
     def restore(self):
-        signal.signal(signal.SIGINT, self.previous_handler)
+        for signum, handler in self.previous_handlers.items():
+            signal.signal(signum, handler)
 
 
 def choose_device(args, variant: str, device: torch.device | None = None) -> torch.device:
@@ -604,6 +644,8 @@ class Run:
         # Under torchrun the ranks decide together, once an iteration, whether to stop (agreed_stop), so
         # that a Ctrl-C that reaches one rank late cannot split them; None: this process decides alone.
         self.writer, self.interrupt, self.agreed_stop, self.finished_earlier = None, None, None, False
+        # Under torchrun the ranks also agree whether --save-minutes have passed (agreed_save).
+        self.agreed_save, self.last_save = None, 0.0
 
     def open_logs(self, **sizes) -> SummaryWriter | None:
         """The run's TensorBoard writer (and, with --track, a W&B run that mirrors it), with the settings
@@ -656,13 +698,33 @@ class Run:
                   + f" on {self.device}\n  logs in {self.folder}/ (tensorboard --logdir "
                   f"{os.path.dirname(self.folder) or '.'}), checkpoint: {saved}", flush=True)
         self.start_time, self.start_step, self.last_print = time.time(), global_step, 0.0
+        self.last_save = self.start_time
         self.interrupt = StopOnInterrupt()
         return iteration, global_step
 
     @property
     def stopping(self) -> bool:
-        """Whether the run stops after this iteration: Ctrl-C was pressed (on some rank, under torchrun)."""
+        """Whether the run stops after this iteration: Ctrl-C was pressed, or SIGTERM or SIGUSR1 came (on
+        some rank, under torchrun)."""
         return self.interrupt.requested if self.agreed_stop is None else self.agreed_stop
+
+    @property
+    def save_time_come(self) -> bool:
+        """With --save-minutes: that many minutes have passed since the run started or last saved."""
+        minutes = self.args.save_minutes
+        return minutes > 0 and time.time() - self.last_save >= 60 * minutes
+
+    def wishes(self) -> dict[str, bool]:
+        """What this process would do after this iteration: stop (it was signalled), save (its clock says
+        so). Under torchrun each rank sends its wishes to the others, for `agree`."""
+        return {"stop": self.interrupt.requested, "save": self.save_time_come}
+
+    def agree(self, wishes: list[dict]) -> None:
+        """Under torchrun, once an iteration, with every rank's `wishes`: all ranks stop, and save, when
+        one of them would, so that a signal that reaches one rank late, or clocks a moment apart, cannot
+        split them (a rank that saved alone would wait forever for the others)."""
+        self.agreed_stop = any(wish["stop"] for wish in wishes)
+        self.agreed_save = any(wish["save"] for wish in wishes)
 
     def steps_per_second(self, global_step: int) -> int:
         """Environment steps per second of this sitting: a resumed run counts from where it resumed."""
@@ -688,9 +750,11 @@ class Run:
               f"elapsed, {left} left | mean return {mean_return} (last {len(recent_returns)} episodes)", flush=True)
 
     def checkpoint_due(self, iteration: int) -> bool:
-        """With --save-model: at the end, every --save-interval iterations, and when the run stops."""
+        """With --save-model: at the end, every --save-interval iterations, when --save-minutes have
+        passed since the last save, and when the run stops."""
         interval = self.args.save_interval
-        return self.args.save_model and (self.stopping or iteration == self.num_iterations
+        by_the_clock = self.save_time_come if self.agreed_save is None else self.agreed_save
+        return self.args.save_model and (self.stopping or iteration == self.num_iterations or by_the_clock
                                          or (interval > 0 and iteration % interval == 0))
 
     def save_checkpoint(self, iteration: int, global_step: int, agent: torch.nn.Module,
@@ -698,6 +762,7 @@ class Run:
         """Write what resuming needs: the settings, the weights, the optimizer, the random generators
         (unless `loop_state` brings its own, as one per rank) and the script's `loop_state` (where the
         environments stand, statistics...). Only rank 0 writes."""
+        self.last_save = time.time()
         if self.rank == 0:
             save_checkpoint(self.checkpoint_path, {
                 "format": CHECKPOINT_FORMAT, "variant": self.variant, "args": asdict(self.args), "run_name": self.name,
@@ -706,22 +771,15 @@ class Run:
 
     def finish(self, global_step: int, how_to_resume: str | None = None) -> None:
         """Flush and close the logs, then say what comes next: how to resume a stopped run, or where
-        its checkpoint is."""
-        self.interrupt.restore()
-        if self.rank != 0:
+        its checkpoint is. Until the logs are closed a stop signal is still the run's: the same request
+        delivered again changes nothing, a second one stops at once."""
+        try:
+            if self.rank == 0:
+                self.close_logs()
+        finally:
+            self.interrupt.restore()
+        if self.rank != 0 or self.finished_earlier:  # start() said that it was finished
             return
-        self.writer.close()
-        if self.args.track:
-            import wandb
-
-            # wandb.finish() takes seconds, and a Ctrl-C inside it crashes W&B's service and loses the
-            # run's upload: a first Ctrl-C here only says so, a second one abandons the upload.
-            print("saving the W&B run...", flush=True)
-            still_saving = StopOnInterrupt("Ctrl-C: W&B is still saving the run (press Ctrl-C again to abandon it)")
-            wandb.finish()
-            still_saving.restore()
-        if self.finished_earlier:
-            return  # start() said so
         if self.stopping:
             how = how_to_resume or f"resume with: python ppo/{self.variant}.py --resume {self.checkpoint_path}"
             print(f"stopped at step {global_step:,}; " + (how if self.args.save_model else
@@ -729,6 +787,19 @@ class Run:
         elif self.args.save_model:
             print(f"checkpoint: {self.checkpoint_path}\n"
                   f"evaluate it with: python ppo/{self.variant}.py --evaluate {self.checkpoint_path}")
+
+    def close_logs(self) -> None:
+        """Flush and close TensorBoard's log and, with --track, the W&B run."""
+        self.writer.close()
+        if self.args.track:
+            import wandb
+
+            # wandb.finish() takes seconds, and a Ctrl-C inside it crashes W&B's service and loses the
+            # run's upload: a first Ctrl-C here only says so, a second one abandons the upload.
+            print("saving the W&B run...", flush=True)
+            still_saving = StopOnInterrupt("{signal}: W&B is still saving the run ({again} to abandon it)")
+            wandb.finish()
+            still_saving.restore()
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -749,23 +820,27 @@ def async_vector_env(env_fns: list[Callable[[], gym.Env]]) -> gym.vector.AsyncVe
     """--async-envs of the ale-py scripts: each game in a worker process of its own, all stepping at
     once, the frames coming back through shared memory; SAME_STEP autoreset as the scripts' sync envs.
     forkserver: the workers start from a clean process, not a copy of this one with its threads.
-    AsyncVectorEnv builds one game here too, for the spaces: this process's Ctrl-C handler is kept."""
-    sigint_handler = signal.getsignal(signal.SIGINT)
+    AsyncVectorEnv builds one game here too, for the spaces: this process's signal handlers are kept."""
+    handlers = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
     envs = gym.vector.AsyncVectorEnv([functools.partial(in_worker, make_game) for make_game in env_fns],
                                      shared_memory=True, context="forkserver",
                                      autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
-    signal.signal(signal.SIGINT, sigint_handler)
+    for signum, handler in handlers.items():
+        signal.signal(signum, handler)
     return envs
 
 
 def in_worker(make_game: Callable[[], gym.Env]) -> gym.Env:
     """Build a game in a worker process of --async-envs. Ctrl-C reaches every process of the terminal's
-    group, but it is the main process's to handle (finish the iteration, save): the worker ignores it.
+    group, and a Slurm task's end or torchrun's SIGTERM every process of the run, but they are the main
+    process's to handle (finish the iteration, save): the worker ignores them, and ends when the main
+    process closes the environments.
     OpenCV, which resizes the frames, runs on one thread: the other workers have the other cores."""
     import ale_py  # the ale-py scripts' games: ale-py and opencv come with the atari extra
     import cv2
 
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
     cv2.setNumThreads(1)
     ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Error)  # no banner for every game made
     # AsyncVectorEnv built the first game once in the main process too, for its spaces; with video
@@ -821,8 +896,11 @@ class Evaluation:
 
 def run(function: Callable, args, checkpoint: dict | None, variant: str, extra: str) -> NoReturn:
     """`python ppo/<variant>.py`: run `function` (the script's main, or its evaluate) and exit with 0,
-    with 130 after a Ctrl-C, or with 2 and one line when a package is missing (gymnasium imports
-    rendering and video packages only when they are first used: `extra` is the script's extra)."""
+    with STOPPED (130) after a Ctrl-C, SIGTERM or SIGUSR1, or with 2 and one line when a package is
+    missing (gymnasium imports rendering and video packages only when they are first used: `extra` is
+    the script's extra)."""
+    signal.signal(signal.SIGTERM, stop_at_once)  # until training begins (Run.start)
+    signal.signal(signal.SIGUSR1, stop_at_once)
     try:
         result = function(args, checkpoint)
     except gym.error.DependencyNotInstalled as error:
@@ -830,8 +908,11 @@ def run(function: Callable, args, checkpoint: dict | None, variant: str, extra: 
         fail(variant, f"missing optional dependency: {error} (pip install -e '.[{extras}]')")
     except EnvStateMismatch as error:  # a checkpoint's environments that the script cannot rebuild
         fail(variant, f"cannot resume the saved environments: {error}")
-    except KeyboardInterrupt:  # a second Ctrl-C, or one before training began
+    except KeyboardInterrupt as stop:  # a second signal, or one before training began
         if int(os.environ.get("LOCAL_RANK", "0")) == 0:
-            print("stopped at once by Ctrl-C: what came after the last checkpoint is lost", file=sys.stderr)
-        sys.exit(130)
-    sys.exit(130 if isinstance(result, dict) and result.get("interrupted") else 0)
+            by = stop.args[0] if isinstance(stop, StoppedAtOnce) else "Ctrl-C"
+            print(f"stopped at once by {by}: what came after the last checkpoint is lost", file=sys.stderr)
+        sys.exit(STOPPED)
+    for signum in (signal.SIGTERM, signal.SIGUSR1):  # the run is over: a late copy of its signal changes nothing
+        signal.signal(signum, signal.SIG_IGN)
+    sys.exit(STOPPED if isinstance(result, dict) and result.get("interrupted") else 0)

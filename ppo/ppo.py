@@ -48,9 +48,11 @@ class Args:
     capture_video: bool = False
     """if toggled, record videos of the first environment to `videos/<run_name>/`"""
     save_model: bool = False
-    """if toggled, write `runs/<run_name>/checkpoint.pt` at the end, every `save_interval` iterations and on Ctrl-C"""
+    """if toggled, write `runs/<run_name>/checkpoint.pt` at the end, every `save_interval` iterations or `save_minutes` minutes, and when stopped by Ctrl-C, SIGTERM or SIGUSR1"""
     save_interval: int = 100
     """with --save-model, also write the checkpoint every this many iterations (0: only at the end)"""
+    save_minutes: float = 0.0
+    """with --save-model, also write the checkpoint when this many minutes have passed since the last one (0: never by the clock): a crash or `kill -9` then loses at most that much work"""
     resume: str | None = None
     """path of a checkpoint to continue training from; the run keeps the checkpoint's settings"""
     trust_old_checkpoint: bool = False
@@ -437,7 +439,7 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
             run.save_checkpoint(iteration, global_step, agent, optimizer, envs=harness.save_envs(envs),
                                 next_obs=next_obs, next_done=next_done, episode_return=episode_return.copy(),
                                 episode_length=episode_length.copy(), recent_returns=list(recent_returns))
-        if run.stopping:  # Ctrl-C: this iteration was finished, logged and saved
+        if run.stopping:  # Ctrl-C, kill or Slurm: this iteration was finished, logged and saved
             break
 
     envs.close()
@@ -473,7 +475,7 @@ def evaluate(args: Args, checkpoint: dict) -> list[float]:
 
 # Settings that may differ between a run and its resumption; every other field must stay the same.
 RUNTIME_FIELDS = {"cuda", "track", "wandb_project_name", "wandb_entity", "capture_video", "save_model",
-                  "save_interval", "resume", "evaluate", "eval_episodes", "compile", "cudagraphs"}
+                  "save_interval", "save_minutes", "resume", "evaluate", "eval_episodes", "compile", "cudagraphs"}
 # The training setting an evaluation also reads and may change: the seed of its games.
 EVALUATION_FIELDS = {"seed"}
 
@@ -490,6 +492,7 @@ def check_args(args: Args) -> None:
         ("env_id", "an environment id such as CartPole-v1", lambda value: value.strip() != ""),
         ("seed", "a whole number from 0 to 2**31 - 1", lambda value: 0 <= value < 2**31),
         ("save_interval", "0 (save only at the end) or more", lambda value: value >= 0),
+        ("save_minutes", "0 (never save by the clock) or more", lambda value: 0 <= value < np.inf),
         ("eval_episodes total_timesteps num_envs num_steps num_minibatches update_epochs", "at least 1",
          lambda value: value >= 1),
         ("learning_rate", "a finite number above 0", lambda value: 0 < value < np.inf),

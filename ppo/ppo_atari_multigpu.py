@@ -62,9 +62,11 @@ class Args:
     capture_video: bool = False
     """if toggled, record videos of rank 0's first environment to `videos/<run_name>/`"""
     save_model: bool = False
-    """if toggled, write `runs/<run_name>/checkpoint.pt` at the end, every `save_interval` iterations and on Ctrl-C"""
+    """if toggled, write `runs/<run_name>/checkpoint.pt` at the end, every `save_interval` iterations or `save_minutes` minutes, and when stopped by Ctrl-C, SIGTERM or SIGUSR1"""
     save_interval: int = 100
     """with --save-model, also write the checkpoint every this many iterations (0: only at the end)"""
+    save_minutes: float = 0.0
+    """with --save-model, also write the checkpoint when this many minutes have passed since the last one (0: never by the clock): a crash or `kill -9` then loses at most that much work"""
     resume: str | None = None
     """path of a checkpoint to continue training from (the same path on every node); the run keeps
     the checkpoint's settings and needs as many processes as wrote it"""
@@ -684,14 +686,14 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
                     break
 
         # One message from each rank per iteration: its losses, its batch's values and returns, its
-        # finished games, and whether it was asked to stop. Rank 0 logs the world's figures; all
-        # ranks stop together as soon as one of them was interrupted.
+        # finished games, and whether it would stop (it was signalled) or save (--save-minutes). Rank 0
+        # logs the world's figures; all ranks stop, or save, together as soon as one of them would.
         report = {"stats": {key: torch.stack([s[key] for s in minibatch_stats]).mean().item()
                             for key in minibatch_stats[0]},
                   "values": host_values.reshape(-1), "returns": returns.reshape(-1), "games": games,
-                  "stop": run.interrupt.requested}
+                  **run.wishes()}
         reports = gather_from_all_ranks(report, world_size)
-        run.agreed_stop = any(r["stop"] for r in reports)
+        run.agree(reports)
 
         if rank == 0:
             for game_step, score, length in sorted(game for r in reports for game in r["games"]):
@@ -717,7 +719,7 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
             run.save_checkpoint(iteration, global_step, agent, optimizer, world_size=world_size,
                                 recent_returns=list(recent_returns),
                                 **{key: [state[key] for state in every_rank] for key in own})  # one entry per rank
-        if run.stopping:  # Ctrl-C on some rank: this iteration was finished, logged and saved
+        if run.stopping:  # a signal on some rank: this iteration was finished, logged and saved
             break
 
     envs.close()
@@ -757,8 +759,8 @@ def evaluate(args: Args, checkpoint: dict) -> list[float]:
 
 # Settings that may differ between a run and its resumption; every other field must stay the same.
 RUNTIME_FIELDS = {"cuda", "track", "wandb_project_name", "wandb_entity", "capture_video", "save_model",
-                  "save_interval", "resume", "evaluate", "eval_episodes", "compile", "cudagraphs", "async_envs",
-                  "backend", "device_ids"}
+                  "save_interval", "save_minutes", "resume", "evaluate", "eval_episodes", "compile", "cudagraphs",
+                  "async_envs", "backend", "device_ids"}
 # The training setting an evaluation also reads and may change: the seed of its games.
 EVALUATION_FIELDS = {"seed"}
 
@@ -777,6 +779,7 @@ def check_args(args: Args, world_size: int) -> None:
         ("backend", "gloo or nccl", lambda value: value in ("gloo", "nccl")),
         ("device_ids", "GPU numbers, 0 or more (or none)", lambda value: all(i >= 0 for i in value)),
         ("save_interval", "0 (save only at the end) or more", lambda value: value >= 0),
+        ("save_minutes", "0 (never save by the clock) or more", lambda value: 0 <= value < np.inf),
         ("eval_episodes total_timesteps num_envs num_steps num_minibatches update_epochs", "at least 1",
          lambda value: value >= 1),
         ("learning_rate", "a finite number above 0", lambda value: 0 < value < np.inf),

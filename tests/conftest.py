@@ -3,6 +3,7 @@
 import contextlib
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -82,13 +83,12 @@ def workdir(tmp_path, monkeypatch) -> Path:
     return tmp_path
 
 
-def interrupt_after_first_progress_line(script: str, args: list[str], cwd: Path,
-                                        launcher: list[str] | None = None) -> tuple[int, str]:
-    """Start `python ppo/<script> args...` (or `launcher ppo/<script> args...`), press Ctrl-C once it
-    has printed its first progress line, and return its exit code and output. Ctrl-C in a terminal
-    signals the whole foreground process group, so that is what gets the SIGINT here."""
-    import signal
-
+def interrupt_after_first_progress_line(script: str, args: list[str], cwd: Path, launcher: list[str] | None = None,
+                                        stop_signal: int = signal.SIGINT) -> tuple[int, str]:
+    """Start `python ppo/<script> args...` (or `launcher ppo/<script> args...`), press Ctrl-C (or send
+    `stop_signal`) once it has printed its first progress line, and return its exit code and output.
+    Ctrl-C in a terminal signals the whole foreground process group, and so does Slurm at a task's time
+    limit (every process of the task), so that is what gets the signal here."""
     process = subprocess.Popen([*(launcher or [sys.executable]), str(REPO / "ppo" / script), *args], cwd=cwd,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
@@ -96,42 +96,60 @@ def interrupt_after_first_progress_line(script: str, args: list[str], cwd: Path,
     for line in process.stdout:
         output.append(line)
         if line.startswith("step"):
-            os.killpg(process.pid, signal.SIGINT)
+            os.killpg(process.pid, stop_signal)
             break
     output.append(process.stdout.read())
     return process.wait(timeout=120), "".join(output)
 
 
 def run_unbroken_and_interrupted(script: str, flags: list[str], tmp_path: Path, launcher: list[str] | None = None,
-                                 exit_code: int = 130, interrupted_flags: tuple[str, ...] = ()
-                                 ) -> tuple[Path, Path, str]:
+                                 exit_code: int = 130, interrupted_flags: tuple[str, ...] = (),
+                                 stop_signal: int = signal.SIGINT) -> tuple[Path, Path, str]:
     """Run `script flags` once to its end in tmp_path/unbroken, and once (with `interrupted_flags`
     added, e.g. a speed option that must not change the result) in tmp_path/interrupted with a Ctrl-C
-    after its first progress line, which must make it exit with `exit_code`. Returns both
-    directories and the interrupted run's output, for a test to resume that run and compare the two."""
+    (or `stop_signal`) after its first progress line, which must make it exit with `exit_code`, saying
+    that it stops after the iteration. Returns both directories and the interrupted run's output, for a
+    test to resume that run and compare the two."""
     unbroken, interrupted = tmp_path / "unbroken", tmp_path / "interrupted"
     unbroken.mkdir()
     interrupted.mkdir()
     run_script(script, *flags, cwd=unbroken, launcher=launcher)
     code, output = interrupt_after_first_progress_line(script, [*flags, *interrupted_flags], cwd=interrupted,
-                                                       launcher=launcher)
+                                                       launcher=launcher, stop_signal=stop_signal)
     assert code == exit_code, output
+    assert f"{signal_name(stop_signal)}: stopping after this iteration" in output, output
     return unbroken, interrupted, output
 
 
-def run_unbroken_and_interrupted_in_process(main, args, workdir: Path, env_class: type,
-                                            interrupt_at_step: int) -> tuple[dict, dict, Path]:
+def signal_name(signum: int) -> str:
+    """How a run names a stop signal: Ctrl-C, SIGTERM, SIGUSR1."""
+    return "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+
+
+def assert_stopped_with_its_logs_flushed(checkpoint_path: Path) -> int:
+    """A stopped run wrote its checkpoint, and its TensorBoard log holds every iteration up to it: the
+    last point of charts/SPS is at the checkpoint's step (a run killed by the signal loses the points
+    still in the writer's buffer). Returns that step."""
+    import torch
+
+    stopped_at = torch.load(checkpoint_path, weights_only=False)["global_step"]
+    assert read_scalars(checkpoint_path.parent)["charts/SPS"][-1][0] == stopped_at
+    return stopped_at
+
+
+def run_unbroken_and_interrupted_in_process(main, args, workdir: Path, env_class: type, interrupt_at_step: int,
+                                            stop_signal: int = signal.SIGINT) -> tuple[dict, dict, Path]:
     """The in-process twin of run_unbroken_and_interrupted: `main(args)` runs to its end in
-    workdir/unbroken, then again in workdir/interrupted with a Ctrl-C during the `interrupt_at_step`-th
-    call of `env_class.step`. Returns both runs' results and the interrupted run's checkpoint, for a
-    test to resume that run and compare it with the unbroken one."""
+    workdir/unbroken, then again in workdir/interrupted with a Ctrl-C (or `stop_signal`) during the
+    `interrupt_at_step`-th call of `env_class.step`. Returns both runs' results and the interrupted
+    run's checkpoint, for a test to resume that run and compare it with the unbroken one."""
     unbroken_dir, interrupted_dir = workdir / "unbroken", workdir / "interrupted"
     unbroken_dir.mkdir()
     interrupted_dir.mkdir()
     os.chdir(unbroken_dir)
     unbroken = main(args)
     os.chdir(interrupted_dir)
-    with ctrl_c_during_step(env_class, interrupt_at_step):
+    with ctrl_c_during_step(env_class, interrupt_at_step, stop_signal):
         interrupted = main(args)
     return unbroken, interrupted, only_run_dir(interrupted_dir) / "checkpoint.pt"
 
@@ -608,18 +626,19 @@ def expect_usage_error(capsys, run, script: str, *fragments: str) -> str:
 
 
 @contextlib.contextmanager
-def ctrl_c_during_step(env_class: type, step_number: int):
+def ctrl_c_during_step(env_class: type, step_number: int, stop_signal: int = signal.SIGINT):
     """Within the block, the `step_number`-th call of `env_class.step` first sends this process a
-    SIGINT, as Ctrl-C would, then steps: an in-process run sees a Ctrl-C at a step it can't predict."""
-    import signal
-
+    SIGINT, as Ctrl-C would (or `stop_signal`, as `kill` or Slurm would), then steps: an in-process run
+    sees the signal at a step it can't predict."""
     original_step, calls = env_class.step, 0
 
     def step_then_interrupt(self, actions):
         nonlocal calls
         calls += 1
         if calls == step_number:
-            signal.raise_signal(signal.SIGINT)
+            # Without a handler of the run's, SIGTERM or SIGUSR1 would end this whole test session.
+            assert callable(signal.getsignal(stop_signal)), f"no handler for {signal_name(stop_signal)}: the run dies"
+            signal.raise_signal(stop_signal)
         return original_step(self, actions)
 
     env_class.step = step_then_interrupt
@@ -727,6 +746,9 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--env-id")
 parser.add_argument("--seed", type=int)
 parser.add_argument("--extra", default="")
+parser.add_argument("--save-model", action="store_true")  # what the runner gives every run
+parser.add_argument("--save-minutes", type=float)
+parser.add_argument("--resume")
 args = parser.parse_args()
 with open("calls.txt", "a") as calls:
     calls.write(f"{args.env_id} {args.seed}\\n")
@@ -735,6 +757,44 @@ if os.path.exists(f"fail-seed-{args.seed}"):
     print("failing on purpose", file=sys.stderr)
     sys.exit(3)
 """
+
+
+# A stand-in for ppo/ppo.py that runs ppo.py itself, each CartPole step first sleeping SLOW_STEP_SECONDS
+# (0 if unset), until the run is resumed, which goes at full speed: a run long enough to be stopped
+# mid-way, whose results are ppo.py's (a pause changes nothing a run computes). Written into a test's
+# directory as slow_ppo.py; its runs are filed under "slow_ppo", named as ppo.py's.
+SLOW_PPO = f"""\
+import os, runpy, sys, time
+import gymnasium.envs.classic_control.cartpole as cartpole
+sys.path.insert(0, {str(REPO / "ppo")!r})
+if "--resume" not in sys.argv:
+    step, pause = cartpole.CartPoleEnv.step, float(os.environ.get("SLOW_STEP_SECONDS", "0"))
+    def slow_step(self, action):
+        time.sleep(pause)
+        return step(self, action)
+    cartpole.CartPoleEnv.step = slow_step
+runpy.run_path({str(REPO / "ppo" / "ppo.py")!r}, run_name="__main__")
+"""
+# 32 iterations of 4 x 16 steps: at SLOW_STEP_SECONDS=0.06 an iteration takes 4 s, the run 2 minutes.
+SLOW_RUNS = ["--env-ids", "CartPole-v1", "--command", "python slow_ppo.py --total-timesteps 2048 --num-steps 16"]
+
+
+@pytest.fixture(scope="session")
+def unbroken_slow_runs(tmp_path_factory) -> Path:
+    """The runner's runs of SLOW_RUNS, seeds 1 and 2, each to its end at full speed in <directory>/seed<S>:
+    what runs of it that were stopped and continued must end as."""
+    directory = tmp_path_factory.mktemp("unbroken")
+    runners = []
+    for seed in (1, 2):
+        (directory / f"seed{seed}").mkdir()
+        (directory / f"seed{seed}" / "slow_ppo.py").write_text(SLOW_PPO)
+        runners.append(subprocess.Popen([sys.executable, str(REPO / "benchmark" / "run.py"), *SLOW_RUNS, "--num-seeds",
+                                         "1", "--start-seed", str(seed)], cwd=directory / f"seed{seed}",
+                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    for runner in runners:
+        output = runner.communicate(timeout=300)[0]
+        assert runner.returncode == 0 and "1 run(s): 1 ran ok" in output, output
+    return directory
 
 
 def calls(workdir: Path) -> list[str]:

@@ -25,6 +25,7 @@ COMMON = {
     "env_id": [""],
     "seed": ["-1", str(2**31)],
     "save_interval": ["-1"],
+    "save_minutes": ["-1", "nan", "inf"],
     "eval_episodes": ["0", "-3"],
     "total_timesteps": ["0"],
     "learning_rate": ["0", "-2.5e-4", "nan", "inf"],

@@ -6,6 +6,7 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -16,7 +17,8 @@ import pytest
 
 from benchmark import report
 from benchmark import run as runner
-from conftest import (FAKE_SCRIPT, REPO, assert_quick_runs_finished, calls, expect_error_line, expect_usage_error,
+from conftest import (FAKE_SCRIPT, REPO, SLOW_PPO, SLOW_RUNS, assert_quick_runs_finished, assert_same_final_weights,
+                      assert_stopped_with_its_logs_flushed, calls, expect_error_line, expect_usage_error, only_run_dir,
                       read_scalars, run_tool, table_rows)
 
 # Every row of the result tables of CleanRL's PPO documentation (its own numbers, and Huang et al. 2022's
@@ -150,9 +152,9 @@ def test_runner_keeps_workers_runs_going_at_a_time(tmp_path, monkeypatch):
     start, finish = runner.start, runner.finish
     running = []  # how many runs were going after each start
 
-    def counted_start(run, workdir):
+    def counted_start(*arguments):
         running.append((running[-1] if running else 0) + 1)
-        return start(run, workdir)
+        return start(*arguments)
 
     def counted_finish(*arguments):
         running.append(running[-1] - 1)
@@ -198,6 +200,48 @@ def test_the_runners_progress_reads_each_runs_log_and_estimates_the_whole(tmp_pa
                                     durations=[30.0])
     # left: 5 + 5 s now, then one more run of the mean length (30, 10, 10 s: 16.7 s), 2 at a time
     assert report[-1] == "2 of 5 run(s) done, about 0:00:13 left in all"
+
+
+def test_a_stopped_benchmark_continues_its_runs_where_they_stopped(tmp_path, unbroken_slow_runs):
+    """Ctrl-C in the runner's terminal reaches the runner and its run; the runner also sends the run
+    SIGTERM, which the run takes for the same request: it saves and stops, the runner says where and
+    exits 130. The same command again continues the run from its checkpoint (--resume), to the weights,
+    latest scores and TensorBoard log of a run that never stopped; a checkpoint that cannot be read is
+    said in one line, and the run is not started again in its place."""
+    (tmp_path / "slow_ppo.py").write_text(SLOW_PPO)
+    benchmark = [*SLOW_RUNS, "--num-seeds", "1"]
+    log = tmp_path / "benchmark" / "logs" / "slow_ppo" / "CartPole-v1__seed1.log"
+    first = subprocess.Popen([sys.executable, str(REPO / "benchmark" / "run.py"), *benchmark], cwd=tmp_path,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                             env={**os.environ, "SLOW_STEP_SECONDS": "0.005"})
+    deadline = time.time() + 120
+    while not (log.is_file() and "\nstep " in log.read_text()) and time.time() < deadline:
+        time.sleep(0.2)
+    os.killpg(first.pid, signal.SIGINT)  # Ctrl-C in a terminal: its whole process group
+    output = first.communicate(timeout=120)[0]
+    assert first.returncode == 130, output
+    checkpoint_path = only_run_dir(tmp_path) / "checkpoint.pt"
+    assert ("[stop] slow_ppo CartPole-v1 seed 1: stopped, the same command continues it from "
+            f"{checkpoint_path.relative_to(tmp_path)}") in output, output
+    assert "Ctrl-C: stopping after this iteration" in log.read_text() and "stopped at once" not in log.read_text()
+    assert 0 < assert_stopped_with_its_logs_flushed(checkpoint_path) < 2048
+
+    corrupt = tmp_path.parent / f"{tmp_path.name}-corrupt"
+    shutil.copytree(tmp_path, corrupt)
+    (only_run_dir(corrupt) / "checkpoint.pt").write_bytes(b"not a checkpoint")
+    refused = run_tool("run.py", *benchmark, cwd=corrupt)
+    assert refused.returncode == 1
+    (line,) = [line for line in refused.stdout.splitlines() if line.startswith("[FAIL]")]
+    checkpoint_there = only_run_dir(corrupt).relative_to(corrupt) / "checkpoint.pt"
+    assert f"cannot resume from {checkpoint_there} (ppo.py: error: cannot read checkpoint" in line
+    assert len(list((corrupt / "runs").iterdir())) == 1  # not started again beside it
+
+    second = run_tool("run.py", *benchmark, cwd=tmp_path)
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert "[resume] slow_ppo CartPole-v1 seed 1: from " in second.stdout
+    assert "1 run(s): 1 ran ok, 0 skipped (finished earlier), 0 failed" in second.stdout
+    assert f"resuming {checkpoint_path.parent.name} at step" in log.read_text()  # the log keeps both sittings
+    assert_same_final_weights(unbroken_slow_runs / "seed1", checkpoint_path, 2048)
 
 
 @pytest.mark.parametrize("command, fragment", [

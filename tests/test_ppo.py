@@ -5,6 +5,7 @@ test_algorithm.py."""
 import importlib.util
 import os
 import re
+import signal
 from pathlib import Path
 
 import gymnasium as gym
@@ -21,7 +22,8 @@ from conftest import (METRICS, assert_compiled_loss_matches_plain, assert_compil
                       assert_evaluation_plays_the_saved_weights, assert_target_kl_ends_the_update_early,
                       assert_one_copy_to_the_host_per_step, assert_logged_losses_are_the_updates_own, expect_error_line,
                       assert_the_batch_is_what_the_policy_saw_and_did, assert_anneal_clip_lowers_the_clipping_coefficient,
-                      PROGRESS_LINE, assert_progress_is_printed_within_a_rollout)
+                      PROGRESS_LINE, assert_progress_is_printed_within_a_rollout, assert_stopped_with_its_logs_flushed,
+                      clock_of_the_steps)
 import ppo.ppo as script
 from ppo.ppo import Agent, Args, evaluate, main, minibatch_loss, parse_args
 
@@ -212,15 +214,18 @@ def test_same_seed_gives_identical_metrics(workdir, monkeypatch):
 # ---------------------------------------------------------------------------------------------------
 
 
-def test_interrupted_and_resumed_run_ends_with_the_same_weights(tmp_path):
+@pytest.mark.parametrize("stop_signal", [signal.SIGINT, signal.SIGTERM], ids=["Ctrl-C", "SIGTERM"])
+def test_interrupted_and_resumed_run_ends_with_the_same_weights(tmp_path, stop_signal):
+    """Ctrl-C and `kill` (SIGTERM, also what Slurm sends at a time limit), each sent to every process of
+    the run, as a terminal and Slurm do: the run finishes the iteration, writes its checkpoint and logs,
+    exits 130, and resumed it ends as an unbroken run. (SIGUSR1: the video test below.)"""
     flags = ["--seed", "3", "--total-timesteps", "12800", "--save-model", *SMALL_FLAGS]
-    unbroken, interrupted, output = run_unbroken_and_interrupted("ppo.py", flags, tmp_path)
+    unbroken, interrupted, output = run_unbroken_and_interrupted("ppo.py", flags, tmp_path, stop_signal=stop_signal)
     assert "resume with: python ppo/ppo.py --resume" in output
     run_dir = only_run_dir(interrupted)
     checkpoint_path = run_dir / "checkpoint.pt"
-    stopped_at = torch.load(checkpoint_path, weights_only=False)["global_step"]
+    stopped_at = assert_stopped_with_its_logs_flushed(checkpoint_path)
     assert 0 < stopped_at < 12800
-    assert read_scalars(run_dir)["charts/SPS"][-1][0] == stopped_at  # logs flushed up to the stop
 
     # Resumed from another directory: the run goes on in its checkpoint's folder all the same.
     elsewhere = tmp_path / "elsewhere"
@@ -233,6 +238,67 @@ def test_interrupted_and_resumed_run_ends_with_the_same_weights(tmp_path):
 
     evaluation = run_script("ppo.py", "--evaluate", str(checkpoint_path), "--eval-episodes", "3", cwd=interrupted)
     assert_evaluation_output(evaluation.stdout, "CartPole-v1", 3)
+
+
+def test_a_signal_delivered_twice_is_one_request_and_a_second_one_stops_at_once(capsys, monkeypatch):
+    """Slurm signals every process of a task, and the runner (or torchrun) above a run passes the signal
+    on: a SIGTERM within a second of the first stop signal is the same request, and so is SIGUSR1, Slurm's
+    warning, whenever it comes again. A later SIGTERM, or a second Ctrl-C however soon, stops at once."""
+    import harness
+
+    now = [100.0]
+    monkeypatch.setattr(harness, "monotonic", lambda: now[0])
+
+    def stops_at_once(signum: int) -> bool:
+        try:
+            signal.raise_signal(signum)
+        except harness.StoppedAtOnce:  # a KeyboardInterrupt: caught here, it would end the whole session
+            return True
+        return False
+
+    stop = harness.StopOnInterrupt()
+    try:
+        assert not stops_at_once(signal.SIGTERM) and stop.requested
+        assert "SIGTERM: stopping after this iteration (Ctrl-C or SIGTERM to quit at once)" in capsys.readouterr().out
+        now[0] += 0.5
+        assert not stops_at_once(signal.SIGTERM)  # the same request, from the runner
+        now[0] += 60
+        assert not stops_at_once(signal.SIGUSR1)  # Slurm's warning, again
+        assert stops_at_once(signal.SIGTERM)
+    finally:
+        stop.restore()
+    stop = harness.StopOnInterrupt()
+    try:
+        assert not stops_at_once(signal.SIGINT)
+        assert stops_at_once(signal.SIGINT)  # pressed twice at once: two presses
+    finally:
+        stop.restore()
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+
+
+def test_save_minutes_writes_the_checkpoint_by_the_clock(workdir, monkeypatch):
+    """--save-minutes bounds the work a crash or `kill -9` loses: with a clock that each step of the
+    environments advances by 1/1024 s, iterations of 32 steps last 1/32 s, and a run told to save every
+    1.5/32 s (and never by its iteration count) saves after every second iteration, and at the end."""
+    import harness
+
+    saved = []
+    save = harness.save_checkpoint
+    monkeypatch.setattr(harness, "save_checkpoint", lambda path, state: saved.append(state["iteration"])
+                        or save(path, state))
+    with clock_of_the_steps(gym.vector.SyncVectorEnv):
+        main(Args(total_timesteps=512, save_model=True, save_interval=0, save_minutes=1.5 / 32 / 60, **SMALL))
+    assert saved == [2, 4, 6, 8]
+
+
+def test_a_checkpoint_of_another_version_is_refused_in_one_line(trained_cartpole, capsys, workdir):
+    """A checkpoint written by a version of the script with a setting this one lacks cannot be resumed:
+    the runner reports that line, rather than a traceback, and does not start the run again."""
+    _, checkpoint_path = trained_cartpole
+    checkpoint = torch.load(checkpoint_path, weights_only=False)
+    torch.save({**checkpoint, "args": {**checkpoint["args"], "a_later_setting": 1}}, workdir / "later.pt")
+    expect_usage_error(capsys, lambda: parse_args(["--resume", str(workdir / "later.pt")]), "ppo.py",
+                       "written by another version of ppo.py", "(a_later_setting)")
 
 
 def test_evaluation_scores_a_trained_agent_far_above_an_untrained_one(trained_cartpole, workdir):
@@ -282,10 +348,12 @@ def test_capture_video_writes_mp4_files(tmp_path):
 def test_a_run_resumed_with_capture_video_records_new_episodes_beside_the_old_ones(tmp_path):
     """Environments that record cannot be saved: a resumed run with --capture-video starts new
     episodes, says so, and writes their videos into a folder of its own (its episode count starts
-    again at 0: the first sitting's episode 0 must stay as it was)."""
+    again at 0: the first sitting's episode 0 must stay as it was). Stopped by SIGUSR1, Slurm's warning
+    before a time limit, which stops a run as Ctrl-C does."""
     flags = ["--total-timesteps", "16384", "--save-model", "--capture-video", *SMALL_FLAGS]
-    code, _ = interrupt_after_first_progress_line("ppo.py", flags, cwd=tmp_path)
-    assert code == 130
+    code, output = interrupt_after_first_progress_line("ppo.py", flags, cwd=tmp_path, stop_signal=signal.SIGUSR1)
+    assert code == 130 and "SIGUSR1: stopping after this iteration" in output, output
+    assert_stopped_with_its_logs_flushed(only_run_dir(tmp_path) / "checkpoint.pt")
     run_dir, videos = only_run_dir(tmp_path), tmp_path / "videos" / only_run_dir(tmp_path).name
     first_sitting = {video.name: video.read_bytes() for video in videos.glob("*.mp4")}
     assert "rl-video-episode-0.mp4" in first_sitting

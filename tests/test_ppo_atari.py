@@ -19,7 +19,7 @@ from conftest import (assert_compiled_loss_matches_plain, assert_compiles_whole,
                       assert_evaluation_plays_the_saved_weights, assert_target_kl_ends_the_update_early,
                       assert_one_copy_to_the_host_per_step, assert_logged_losses_are_the_updates_own,
                       assert_each_update_starts_at_ratio_one, assert_anneal_clip_lowers_the_clipping_coefficient,
-                      assert_progress_is_printed_within_a_rollout)
+                      assert_progress_is_printed_within_a_rollout, assert_stopped_with_its_logs_flushed)
 import ppo.ppo_atari as ppo_atari  # noqa: E402
 from ppo.ppo_atari import (Agent, Args, main, make_env, make_envs,  # noqa: E402
                            minibatch_loss, parse_args, finished_games)
@@ -393,8 +393,9 @@ def test_games_recorded_on_video_are_not_saved_and_the_worker_writes_the_video(t
 
 def test_an_async_run_interrupted_and_resumed_ends_as_an_unbroken_sync_run(tmp_path):
     """Ctrl-C reaches the workers too (the whole process group): they ignore it, the main process
-    saves their games, and the run resumes, with or without --async-envs, to the very weights of a
-    run that never stopped and never had worker processes."""
+    saves their games and its logs, and the run resumes, with or without --async-envs, to the very
+    weights of a run that never stopped and never had worker processes. (SIGTERM to every process, as
+    at a Slurm task's time limit: the LSTM script's async test.)"""
     import shutil
 
     flags = ["--seed", "3", "--total-timesteps", "160", "--save-model", *TINY]
@@ -402,8 +403,9 @@ def test_an_async_run_interrupted_and_resumed_ends_as_an_unbroken_sync_run(tmp_p
                                                                  interrupted_flags=("--async-envs",))
     assert "Traceback" not in output, output
     run_dir = only_run_dir(interrupted)
+    assert 0 < assert_stopped_with_its_logs_flushed(run_dir / "checkpoint.pt") < 160
     stopped = torch.load(run_dir / "checkpoint.pt", weights_only=False)
-    assert 0 < stopped["global_step"] < 160 and stopped["args"]["async_envs"]
+    assert stopped["args"]["async_envs"]
     assert len(stopped["envs"]) == 2  # every worker's game was saved
     in_sync = tmp_path / "in_sync"
     shutil.copytree(interrupted, in_sync)

@@ -1,6 +1,7 @@
 """Tests of ppo/ppo_atari_envpool.py: what envpool does at an episode's end (the facts the training loop
 relies on), game scores logged from envpool's info, a short run, checkpoints, and the errors."""
 
+import signal
 
 import numpy as np
 import pytest
@@ -16,7 +17,7 @@ from conftest import (assert_compiled_loss_matches_plain, assert_compiles_whole,
                       assert_evaluation_plays_the_saved_weights, assert_target_kl_ends_the_update_early,
                       assert_one_copy_to_the_host_per_step, assert_logged_losses_are_the_updates_own,
                       assert_each_update_starts_at_ratio_one, assert_anneal_clip_lowers_the_clipping_coefficient,
-                      assert_progress_is_printed_within_a_rollout)
+                      assert_progress_is_printed_within_a_rollout, assert_stopped_with_its_logs_flushed)
 from ppo.ppo_atari_envpool import Args, main, make_envs  # noqa: E402
 import harness  # noqa: E402  (the scripts' run machinery, importable once ppo is)
 
@@ -282,16 +283,20 @@ def test_the_smallest_minibatches_train_without_nans(workdir, norm_adv, num_mini
         assert np.isfinite([value for _, value in points]).all(), tag
 
 
-@pytest.mark.parametrize("speed_flags", [[], ["--async-envs"]], ids=["one-pool", "two-pools"])
-def test_an_interrupted_run_resumes_with_new_games_and_evaluates(tmp_path, speed_flags):
+@pytest.mark.parametrize("speed_flags, stop_signal", [([], signal.SIGTERM), (["--async-envs"], signal.SIGINT)],
+                         ids=["one-pool-SIGTERM", "two-pools-Ctrl-C"])
+def test_an_interrupted_run_resumes_with_new_games_and_evaluates(tmp_path, speed_flags, stop_signal):
     """envpool's games cannot be saved: the weights, optimizer, random generators and counters
-    resume exactly, and the games start anew."""
+    resume exactly, and the games start anew. Stopped by Ctrl-C, or by SIGTERM as `kill` and Slurm
+    stop it: the checkpoint and the logs up to it are written all the same."""
     flags = ["--total-timesteps", "160", "--save-model", *TINY, *speed_flags]
-    code, output = interrupt_after_first_progress_line("ppo_atari_envpool.py", flags, cwd=tmp_path)
+    code, output = interrupt_after_first_progress_line("ppo_atari_envpool.py", flags, cwd=tmp_path,
+                                                       stop_signal=stop_signal)
     assert code == 130, output
     checkpoint_path = only_run_dir(tmp_path) / "checkpoint.pt"
+    assert 0 < assert_stopped_with_its_logs_flushed(checkpoint_path) < 160
     stopped = torch.load(checkpoint_path, weights_only=False)
-    assert stopped["variant"] == "ppo_atari_envpool" and 0 < stopped["global_step"] < 160
+    assert stopped["variant"] == "ppo_atari_envpool"
 
     resumed = run_script("ppo_atari_envpool.py", "--resume", str(checkpoint_path), cwd=tmp_path)
     assert f"at step {stopped['global_step']:,} of 160 (with new episodes)" in resumed.stdout

@@ -2,6 +2,7 @@
 episode ends, zero at the start; one-frame observations; a short run; exact resumption with the
 LSTM state in the checkpoint; the errors."""
 
+import signal
 from types import SimpleNamespace
 
 import gymnasium as gym
@@ -19,7 +20,7 @@ from conftest import (assert_compiled_loss_matches_plain, assert_details_marked,
                       assert_evaluation_plays_the_saved_weights, assert_target_kl_ends_the_update_early,
                       assert_one_copy_to_the_host_per_step, assert_logged_losses_are_the_updates_own,
                       assert_each_update_starts_at_ratio_one, assert_anneal_clip_lowers_the_clipping_coefficient,
-                      assert_progress_is_printed_within_a_rollout)
+                      assert_progress_is_printed_within_a_rollout, assert_stopped_with_its_logs_flushed)
 import ppo.ppo_atari_lstm as script  # noqa: E402
 from ppo.ppo_atari_lstm import Agent, Args, main, make_envs, minibatch_loss  # noqa: E402
 
@@ -207,14 +208,17 @@ def test_interrupted_and_resumed_run_ends_with_the_same_weights(tmp_path):
 def test_an_async_run_interrupted_and_resumed_ends_as_an_unbroken_sync_run(tmp_path):
     """--async-envs plays the same games as the games in one process, and its checkpoint carries
     the workers' games: interrupted with it and resumed, the run ends as one that never stopped and
-    never had worker processes, LSTM state included."""
+    never had worker processes, LSTM state included. Stopped by SIGTERM to every process of the run, as
+    Slurm does at a task's time limit (the workers ignore it), with its logs flushed."""
     flags = ["--seed", "4", "--total-timesteps", "160", "--save-model", *TINY]
     unbroken, interrupted, output = run_unbroken_and_interrupted("ppo_atari_lstm.py", flags, tmp_path,
-                                                                 interrupted_flags=("--async-envs",))
+                                                                 interrupted_flags=("--async-envs",),
+                                                                 stop_signal=signal.SIGTERM)
     assert "Traceback" not in output, output
     checkpoint_path = only_run_dir(interrupted) / "checkpoint.pt"
+    assert 0 < assert_stopped_with_its_logs_flushed(checkpoint_path) < 160
     stopped = torch.load(checkpoint_path, weights_only=False)
-    assert 0 < stopped["global_step"] < 160 and stopped["args"]["async_envs"] and len(stopped["envs"]) == 2
+    assert stopped["args"]["async_envs"] and len(stopped["envs"]) == 2
 
     run_script("ppo_atari_lstm.py", "--resume", str(checkpoint_path), cwd=interrupted)
     expected, actual = assert_same_final_weights(unbroken, checkpoint_path, 160)

@@ -4,6 +4,7 @@ a group that resumes exactly after Ctrl-C, evaluation in one process, and the er
 Everything runs on the CPU with the gloo backend, as on a machine without GPUs."""
 
 import re
+import signal
 import socket
 import subprocess
 
@@ -21,7 +22,7 @@ from conftest import (REPO, assert_details_marked, assert_evaluation_output, ass
                       assert_same_final_weights, expect_usage_error, only_run_dir, read_scalars, run_script,
                       run_unbroken_and_interrupted, torchrun, assert_first_minibatch_replays_the_rollout,
                       assert_each_update_starts_at_ratio_one, assert_anneal_clip_lowers_the_clipping_coefficient,
-                      assert_progress_is_printed_within_a_rollout)
+                      assert_progress_is_printed_within_a_rollout, assert_stopped_with_its_logs_flushed)
 from ppo.ppo_atari_multigpu import (Agent, Args, evaluate, gradient_step, main, make_envs,  # noqa: E402
                                     minibatch_loss, parse_args)
 
@@ -151,15 +152,19 @@ def test_two_processes_train_and_only_rank_0_logs_the_worlds_figures(tmp_path):
 
 
 def test_an_interrupted_group_resumes_to_the_same_weights_and_evaluates_in_one_process(tmp_path):
-    """Ctrl-C stops both ranks after the same iteration; rank 0 writes one checkpoint with both
-    ranks' games and generators; the resumed group ends bit-identical to an unbroken one."""
-    flags = ["--seed", "3", "--total-timesteps", "320", "--save-model", *TINY]
-    # torchrun itself reports the Ctrl-C it got by exiting 1, after its workers have finished.
+    """SIGTERM to torchrun (`kill`, or Slurm at a task's time limit; Ctrl-C takes the same way: torchrun
+    passes the signal on to each worker) stops both ranks after the same iteration; rank 0 writes one
+    checkpoint with both ranks' games and generators, and the logs up to it; the resumed group ends
+    bit-identical to an unbroken one. Both save every iteration by the clock (--save-minutes), which the
+    ranks must agree on, or one would wait forever for the other's games."""
+    flags = ["--seed", "3", "--total-timesteps", "320", "--save-model", "--save-minutes", "0.0001", *TINY]
+    # torchrun itself reports the signal it got by exiting 1, after its workers have finished.
     unbroken, interrupted, output = run_unbroken_and_interrupted("ppo_atari_multigpu.py", flags, tmp_path,
-                                                                 launcher=TWO_PROCESSES, exit_code=1)
+                                                                 launcher=TWO_PROCESSES, exit_code=1,
+                                                                 stop_signal=signal.SIGTERM)
     checkpoint_path = only_run_dir(interrupted) / "checkpoint.pt"
+    assert 0 < assert_stopped_with_its_logs_flushed(checkpoint_path) < 320, output
     stopped = torch.load(checkpoint_path, weights_only=False)
-    assert 0 < stopped["global_step"] < 320, output
     assert_resume_keeps_the_latest_scores("ppo_atari_multigpu.py", checkpoint_path, tmp_path, TWO_PROCESSES)
     assert stopped["world_size"] == 2 and len(stopped["envs"]) == len(stopped["rng"]) == 2
     assert f"stopped at step {stopped['global_step']:,}" in output

@@ -4,6 +4,7 @@ MuJoCo, exact resumption after Ctrl-C, evaluation, and the errors for input the 
 
 import os
 import re
+import signal
 from pathlib import Path
 
 import gymnasium as gym
@@ -19,7 +20,7 @@ from conftest import (assert_compiled_loss_matches_plain, assert_every_evaluated
                       assert_evaluation_plays_the_saved_weights, assert_target_kl_ends_the_update_early,
                       assert_one_copy_to_the_host_per_step, assert_the_batch_is_what_the_policy_saw_and_did,
                       assert_anneal_clip_lowers_the_clipping_coefficient,
-                      PROGRESS_LINE, assert_progress_is_printed_within_a_rollout)
+                      PROGRESS_LINE, assert_progress_is_printed_within_a_rollout, assert_stopped_with_its_logs_flushed)
 from ppo import ppo_continuous_action as script
 from ppo.ppo_continuous_action import Agent, Args, RewardScaler, RunningMeanStd, evaluate, main, minibatch_loss, parse_args
 import harness  # the scripts' run machinery, importable once ppo is
@@ -408,13 +409,14 @@ def test_evaluation_keeps_the_observation_clip_it_was_trained_with(trained_hoppe
 
 def test_interrupted_and_resumed_run_ends_exactly_like_an_unbroken_one(workdir, mujoco):
     """MuJoCo environments are saved with their physics and random generators, the agent with its
-    observation statistics, the loop with its reward statistics: a run stopped by Ctrl-C and resumed
-    ends bit for bit where an unbroken run ends."""
+    observation statistics, the loop with its reward statistics: a run stopped by SIGTERM (`kill`, or
+    Slurm) and resumed ends bit for bit where an unbroken run ends. (Ctrl-C: the compiled run's test.)"""
     args = Args(env_id="Hopper-v4", seed=3, total_timesteps=640, save_model=True, **SMALL)
-    # Ctrl-C during the 100th step, in the second iteration: that iteration finishes, then the run stops.
+    # SIGTERM during the 100th step, in the second iteration: that iteration finishes, then the run stops.
     unbroken, stopped, checkpoint_path = run_unbroken_and_interrupted_in_process(
-        main, args, workdir, gym.vector.SyncVectorEnv, interrupt_at_step=100)
+        main, args, workdir, gym.vector.SyncVectorEnv, interrupt_at_step=100, stop_signal=signal.SIGTERM)
     assert stopped["interrupted"] and stopped["global_step"] == 128
+    assert_stopped_with_its_logs_flushed(checkpoint_path)
     assert torch.load(checkpoint_path, weights_only=False)["envs"] is not None
 
     resumed = main(*parse_args(["--resume", str(checkpoint_path)]))

@@ -3,6 +3,7 @@ ends, the real game score in the logs) on a stand-in for procgen, then, where pr
 short run end to end on a real game, exact resumption after Ctrl-C, evaluation, and the errors."""
 
 import re
+import signal
 
 import numpy as np
 import pytest
@@ -15,7 +16,7 @@ from conftest import (assert_compiled_loss_matches_plain, assert_compiled_run_re
                       assert_evaluation_plays_the_saved_weights, assert_target_kl_ends_the_update_early,
                       assert_one_copy_to_the_host_per_step, assert_logged_losses_are_the_updates_own,
                       assert_anneal_clip_lowers_the_clipping_coefficient,
-                      PROGRESS_LINE, assert_progress_is_printed_within_a_rollout)
+                      PROGRESS_LINE, assert_progress_is_printed_within_a_rollout, assert_stopped_with_its_logs_flushed)
 from ppo import ppo_procgen as script
 from ppo.ppo_procgen import Agent, Args, evaluate, main, minibatch_loss, parse_args
 
@@ -250,13 +251,15 @@ def test_evaluation_plays_the_saved_weights(workdir, monkeypatch, procgen):
 
 
 def test_interrupted_and_resumed_run_ends_exactly_like_an_unbroken_one(workdir, procgen):
-    """The games' states go into the checkpoint (procgen can save them), so a run stopped by Ctrl-C
-    and resumed ends bit for bit where an unbroken run ends."""
+    """The games' states go into the checkpoint (procgen can save them), so a run stopped by SIGTERM
+    (`kill`, or Slurm) and resumed ends bit for bit where an unbroken run ends. (Ctrl-C: the compiled
+    run's test.)"""
     args = Args(env_id="bigfish", seed=3, total_timesteps=192, save_model=True, **SMALL)
-    # Ctrl-C during the 20th step, in the second iteration: that iteration finishes, then the run stops.
+    # SIGTERM during the 20th step, in the second iteration: that iteration finishes, then the run stops.
     unbroken, stopped, checkpoint_path = run_unbroken_and_interrupted_in_process(
-        main, args, workdir, script.ProcgenVectorEnv, interrupt_at_step=20)
+        main, args, workdir, script.ProcgenVectorEnv, interrupt_at_step=20, stop_signal=signal.SIGTERM)
     assert stopped["interrupted"] and stopped["global_step"] == 128
+    assert_stopped_with_its_logs_flushed(checkpoint_path)
 
     resumed = main(*parse_args(["--resume", str(checkpoint_path)]))
     assert resumed["global_step"] == unbroken["global_step"] == 192

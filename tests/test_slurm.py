@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from benchmark import run
-from conftest import FAKE_SCRIPT, REPO, assert_quick_runs_finished, calls, expect_error_line, run_tool
+from conftest import (FAKE_SCRIPT, REPO, SLOW_PPO, SLOW_RUNS, assert_quick_runs_finished, assert_same_final_weights,
+                      calls, expect_error_line, run_tool, table_rows)
 from slurm_cluster import OneNodeCluster, missing_programs
 
 # The stand-in script on two environments (one with a slash in its id) and two seeds: four tasks.
@@ -70,13 +71,14 @@ def test_job_array_has_a_task_per_run_and_the_resource_lines(tmp_path):
         "#SBATCH --gres=gpu:1",
         "#SBATCH --cpus-per-task=4",
         "#SBATCH --time=2:00:00",
+        "#SBATCH --signal=B:USR1@120",  # the warning before the time limit: the run saves
     ]
     # The script lists each task's command, in task order, and runs the runner for its own index.
     listed = [line for line in script.splitlines() if line.startswith("#   ")]
     assert len(listed) == len(FAKE_RUNS)
     for index, (line, (env_id, file_name, seed)) in enumerate(zip(listed, FAKE_RUNS)):
         assert line.startswith(f"#   {index}: fake {env_id} seed {seed}: ")
-        assert line.endswith(f"fake.py --extra x --env-id {env_id} --seed {seed} "
+        assert line.endswith(f"fake.py --extra x --env-id {env_id} --seed {seed} --save-model --save-minutes 10 "
                              f"> benchmark/logs/fake/{file_name}__seed{seed}.log")
     assert script.splitlines()[-2] == f"cd {tmp_path}"
     assert script.splitlines()[-1].endswith('--task-index "$SLURM_ARRAY_TASK_ID"')
@@ -90,6 +92,21 @@ def test_job_array_has_a_task_per_run_and_the_resource_lines(tmp_path):
         "#SBATCH --time=2:00:00",
     ]
     assert report.splitlines()[-1].endswith("benchmark/report.py --runs-dir runs --out-dir results")
+
+
+def test_requeue_and_the_warning_before_the_time_limit(tmp_path):
+    """--requeue makes the tasks requeueable, their output go on in the same file after a requeue, and
+    each task's runner requeue itself when warned; --warning-seconds sets how early the warning comes."""
+    result = submit_fake(tmp_path, "--dry-run", "--time", "1:00:00", "--requeue", "--warning-seconds", "300",
+                         "--save-minutes", "2.5")
+    assert result.returncode == 0, result.stderr
+    script = (tmp_path / SLURM_DIR / "fake.sbatch").read_text()
+    assert sbatch_lines(script)[-4:] == ["#SBATCH --time=1:00:00", "#SBATCH --signal=B:USR1@300",
+                                         "#SBATCH --requeue", "#SBATCH --open-mode=append"]
+    assert "--save-minutes 2.5 " in script.splitlines()[-1]
+    assert script.splitlines()[-1].endswith('--requeue --task-index "$SLURM_ARRAY_TASK_ID"')
+    report = (tmp_path / SLURM_DIR / "fake-report.sbatch").read_text()
+    assert not [line for line in sbatch_lines(report) if line.startswith(("#SBATCH --signal", "#SBATCH --requeue"))]
 
 
 def test_each_task_does_its_run_as_the_local_runner_and_finished_runs_are_left_out(tmp_path):
@@ -296,6 +313,22 @@ def test_ppo_sh_slurm_dry_run_of_a_family(tmp_path):
     assert "== mujoco" not in missing.stdout
 
 
+def test_ppo_sh_passes_on_requeue_the_warning_and_the_save_interval(tmp_path):
+    """ppo.sh gives run.py --requeue, --warning-seconds and --save-minutes: a family submitted with them
+    gets the lines and the runs that survive time limits. From a checkout in tmp_path, as above."""
+    (tmp_path / "benchmark").mkdir()
+    for name in ("ppo.sh", "run.py"):
+        (tmp_path / "benchmark" / name).symlink_to(REPO / "benchmark" / name)
+    (tmp_path / "ppo").symlink_to(REPO / "ppo")
+    options = ["--requeue", "--warning-seconds", "300", "--save-minutes=5", "--time", "2:00:00"]
+    result = subprocess.run(["bash", "benchmark/ppo.sh", "--slurm", "--dry-run", *options, "classic"], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHON": sys.executable})
+    assert result.returncode == 0, result.stderr
+    script = (tmp_path / SLURM_DIR / "ppo.sbatch").read_text()
+    assert {"#SBATCH --signal=B:USR1@300", "#SBATCH --requeue"} <= set(sbatch_lines(script))
+    assert "--save-minutes 5 --requeue --task-index" in script.splitlines()[-1]
+
+
 def test_ppo_sh_reads_the_paths_it_is_given_from_where_it_is_run(tmp_path):
     """ppo.sh works from the repository root, but --slurm-template FILE, PYTHON and BENCH_WORKDIR are
     read from the directory the user runs it in. A checkout in tmp_path, as above."""
@@ -398,3 +431,77 @@ def test_quick_benchmark_on_a_one_node_slurm_cluster(slurm_cluster, quick_dir, t
     assert "all 4 run(s) finished earlier: no array job, only the report" in again.stdout
     assert "submitted job array" not in again.stdout
     wait_for_jobs(slurm_cluster, [re.search(r"submitted report job (\d+)", again.stdout).group(1)])
+
+
+# The slowed stand-in of ppo.py on CartPole-v1, seeds 1 and 2: two tasks of 2 minutes, at one CPU each.
+SLURM_SLOW_RUNS = [*SLOW_RUNS, "--num-seeds", "2", "--cpus-per-task", "1"]
+
+
+def read(path: Path) -> str:
+    return path.read_text() if path.is_file() else ""
+
+
+def slurm(cluster: OneNodeCluster, *command: str) -> str:
+    """A Slurm command's output, against the test cluster."""
+    result = subprocess.run(command, env={**os.environ, **cluster.environment()}, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def wait_for(condition, what: str, cluster: OneNodeCluster, limit: float = 120) -> None:
+    """Until `condition()` holds (a bound, so a stuck job fails the test)."""
+    deadline = time.time() + limit
+    while not condition():
+        if time.time() > deadline:
+            pytest.fail(f"no {what} after {limit:.0f}s:\n{slurm(cluster, 'squeue')}{cluster.log_tails()}")
+        time.sleep(0.5)
+
+
+def test_tasks_stopped_by_their_time_limit_or_by_scancel_save_requeue_and_continue(slurm_cluster, tmp_path,
+                                                                                    unbroken_slow_runs):
+    """Two runs that take 2 minutes each (slowed, until resumed), submitted with --requeue as tasks
+    of 1 minute. Slurm warns task 0 of its time limit (SIGUSR1, 15 s before it, sent from 15 to 45 s
+    into the task, Slurm's timer ticking every 30 s); task 1 is sent SIGUSR1 by hand (`scancel --batch
+    --signal=USR1`) as soon as its run trains. Each run saves and stops, and its task requeues itself:
+    squeue shows it pending, and the report job still waits. Started again (at once here: Slurm would
+    wait 2 minutes), each task continues its run, which ends with the weights, latest scores and
+    TensorBoard log (no step missing or doubled) of a local run that never stopped; then the report job
+    reports both."""
+    (tmp_path / "slow_ppo.py").write_text(SLOW_PPO)
+    submitted = run_tool("run.py", *SLURM_SLOW_RUNS, "--slurm", "--time", "1", "--warning-seconds", "15",
+                         "--requeue", cwd=tmp_path, env={**slurm_cluster.environment(), "SLOW_STEP_SECONDS": "0.06"})
+    assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+    array_job = re.search(r"submitted job array (\d+)", submitted.stdout).group(1)
+    report_job = re.search(r"submitted report job (\d+)", submitted.stdout).group(1)
+    logs = tmp_path / "benchmark" / "logs" / "slow_ppo"
+
+    def task_output(task: int) -> str:
+        path = tmp_path / SLURM_DIR / f"slow_ppo_{array_job}_{task}.out"
+        return path.read_text() if path.is_file() else ""
+
+    def queue() -> str:
+        return slurm(slurm_cluster, "squeue", "-h", "-o", "%i %T", "-j", f"{array_job},{report_job}")
+
+    wait_for(lambda: "\nstep " in read(logs / "CartPole-v1__seed2.log"), "progress line of task 1", slurm_cluster)
+    slurm(slurm_cluster, "scancel", "--batch", "--signal=USR1", f"{array_job}_1")
+    for task in (1, 0):
+        wait_for(lambda: "[requeue]" in task_output(task), f"requeue of task {task}", slurm_cluster)
+        wait_for(lambda: f"{array_job}_{task} PENDING" in queue(), f"task {task} pending again", slurm_cluster, 30)
+        assert f"{report_job} PENDING" in queue()
+        # slurmd refuses to start a job again within the second its credential was revoked in (the kill
+        # of the requeue): one more second, then no need to wait the 2 minutes Slurm gives a requeued job.
+        time.sleep(2)
+        slurm(slurm_cluster, "scontrol", "update", f"JobId={array_job}_{task}", "StartTime=now")
+    wait_for_jobs(slurm_cluster, [array_job, report_job])
+
+    for task, seed in ((0, 1), (1, 2)):
+        output, log = task_output(task), read(logs / f"CartPole-v1__seed{seed}.log")
+        assert "SIGUSR1: asking 1 running run(s) to save and stop" in output, output
+        assert "1 run(s): 1 ran ok" in output and (logs / f"CartPole-v1__seed{seed}.done").is_file(), output
+        assert "SIGTERM: stopping after this iteration" in log and "resuming CartPole-v1__ppo__" in log, log
+    for seed in (1, 2):
+        (run_dir,) = (tmp_path / "runs").glob(f"CartPole-v1__ppo__{seed}__*")
+        assert_same_final_weights(unbroken_slow_runs / f"seed{seed}", run_dir / "checkpoint.pt", 2048)
+    (row,) = table_rows((tmp_path / "results" / "ppo.md").read_text(), "env")
+    assert row["env"] == "CartPole-v1" and row["seeds"] == "2"  # both runs were complete when it ran
+
