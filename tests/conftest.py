@@ -19,6 +19,18 @@ METRICS = ["charts/episodic_return", "charts/episodic_length", "charts/SPS", "ch
            "losses/approx_kl", "losses/clipfrac", "losses/explained_variance"]
 
 
+@pytest.fixture(autouse=True)
+def signal_handlers_put_back():
+    """A test that calls a script's machinery in this process (harness.run, Run) may leave its handlers
+    for Ctrl-C, SIGTERM and SIGUSR1 behind, as a script's process does at its end: put them back, so
+    that no test sees another's, and a SIGTERM to pytest still ends it."""
+    stop_signals = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
+    before = {signum: signal.getsignal(signum) for signum in stop_signals}
+    yield
+    for signum, handler in before.items():
+        signal.signal(signum, handler)
+
+
 def torchrun(*options: str) -> list[str]:
     """The command prefix that launches a script under torchrun with these options (this interpreter's
     torch.distributed.run, which is what the `torchrun` command runs)."""
