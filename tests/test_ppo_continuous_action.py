@@ -3,7 +3,6 @@ unclipped, observation statistics that travel with the agent, reward scaling), a
 MuJoCo, exact resumption after Ctrl-C, evaluation, and the errors for input the script cannot take."""
 
 import os
-import re
 import signal
 from pathlib import Path
 

@@ -2,7 +2,6 @@
 ends, the real game score in the logs) on a stand-in for procgen, then, where procgen is installed, a
 short run end to end on a real game, exact resumption after Ctrl-C, evaluation, and the errors."""
 
-import re
 import signal
 
 import numpy as np
