@@ -114,23 +114,47 @@ def interrupt_after_first_progress_line(script: str, args: list[str], cwd: Path,
     return process.wait(timeout=120), "".join(output)
 
 
+# Unbroken runs already made in this session, by (script, flags, launcher): a run's result depends only
+# on these, so tests that compare with the same unbroken run share one (the tests only read it).
+UNBROKEN_RUNS: dict[tuple, Path] = {}
+
+
 def run_unbroken_and_interrupted(script: str, flags: list[str], tmp_path: Path, launcher: list[str] | None = None,
                                  exit_code: int = 130, interrupted_flags: tuple[str, ...] = (),
                                  stop_signal: int = signal.SIGINT) -> tuple[Path, Path, str]:
-    """Run `script flags` once to its end in tmp_path/unbroken, and once (with `interrupted_flags`
-    added, e.g. a speed option that must not change the result) in tmp_path/interrupted with a Ctrl-C
-    (or `stop_signal`) after its first progress line, which must make it exit with `exit_code`, saying
-    that it stops after the iteration. Returns both directories and the interrupted run's output, for a
-    test to resume that run and compare the two."""
-    unbroken, interrupted = tmp_path / "unbroken", tmp_path / "interrupted"
-    unbroken.mkdir()
+    """Run `script flags` once to its end (in tmp_path/unbroken, unless an earlier test of the session
+    made that very run), and once (with `interrupted_flags` added, e.g. a speed option that must not
+    change the result) in tmp_path/interrupted with a Ctrl-C (or `stop_signal`) after its first progress
+    line, which must make it exit with `exit_code`, saying that it stops after the iteration. The two
+    runs go at the same time: they are separate processes, and neither's result depends on timing.
+    Returns both directories and the interrupted run's output, for a test to resume that run and compare
+    the two."""
+    key = (script, tuple(flags), tuple(launcher or ()))
+    interrupted = tmp_path / "interrupted"
     interrupted.mkdir()
-    run_script(script, *flags, cwd=unbroken, launcher=launcher)
-    code, output = interrupt_after_first_progress_line(script, [*flags, *interrupted_flags], cwd=interrupted,
-                                                       launcher=launcher, stop_signal=stop_signal)
+    unbroken_run = None
+    if key not in UNBROKEN_RUNS:
+        unbroken, unbroken_log = tmp_path / "unbroken", tmp_path / "unbroken.log"
+        unbroken.mkdir()
+        with unbroken_log.open("w") as log:
+            unbroken_run = subprocess.Popen([*(launcher or [sys.executable]), str(REPO / "ppo" / script), *flags],
+                                            cwd=unbroken, stdout=log, stderr=subprocess.STDOUT,
+                                            env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
+    try:
+        code, output = interrupt_after_first_progress_line(script, [*flags, *interrupted_flags], cwd=interrupted,
+                                                           launcher=launcher, stop_signal=stop_signal)
+    except BaseException:
+        if unbroken_run is not None:
+            os.killpg(unbroken_run.pid, signal.SIGKILL)  # torchrun's workers too
+            unbroken_run.wait()
+        raise
+    if unbroken_run is not None:
+        returncode = unbroken_run.wait(timeout=300)
+        assert returncode == 0, f"the unbroken {script} run exited {returncode}:\n{unbroken_log.read_text()[-3000:]}"
+        UNBROKEN_RUNS[key] = unbroken
     assert code == exit_code, output
     assert f"{signal_name(stop_signal)}: stopping after this iteration" in output, output
-    return unbroken, interrupted, output
+    return UNBROKEN_RUNS[key], interrupted, output
 
 
 def signal_name(signum: int) -> str:
