@@ -219,13 +219,13 @@ def test_interrupted_and_resumed_run_ends_with_the_same_weights(tmp_path, stop_s
     """Ctrl-C and `kill` (SIGTERM, also what Slurm sends at a time limit), each sent to every process of
     the run, as a terminal and Slurm do: the run finishes the iteration, writes its checkpoint and logs,
     exits 130, and resumed it ends as an unbroken run. (SIGUSR1: the video test below.)"""
-    flags = ["--seed", "3", "--total-timesteps", "12800", "--save-model", *SMALL_FLAGS]
+    flags = ["--seed", "3", "--total-timesteps", "2560", "--save-model", *SMALL_FLAGS]
     unbroken, interrupted, output = run_unbroken_and_interrupted("ppo.py", flags, tmp_path, stop_signal=stop_signal)
     assert "resume with: python ppo/ppo.py --resume" in output
     run_dir = only_run_dir(interrupted)
     checkpoint_path = run_dir / "checkpoint.pt"
     stopped_at = assert_stopped_with_its_logs_flushed(checkpoint_path)
-    assert 0 < stopped_at < 12800
+    assert 0 < stopped_at < 2560
 
     # Resumed from another directory: the run goes on in its checkpoint's folder all the same.
     elsewhere = tmp_path / "elsewhere"
@@ -234,7 +234,7 @@ def test_interrupted_and_resumed_run_ends_with_the_same_weights(tmp_path, stop_s
     assert f"resuming {run_dir.name} at step {stopped_at:,}" in resumed.stdout
     assert not (elsewhere / "runs").exists()
 
-    assert_same_final_weights(unbroken, checkpoint_path, 12800)  # and the same TensorBoard log
+    assert_same_final_weights(unbroken, checkpoint_path, 2560)  # and the same TensorBoard log
 
     evaluation = run_script("ppo.py", "--evaluate", str(checkpoint_path), "--eval-episodes", "3", cwd=interrupted)
     assert_evaluation_output(evaluation.stdout, "CartPole-v1", 3)
