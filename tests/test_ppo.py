@@ -350,7 +350,7 @@ def test_a_run_resumed_with_capture_video_records_new_episodes_beside_the_old_on
     episodes, says so, and writes their videos into a folder of its own (its episode count starts
     again at 0: the first sitting's episode 0 must stay as it was). Stopped by SIGUSR1, Slurm's warning
     before a time limit, which stops a run as Ctrl-C does."""
-    flags = ["--total-timesteps", "16384", "--save-model", "--capture-video", *SMALL_FLAGS]
+    flags = ["--total-timesteps", "2560", "--save-model", "--capture-video", *SMALL_FLAGS]
     code, output = interrupt_after_first_progress_line("ppo.py", flags, cwd=tmp_path, stop_signal=signal.SIGUSR1)
     assert code == 130 and "SIGUSR1: stopping after this iteration" in output, output
     assert_stopped_with_its_logs_flushed(only_run_dir(tmp_path) / "checkpoint.pt")
