@@ -37,13 +37,18 @@ def torchrun(*options: str) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", *options]
 
 
+def script_command(script: str, args, launcher: list[str] | None = None) -> list[str]:
+    """`python ppo/<script> args...`, or `launcher ppo/<script> args...` (for example torchrun(...))."""
+    return [*(launcher or [sys.executable]), str(REPO / "ppo" / script), *args]
+
+
 def run_script(script: str, *args: str, cwd: Path, timeout: float = 300, env: dict | None = None,
                check: bool = True, launcher: list[str] | None = None) -> subprocess.CompletedProcess:
     """Run `python ppo/<script> args...` in `cwd` (so runs/ and videos/ land there), as a user would;
     `launcher` replaces `python`, for example by torchrun(...)."""
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-    command = [*(launcher or [sys.executable]), str(REPO / "ppo" / script), *args]
-    result = subprocess.run(command, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)
+    result = subprocess.run(script_command(script, args, launcher), cwd=cwd, env=full_env, capture_output=True,
+                            text=True, timeout=timeout)
     if check and result.returncode != 0:
         raise AssertionError(f"{script} {' '.join(args)} exited {result.returncode}\n"
                              f"stdout:\n{result.stdout[-3000:]}\nstderr:\n{result.stderr[-3000:]}")
@@ -101,7 +106,7 @@ def interrupt_after_first_progress_line(script: str, args: list[str], cwd: Path,
     `stop_signal`) once it has printed its first progress line, and return its exit code and output.
     Ctrl-C in a terminal signals the whole foreground process group, and so does Slurm at a task's time
     limit (every process of the task), so that is what gets the signal here."""
-    process = subprocess.Popen([*(launcher or [sys.executable]), str(REPO / "ppo" / script), *args], cwd=cwd,
+    process = subprocess.Popen(script_command(script, args, launcher), cwd=cwd,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
     output = []
@@ -137,9 +142,9 @@ def run_unbroken_and_interrupted(script: str, flags: list[str], tmp_path: Path, 
         unbroken, unbroken_log = tmp_path / "unbroken", tmp_path / "unbroken.log"
         unbroken.mkdir()
         with unbroken_log.open("w") as log:
-            unbroken_run = subprocess.Popen([*(launcher or [sys.executable]), str(REPO / "ppo" / script), *flags],
-                                            cwd=unbroken, stdout=log, stderr=subprocess.STDOUT,
-                                            env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
+            unbroken_run = subprocess.Popen(script_command(script, flags, launcher), cwd=unbroken, stdout=log,
+                                            stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                                            start_new_session=True)
     try:
         code, output = interrupt_after_first_progress_line(script, [*flags, *interrupted_flags], cwd=interrupted,
                                                            launcher=launcher, stop_signal=stop_signal)
