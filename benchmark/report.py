@@ -21,7 +21,8 @@ How the numbers are made:
   (numpy's, ddof=0) are then taken over seeds.
 - SPS of a run: its last `charts/SPS` point (the scripts log the steps since they started, or since
   they resumed, over the time since then: the whole run's rate, or the last sitting's for a resumed
-  run). Wall time: last event time minus first event time (for a resumed run, the pauses included).
+  run). Wall time: from the first event to the last of each event file, added up over the files; a
+  resumed run writes one file per sitting, so the time it waited between sittings does not count.
 - Progress: the steps are cut into ten equal spans; for each, the mean return of the episodes that
   ended in it, per seed, then averaged over the seeds that have one, and how many episodes that was.
 """
@@ -75,9 +76,9 @@ class RunData:
     last_step: int                    # largest global step of any scalar
     return_steps: np.ndarray          # charts/episodic_return: global step of each finished episode,
     return_values: np.ndarray         # ... its return,
-    return_seconds: np.ndarray        # ... and its wall time since the run began
+    return_seconds: np.ndarray        # ... and the run's wall time when it ended (see training_seconds)
     sps: float | None                 # last charts/SPS point
-    wall_seconds: float               # last event time minus first event time
+    wall_seconds: float               # the run's wall time: its sittings' spans, added up
 
     @property
     def complete(self) -> bool:
@@ -134,6 +135,26 @@ def as_int(value: str | None) -> int | None:
         return None
 
 
+def sittings(run_dir: Path) -> np.ndarray:
+    """(first, last) event time of each of a run's event files, one row per file. Each sitting of a
+    resumed run (--resume) writes a file of its own, so the rows are its sittings."""
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+    spans = []
+    for path in sorted(run_dir.glob("events.out.tfevents.*")):
+        times = [event.wall_time for event in EventFileLoader(str(path)).Load()]
+        if times:
+            spans.append((min(times), max(times)))
+    return np.array(spans, dtype=np.float64).reshape(-1, 2)
+
+
+def training_seconds(times: np.ndarray, spans: np.ndarray) -> np.ndarray:
+    """The wall time a run had spent by each of `times`: the part of each sitting before it, added up,
+    so that the hours a preempted run waited before it was resumed do not count."""
+    starts, ends = spans[:, 0], spans[:, 1]
+    return (np.clip(np.asarray(times, dtype=np.float64)[:, None], starts, ends) - starts).sum(axis=1)
+
+
 def load_run(run_dir: Path, runs_dir: Path) -> RunData | None:
     """Read one run directory; None when it does not hold a recognizable run."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -162,7 +183,7 @@ def load_run(run_dir: Path, runs_dir: Path) -> RunData | None:
         return None
     all_events = [event for events in scalars.values() for event in events]
     last_step = max((event.step for event in all_events), default=0)
-    last_time = max((event.wall_time for event in all_events), default=first_time)
+    spans = sittings(run_dir)
     returns = scalars.get("charts/episodic_return", [])
     sps = scalars.get("charts/SPS", [])
     return RunData(
@@ -172,8 +193,8 @@ def load_run(run_dir: Path, runs_dir: Path) -> RunData | None:
         last_step=last_step,
         return_steps=np.array([event.step for event in returns], dtype=np.int64),
         return_values=np.array([event.value for event in returns], dtype=np.float64),
-        return_seconds=np.array([event.wall_time - first_time for event in returns], dtype=np.float64),
-        sps=float(sps[-1].value) if sps else None, wall_seconds=last_time - first_time)
+        return_seconds=training_seconds([event.wall_time for event in returns], spans),
+        sps=float(sps[-1].value) if sps else None, wall_seconds=float(training_seconds([np.inf], spans)[0]))
 
 
 def find_run_dirs(runs_dir: Path) -> list[Path]:

@@ -348,22 +348,28 @@ def test_baselines_spot_checks_and_env_name_mapping():
 
 def write_run(runs_dir: Path, env_id: str, exp_name: str, seed: int, started: int, total_timesteps: int,
               episodes: list[tuple[int, float]], last_step: int | None = None, batch_size: int = 100,
-              seconds_per_step: float = 0.001) -> Path:
+              seconds_per_step: float = 0.001, first_step: int = 0, sitting_began: float | None = None) -> Path:
     """A run directory as the scripts write it: hyperparameters text, episodic returns, SPS per batch; each
-    point is logged `seconds_per_step` per step after the run began."""
+    point is logged `seconds_per_step` per step after the sitting began (`sitting_began`, default now) at
+    `first_step`. A second call on the same run with a later `first_step` writes a resumed run's next sitting,
+    in an event file of its own."""
+    from unittest import mock
+
     from torch.utils.tensorboard import SummaryWriter
 
     run_dir = runs_dir / f"{env_id}__{exp_name}__{seed}__{started}"
-    writer = SummaryWriter(str(run_dir))
+    began = time.time() if sitting_began is None else sitting_began
+    with mock.patch("time.time", return_value=began):  # the event file's first event, and its name
+        writer = SummaryWriter(str(run_dir), purge_step=first_step + 1 if first_step else None)
     params = {"exp_name": exp_name, "seed": seed, "env_id": env_id, "total_timesteps": total_timesteps,
               "batch_size": batch_size}
-    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in params.items()))
-    now = time.time()
+    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in params.items()),
+                    walltime=began)
     for step, value in episodes:
-        writer.add_scalar("charts/episodic_return", value, step, walltime=now + step * seconds_per_step)
+        writer.add_scalar("charts/episodic_return", value, step, walltime=began + (step - first_step) * seconds_per_step)
     last_step = total_timesteps if last_step is None else last_step
-    for step in range(batch_size, last_step + 1, batch_size):
-        writer.add_scalar("charts/SPS", step // 10, step, walltime=now + step * seconds_per_step)
+    for step in range(first_step + batch_size, last_step + 1, batch_size):
+        writer.add_scalar("charts/SPS", step // 10, step, walltime=began + (step - first_step) * seconds_per_step)
     writer.close()
     return run_dir
 
@@ -608,6 +614,24 @@ def test_wall_time_is_each_runs_span_of_events_averaged_over_seeds(tmp_path):
         "CartPole-v1": "105.0 s", "Acrobot-v1": "2.50 h"}
     assert [(row["env"], row["seed"], row["wall time"]) for row in runs_used(page)] == [
         ("Acrobot-v1", "1", "2.50 h"), ("CartPole-v1", "1", "60.0 s"), ("CartPole-v1", "2", "2.5 min")]
+
+
+def test_a_resumed_runs_wall_time_leaves_out_the_time_between_its_sittings(tmp_path):
+    """A run stopped at step 500 and resumed an hour later (a preempted job requeued) took 50 s + 50 s of
+    training: its wall time is 100 s, not an hour, and its returns' times on the wall-time plot run on from
+    the first sitting's end."""
+    runs = tmp_path / "runs"
+    first_sitting = 1_000_000.0
+    write_run(runs, "CartPole-v1", "demo", 1, 100, 1000, [(250, 1.0), (500, 2.0)], last_step=500,
+              seconds_per_step=0.1, sitting_began=first_sitting)
+    run_dir = write_run(runs, "CartPole-v1", "demo", 1, 100, 1000, [(750, 3.0), (1000, 4.0)], first_step=500,
+                        seconds_per_step=0.1, sitting_began=first_sitting + 3600.0)
+    run = report.load_run(run_dir, runs)
+    assert run.wall_seconds == pytest.approx(100.0)
+    assert run.return_seconds.tolist() == pytest.approx([25.0, 50.0, 75.0, 100.0])
+    assert (run.last_step, run.return_values.tolist()) == (1000, [1.0, 2.0, 3.0, 4.0])
+    report.build_report(runs, tmp_path / "results", baselines_path=Path("/dev/null"))
+    assert [row["wall time"] for row in runs_used((tmp_path / "results" / "demo.md").read_text())] == ["100.0 s"]
 
 
 def test_plots_show_the_mean_over_seeds_their_range_and_the_published_means(tmp_path, monkeypatch):
