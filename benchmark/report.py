@@ -30,6 +30,7 @@ How the numbers are made:
 from __future__ import annotations
 
 import argparse
+import logging
 import math
 import sys
 import time
@@ -161,6 +162,9 @@ def load_run(run_dir: Path, runs_dir: Path) -> RunData | None:
     from tensorboard.util import tensor_util
 
     accumulator = EventAccumulator(str(run_dir), size_guidance={"scalars": 0, "tensors": 0})
+    # A resumed run drops what its last sitting logged past the checkpoint (the scripts' purge_step);
+    # TensorBoard does so as it reads, and would warn of each as of a crash.
+    logging.getLogger("tensorboard").setLevel(logging.ERROR)
     accumulator.Reload()
     tags = accumulator.Tags()
     params = {}
@@ -432,8 +436,8 @@ def variant_markdown(variant: str, rows: list[EnvSummary], baselines: dict, runs
         + (" Values marked † leave out a run in which no episode ended at all (n/a below); n/a alone: "
            "no run of the row had one." if any(row.seeds_without_episodes for row in rows) else ""),
         "- **Mean SPS**: each run's last `charts/SPS` point (steps so far / time so far), averaged over "
-        "seeds. **Wall time**: each run's last event time minus its first (training, without the "
-        "interpreter's start-up), averaged over seeds.",
+        "seeds. **Wall time**: a run's training time, from its first event to its last (a resumed run's "
+        "sittings added up), averaged over seeds.",
         f"- **Status**: where the final return's mean falls against the band mean ± std of the "
         f"\"{ours_label}\" column: below, within (bounds included) or above.",
     ]
