@@ -24,7 +24,12 @@ NumPy calls and tensorboard through torch's SummaryWriter; here they must only b
 installed.
 
 EXCLUDED lists releases pyproject.toml must leave out, each with its reason; the test fails when an
-extra admits one, or when one is installed.
+extra admits one, or when one is installed. What was weighed and not excluded:
+- MuJoCo 3.5.0 and later: they sum two geoms' contact margins where earlier releases took the larger,
+  which changes Hopper's contacts (hopper.xml sets margins; walker2d.xml and half_cheetah.xml do not).
+  ppo_continuous_action.py learns Hopper-v4 no worse on 3.17.0 than on 3.4.0 (1M steps, five seeds a
+  side: 2248.65 against 2042.58, Mann-Whitney U = 12, p = 1.00), so the range stays open
+  (docs/notes/mujoco_versions.md).
 """
 
 import re
