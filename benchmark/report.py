@@ -25,6 +25,8 @@ How the numbers are made:
   resumed run writes one file per sitting, so the time it waited between sittings does not count.
 - Progress: the steps are cut into ten equal spans; for each, the mean return of the episodes that
   ended in it, per seed, then averaged over the seeds that have one, and how many episodes that was.
+- Software: the releases of Python and of the packages that can change what is learned (PyTorch,
+  gymnasium, NumPy, the environments' own), from the `versions` text the scripts write.
 """
 
 from __future__ import annotations
@@ -80,6 +82,8 @@ class RunData:
     return_seconds: np.ndarray        # ... and the run's wall time when it ended (see training_seconds)
     sps: float | None                 # last charts/SPS point
     wall_seconds: float               # the run's wall time: its sittings' spans, added up
+    versions: list[dict[str, str]] = field(default_factory=list)  # its `versions` text, once per
+    #                                   different set: a run resumed on other packages has two
 
     @property
     def complete(self) -> bool:
@@ -111,14 +115,15 @@ class RunData:
         return float(self.return_values[-1]), 1, True
 
 
-def parse_hyperparameters(markdown: str) -> dict[str, str]:
-    """The |param|value| rows of the scripts' `hyperparameters` text summary, as strings."""
-    params = {}
-    for line in markdown.splitlines():
-        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
-        if len(cells) == 2 and cells[0] not in ("param", "") and not set(cells[0]) <= set("-:"):
-            params[cells[0]] = cells[1]
-    return params
+def parse_text_table(markdown: str) -> dict[str, str]:
+    """The rows of a two-column table that the scripts log as text (`|param|value|` under
+    `hyperparameters`, `|package|version|` under `versions`), below its header, as strings."""
+    rows = [[cell.strip() for cell in line.strip().strip("|").split("|")] for line in markdown.splitlines()
+            if line.strip()]
+    rules = {index for index, cells in enumerate(rows) if all(set(cell) <= set("-:") for cell in cells)}
+    headers = {index - 1 for index in rules}  # a header is the row above the |-|-| rule
+    return {cells[0]: cells[1] for index, cells in enumerate(rows)
+            if len(cells) == 2 and cells[0] and index not in rules | headers}
 
 
 def parse_run_name(name: str) -> dict[str, str]:
@@ -167,11 +172,15 @@ def load_run(run_dir: Path, runs_dir: Path) -> RunData | None:
     logging.getLogger("tensorboard").setLevel(logging.ERROR)
     accumulator.Reload()
     tags = accumulator.Tags()
-    params = {}
-    if "hyperparameters/text_summary" in tags["tensors"]:
-        event = accumulator.Tensors("hyperparameters/text_summary")[-1]
-        text = tensor_util.make_ndarray(event.tensor_proto).flatten()[0]
-        params = parse_hyperparameters(text.decode() if isinstance(text, bytes) else str(text))
+    def texts(tag: str) -> list[dict[str, str]]:  # every sitting's table of a text summary, in order
+        if f"{tag}/text_summary" not in tags["tensors"]:
+            return []
+        cells = [tensor_util.make_ndarray(event.tensor_proto).flatten()[0]
+                 for event in accumulator.Tensors(f"{tag}/text_summary")]
+        return [parse_text_table(text.decode() if isinstance(text, bytes) else str(text)) for text in cells]
+
+    params = (texts("hyperparameters") or [{}])[-1]
+    versions = list({tuple(table.items()): table for table in texts("versions")}.values())
     # An env id with a slash (ALE/Pong-v5) puts the run one directory deeper: name it from runs_dir.
     named = parse_run_name(run_dir.relative_to(runs_dir).as_posix())
     variant = params.get("exp_name") or named.get("exp_name")
@@ -198,7 +207,8 @@ def load_run(run_dir: Path, runs_dir: Path) -> RunData | None:
         return_steps=np.array([event.step for event in returns], dtype=np.int64),
         return_values=np.array([event.value for event in returns], dtype=np.float64),
         return_seconds=training_seconds([event.wall_time for event in returns], spans),
-        sps=float(sps[-1].value) if sps else None, wall_seconds=float(training_seconds([np.inf], spans)[0]))
+        sps=float(sps[-1].value) if sps else None, wall_seconds=float(training_seconds([np.inf], spans)[0]),
+        versions=versions)
 
 
 def find_run_dirs(runs_dir: Path) -> list[Path]:
@@ -394,6 +404,31 @@ def baselines_name(path: Path) -> str:
     return "benchmark/baselines.toml" if path.resolve() == DEFAULT_BASELINES else str(path)
 
 
+def format_versions(versions: list[dict[str, str]]) -> str:
+    """`python 3.11.7, torch 2.13.0+cpu, ...`; a run resumed on other releases: `..., then ...`."""
+    return ", then ".join(", ".join(f"{package} {release}" for package, release in table.items())
+                          for table in versions)
+
+
+def software_lines(runs: list[RunData], runs_dir: Path) -> list[str]:
+    """What the runs ran on, from the `versions` text each script logs: one line when they all agree,
+    else a line per set of releases with its runs. A package's release can change what is learned
+    (MuJoCo 3.5.0 changed Hopper's contacts), so a table of results names them."""
+    groups: dict[str, list[RunData]] = {}
+    for run in runs:
+        groups.setdefault(format_versions(run.versions), []).append(run)
+    if list(groups) == [""]:
+        return ["Not recorded: these runs predate the `versions` text the scripts log."]
+    if len(groups) == 1:
+        return [f"Every run above: {next(iter(groups))}."]
+    lines = ["The runs above ran on more than one set of releases:" if "" not in groups else
+             "The releases each run logged (runs from before the scripts logged them have none):", ""]
+    for described, members in groups.items():
+        names = ", ".join(f"`{run.path.relative_to(runs_dir).as_posix()}`" for run in members)
+        lines.append(f"- {described or 'not recorded'}: {names}")
+    return lines
+
+
 def variant_markdown(variant: str, rows: list[EnvSummary], baselines: dict, runs_dir: Path,
                      left_out: list[tuple[RunData, str]], baselines_path: Path = DEFAULT_BASELINES) -> str:
     """The markdown page of one variant."""
@@ -435,9 +470,8 @@ def variant_markdown(variant: str, rows: list[EnvSummary], baselines: dict, runs
            if any(used_last for row in rows for _, _, used_last in row.finals) else "")
         + (" Values marked † leave out a run in which no episode ended at all (n/a below); n/a alone: "
            "no run of the row had one." if any(row.seeds_without_episodes for row in rows) else ""),
-        "- **Mean SPS**: each run's last `charts/SPS` point (steps so far / time so far), averaged over "
-        "seeds. **Wall time**: a run's training time, from its first event to its last (a resumed run's "
-        "sittings added up), averaged over seeds.",
+        "- **Mean SPS** and **wall time**: each run's last `charts/SPS` point and its training time, first "
+        "event to last (a resumed run's sittings added up), averaged over seeds.",
         f"- **Status**: where the final return's mean falls against the band mean ± std of the "
         f"\"{ours_label}\" column: below, within (bounds included) or above.",
     ]
@@ -472,6 +506,7 @@ def variant_markdown(variant: str, rows: list[EnvSummary], baselines: dict, runs
     if left_out:
         lines += ["", "Runs left out:", ""]
         lines += [f"- `{run.path.relative_to(runs_dir).as_posix()}`: {reason}" for run, reason in left_out]
+    lines += ["", "## Software", "", *software_lines([run for row in rows for run in row.runs], runs_dir)]
 
     lines += ["", "## Progress", "",
               f"The runs' steps cut into {PROGRESS_SPANS} equal spans: the mean return of the episodes that ended "

@@ -610,6 +610,27 @@ def seed_everything(seed: int, torch_deterministic: bool) -> None:
     torch.backends.cudnn.deterministic = torch_deterministic
 
 
+# The packages whose release can change what a run learns, as (distribution, module): a run records the
+# release of each one it imported. MuJoCo 3.5.0, for one, changed Hopper's contacts.
+RECORDED_PACKAGES = [("torch", "torch"), ("gymnasium", "gymnasium"), ("numpy", "numpy"), ("mujoco", "mujoco"),
+                     ("ale-py", "ale_py"), ("envpool", "envpool"), ("procgen-mirror", "procgen")]
+
+
+def software_versions() -> dict[str, str]:
+    """{package: release} of Python and of the RECORDED_PACKAGES this process imported, for the run's
+    `versions` text in TensorBoard (benchmark/report.py lists them beside the results)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    releases = {"python": sys.version.split()[0]}
+    for distribution, module in RECORDED_PACKAGES:
+        if module in sys.modules:
+            try:
+                releases[distribution] = version(distribution)
+            except PackageNotFoundError:  # imported from a folder on the path, not installed
+                releases[distribution] = getattr(sys.modules[module], "__version__", "unknown")
+    return releases
+
+
 class Run:
     """One training run: its name, folder, device and seeds, then its logs, clock, progress line and
     Ctrl-C, the checkpoints it writes, and what it says at the end.
@@ -672,6 +693,8 @@ class Run:
                                "a folder where it can create runs/, or remove what is in the way")
         self.writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(
             f"|{key}|{value}|" for key, value in settings.items()))
+        self.writer.add_text("versions", "|package|version|\n|-|-|\n" + "\n".join(
+            f"|{package}|{release}|" for package, release in software_versions().items()))
         return self.writer
 
     def start(self, agent: torch.nn.Module, optimizer: torch.optim.Optimizer,

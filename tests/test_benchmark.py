@@ -3,6 +3,7 @@ quick mode that runs the whole pipeline for real on a tiny budget."""
 
 import math
 import os
+import platform
 import re
 import shlex
 import shutil
@@ -348,11 +349,13 @@ def test_baselines_spot_checks_and_env_name_mapping():
 
 def write_run(runs_dir: Path, env_id: str, exp_name: str, seed: int, started: int, total_timesteps: int,
               episodes: list[tuple[int, float]], last_step: int | None = None, batch_size: int = 100,
-              seconds_per_step: float = 0.001, first_step: int = 0, sitting_began: float | None = None) -> Path:
-    """A run directory as the scripts write it: hyperparameters text, episodic returns, SPS per batch; each
-    point is logged `seconds_per_step` per step after the sitting began (`sitting_began`, default now) at
-    `first_step`. A second call on the same run with a later `first_step` writes a resumed run's next sitting,
-    in an event file of its own."""
+              seconds_per_step: float = 0.001, first_step: int = 0, sitting_began: float | None = None,
+              versions: dict[str, str] | None = None) -> Path:
+    """A run directory as the scripts write it: hyperparameters text, the `versions` text if given (runs from
+    before the scripts logged it have none), episodic returns, SPS per batch; each point is logged
+    `seconds_per_step` per step after the sitting began (`sitting_began`, default now) at `first_step`. A second
+    call on the same run with a later `first_step` writes a resumed run's next sitting, in an event file of its
+    own."""
     from unittest import mock
 
     from torch.utils.tensorboard import SummaryWriter
@@ -365,6 +368,9 @@ def write_run(runs_dir: Path, env_id: str, exp_name: str, seed: int, started: in
               "batch_size": batch_size}
     writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in params.items()),
                     walltime=began)
+    if versions is not None:
+        writer.add_text("versions", "|package|version|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in versions.items()),
+                        walltime=began)
     for step, value in episodes:
         writer.add_scalar("charts/episodic_return", value, step, walltime=began + (step - first_step) * seconds_per_step)
     last_step = total_timesteps if last_step is None else last_step
@@ -634,6 +640,41 @@ def test_a_resumed_runs_wall_time_leaves_out_the_time_between_its_sittings(tmp_p
     assert [row["wall time"] for row in runs_used((tmp_path / "results" / "demo.md").read_text())] == ["100.0 s"]
 
 
+def software(page: str) -> list[str]:
+    """The lines of a variant page's "Software" section."""
+    return page.split("## Software")[1].split("\n## ")[0].strip().splitlines()
+
+
+def test_the_software_section_names_the_releases_each_run_ran_on(tmp_path):
+    """A package's release can change what is learned (MuJoCo 3.5.0 moved Hopper's contacts), so a page says what
+    its runs ran on: one line when they agree; else each set of releases with its runs, a run resumed on other
+    releases with both sets, and runs from before the scripts logged their releases as not recorded."""
+    runs, out = tmp_path / "runs", tmp_path / "results"
+    write_run(runs, "Walker2d-v4", "before", 1, 100, 1000, [(1000, 1.0)])
+    report.build_report(runs, out, baselines_path=Path("/dev/null"))
+    assert software((out / "before.md").read_text()) == [
+        "Not recorded: these runs predate the `versions` text the scripts log."]
+
+    old = {"python": "3.11.7", "torch": "2.13.0+cpu", "mujoco": "3.4.0"}
+    new = {**old, "mujoco": "3.17.0"}
+    for seed in (1, 2):
+        write_run(runs, "Hopper-v4", "demo", seed, 100, 1000, [(1000, 1.0)], versions=new)
+    report.build_report(runs, out, baselines_path=Path("/dev/null"))
+    assert software((out / "demo.md").read_text()) == [
+        "Every run above: python 3.11.7, torch 2.13.0+cpu, mujoco 3.17.0."]
+
+    write_run(runs, "Hopper-v4", "demo", 3, 100, 1000, [(500, 1.0)], last_step=500, versions=old)
+    write_run(runs, "Hopper-v4", "demo", 3, 100, 1000, [(1000, 1.0)], first_step=500, versions=new)
+    write_run(runs, "Hopper-v4", "demo", 4, 100, 1000, [(1000, 1.0)])
+    report.build_report(runs, out, baselines_path=Path("/dev/null"))
+    assert software((out / "demo.md").read_text()) == [
+        "The releases each run logged (runs from before the scripts logged them have none):", "",
+        "- python 3.11.7, torch 2.13.0+cpu, mujoco 3.17.0: `Hopper-v4__demo__1__100`, `Hopper-v4__demo__2__100`",
+        "- python 3.11.7, torch 2.13.0+cpu, mujoco 3.4.0, then python 3.11.7, torch 2.13.0+cpu, mujoco 3.17.0: "
+        "`Hopper-v4__demo__3__100`",
+        "- not recorded: `Hopper-v4__demo__4__100`"]
+
+
 def test_plots_show_the_mean_over_seeds_their_range_and_the_published_means(tmp_path, monkeypatch):
     """Each env's two plots, return against global step and against wall time (in minutes beyond 3 minutes), draw
     the mean of the seeds' smoothed returns, shade their min–max range, and draw a line at each published mean
@@ -858,6 +899,16 @@ def test_quick_report_numbers_match_the_tensorboard_logs(quick_dir):
         assert row["baseline: ppo.py (CleanRL)"] == published
         assert row["status"] == report.classify(float(np.mean(finals)), *map(float, published.split(" ± ")))
     assert "measured after 500,000 steps; these runs used 2,048" in page
+
+
+def test_quick_report_names_the_releases_the_runs_ran_on(quick_dir):
+    """ppo.py's runs log the releases of Python, PyTorch, gymnasium and NumPy, and no environment package that
+    classic control does not import; the page names them."""
+    from importlib.metadata import version
+
+    page = (quick_dir / "results" / "ppo.md").read_text()
+    assert software(page) == [f"Every run above: python {platform.python_version()}, torch {version('torch')}, "
+                              f"gymnasium {version('gymnasium')}, numpy {version('numpy')}."]
 
 
 def test_quick_report_embeds_valid_plots(quick_dir):

@@ -3,7 +3,9 @@ unclipped, observation statistics that travel with the agent, reward scaling), a
 MuJoCo, exact resumption after Ctrl-C, evaluation, and the errors for input the script cannot take."""
 
 import os
+import platform
 import signal
+from importlib.metadata import version
 from pathlib import Path
 
 import gymnasium as gym
@@ -11,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+from benchmark import report
 from conftest import (assert_compiled_loss_matches_plain, assert_every_evaluated_episode_returns,
                       assert_compiled_run_resumes_exactly, assert_compiles_whole,
                       assert_details_marked, assert_evaluation_output, assert_logs_every_metric,
@@ -347,13 +350,17 @@ def test_the_training_rewards_are_scaled_then_clipped(workdir, monkeypatch):
 # ---------------------------------------------------------------------------------------------------
 
 
-def test_tiny_run_on_hopper_logs_every_metric(tmp_path, mujoco):
+def test_tiny_run_on_hopper_logs_every_metric_and_the_mujoco_release(tmp_path, mujoco):
     result = run_script(SCRIPT, "--env-id", "Hopper-v4", *SMALL_FLAGS, "--total-timesteps", "256", cwd=tmp_path)
     assert [match.group(1) for match in PROGRESS_LINE.finditer(result.stdout)][-1] == "256", result.stdout
     run_dir = only_run_dir(tmp_path)
     assert run_dir.name.startswith("Hopper-v4__ppo_continuous_action__1__")
     scalars = assert_logs_every_metric(run_dir)
     assert [step for step, _ in scalars["charts/SPS"]] == [64, 128, 192, 256]
+    # The MuJoCo release changes Hopper's contacts (3.5.0 did): the run records it for the benchmark report.
+    assert report.load_run(run_dir, tmp_path / "runs").versions == [{
+        "python": platform.python_version(), **{package: version(package) for package in
+                                                ("torch", "gymnasium", "numpy", "mujoco")}}]
 
 
 @pytest.fixture(scope="module")
