@@ -82,8 +82,8 @@ class RunData:
     return_seconds: np.ndarray        # ... and the run's wall time when it ended (see training_seconds)
     sps: float | None                 # last charts/SPS point
     wall_seconds: float               # the run's wall time: its sittings' spans, added up
-    versions: list[dict[str, str]] = field(default_factory=list)  # its `versions` text, once per
-    #                                   different set: a run resumed on other packages has two
+    versions: list[dict[str, str]] = field(default_factory=list)  # each different `versions` table it
+    #                                   logged: two for a run resumed on other releases
 
     @property
     def complete(self) -> bool:
@@ -172,6 +172,7 @@ def load_run(run_dir: Path, runs_dir: Path) -> RunData | None:
     logging.getLogger("tensorboard").setLevel(logging.ERROR)
     accumulator.Reload()
     tags = accumulator.Tags()
+
     def texts(tag: str) -> list[dict[str, str]]:  # every sitting's table of a text summary, in order
         if f"{tag}/text_summary" not in tags["tensors"]:
             return []
