@@ -66,7 +66,7 @@ TIME[envpool]="about 12 h a run on a CPU (237 SPS); on a GPU: not measured"
 SCRIPT[mujoco]=ppo/ppo_continuous_action.py
 ENVS[mujoco]="Hopper-v4 Walker2d-v4 HalfCheetah-v4"
 COMMAND[mujoco]="python ppo/ppo_continuous_action.py --total-timesteps 1000000"
-TIME[mujoco]="11 to 35 min a run on a CPU"
+TIME[mujoco]="8 to 10 min a run on a CPU"
 
 SCRIPT[procgen]=ppo/ppo_procgen.py
 ENVS[procgen]="starpilot bossfight bigfish"
