@@ -610,6 +610,12 @@ def seed_everything(seed: int, torch_deterministic: bool) -> None:
     torch.backends.cudnn.deterministic = torch_deterministic
 
 
+def text_table(key_header: str, value_header: str, rows: dict) -> str:
+    """A two-column markdown table, as the run logs its settings and releases to TensorBoard's text tab
+    (benchmark/report.py reads them back)."""
+    return f"|{key_header}|{value_header}|\n|-|-|\n" + "\n".join(f"|{key}|{value}|" for key, value in rows.items())
+
+
 # The packages whose release can change what a run learns, as (distribution, module): a run records the
 # release of each one it imported. MuJoCo 3.5.0, for one, changed Hopper's contacts.
 RECORDED_PACKAGES = [("torch", "torch"), ("gymnasium", "gymnasium"), ("numpy", "numpy"), ("mujoco", "mujoco"),
@@ -691,10 +697,8 @@ class Run:
         except OSError as error:  # `runs` is a file, or a folder this user may not write to
             fail(self.variant, f"cannot write the run's logs to {self.folder!r} ({error.strerror}): start the run in "
                                "a folder where it can create runs/, or remove what is in the way")
-        self.writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(
-            f"|{key}|{value}|" for key, value in settings.items()))
-        self.writer.add_text("versions", "|package|version|\n|-|-|\n" + "\n".join(
-            f"|{package}|{release}|" for package, release in software_versions().items()))
+        self.writer.add_text("hyperparameters", text_table("param", "value", settings))
+        self.writer.add_text("versions", text_table("package", "version", software_versions()))
         return self.writer
 
     def start(self, agent: torch.nn.Module, optimizer: torch.optim.Optimizer,
