@@ -867,6 +867,42 @@ def quick_dir(tmp_path_factory) -> Path:
 
 
 # ---------------------------------------------------------------------------------------------------
+# A real one-node Slurm cluster (tests/test_slurm.py, tests/test_tune.py)
+# ---------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def slurm_cluster(tmp_path_factory):
+    """A one-node cluster on this machine for the module's tests (tests/slurm_cluster.py), or a skip
+    that says why there is none."""
+    from slurm_cluster import OneNodeCluster, missing_programs
+
+    missing = missing_programs()
+    if missing:
+        pytest.skip(f"Slurm is not installed ({', '.join(missing)} missing): apt-get install slurm-wlm munge")
+    if os.geteuid() != 0:
+        pytest.skip("the one-node Slurm cluster runs slurmd as root, to start jobs: run the tests as root")
+    cluster = OneNodeCluster(tmp_path_factory.mktemp("slurm"))
+    cluster.start()
+    yield cluster
+    cluster.stop()
+
+
+def wait_for_jobs(cluster, job_ids: list[str], limit: float = 300) -> None:
+    """Until none of the jobs is pending or running (a bound, so a stuck job fails the test)."""
+    import time
+
+    env = {**os.environ, **cluster.environment()}
+    deadline = time.time() + limit
+    while time.time() < deadline:
+        queue = subprocess.run(["squeue", "-h", "-j", ",".join(job_ids)], env=env, capture_output=True, text=True)
+        if queue.returncode == 0 and not queue.stdout.strip():
+            return
+        time.sleep(1)
+    pytest.fail(f"jobs {job_ids} still queued after {limit:.0f}s:\n{queue.stdout}{cluster.log_tails()}")
+
+
+# ---------------------------------------------------------------------------------------------------
 # The speed options (issue 12)
 # ---------------------------------------------------------------------------------------------------
 

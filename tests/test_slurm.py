@@ -14,8 +14,8 @@ import pytest
 
 from benchmark import run
 from conftest import (FAKE_SCRIPT, REPO, SLOW_PPO, SLOW_RUNS, assert_quick_runs_finished, assert_same_final_weights,
-                      calls, expect_error_line, run_tool, table_rows)
-from slurm_cluster import OneNodeCluster, missing_programs
+                      calls, expect_error_line, run_tool, table_rows, wait_for_jobs)
+from slurm_cluster import OneNodeCluster
 
 # The stand-in script on two environments (one with a slash in its id) and two seeds: four tasks.
 FAKE_ARGS = ["--env-ids", "A-v1", "ALE/B-v5", "--command", "python fake.py --extra x", "--num-seeds", "2"]
@@ -356,31 +356,6 @@ def test_ppo_sh_reads_the_paths_it_is_given_from_where_it_is_run(tmp_path):
 # ---------------------------------------------------------------------------------------------------
 # The quick benchmark on a real one-node Slurm cluster
 # ---------------------------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def slurm_cluster(tmp_path_factory):
-    missing = missing_programs()
-    if missing:
-        pytest.skip(f"Slurm is not installed ({', '.join(missing)} missing): apt-get install slurm-wlm munge")
-    if os.geteuid() != 0:
-        pytest.skip("the one-node Slurm cluster runs slurmd as root, to start jobs: run the tests as root")
-    cluster = OneNodeCluster(tmp_path_factory.mktemp("slurm"))
-    cluster.start()
-    yield cluster
-    cluster.stop()
-
-
-def wait_for_jobs(cluster: OneNodeCluster, job_ids: list[str], limit: float = 300) -> None:
-    """Until none of the jobs is pending or running (a bound, so a stuck job fails the test)."""
-    env = {**os.environ, **cluster.environment()}
-    deadline = time.time() + limit
-    while time.time() < deadline:
-        queue = subprocess.run(["squeue", "-h", "-j", ",".join(job_ids)], env=env, capture_output=True, text=True)
-        if queue.returncode == 0 and not queue.stdout.strip():
-            return
-        time.sleep(1)
-    pytest.fail(f"jobs {job_ids} still queued after {limit:.0f}s:\n{queue.stdout}{cluster.log_tails()}")
 
 
 def measured(page: str) -> list[list[str]]:

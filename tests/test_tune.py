@@ -1,0 +1,190 @@
+"""The tuner (benchmark/tune.py) with real Optuna, a real journal file and tiny CartPole runs: the number
+of trials, pruning during a run, a worker killed mid-trial, a diverging trial, wrong input, and a study
+of a two-task Slurm job array on the one-node cluster (skipped where Slurm is not installed)."""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, SLOW_PPO, expect_error_line, run_tool, wait_for_jobs
+
+optuna = pytest.importorskip("optuna")
+
+
+
+def learning_rate_space(low: float = 1e-4, high: float = 1e-2) -> str:
+    """A space of the learning rate alone (the other flags keep ppo.py's defaults)."""
+    return f'[params.learning-rate]\ntype = "float"\nlow = {low}\nhigh = {high}\nlog = true\n\n' \
+           '[bounds]\n"CartPole-v1" = [0, 500]\n'
+
+
+LEARNING_RATE_SPACE = learning_rate_space()
+TINY = ["--env-ids", "CartPole-v1", "--total-timesteps", "2048", "--seeds", "1", "--poll-seconds", "0.5"]
+
+
+def tune(tmp_path: Path, *options: str, space: str = LEARNING_RATE_SPACE, command: str = "python ppo/ppo.py",
+         timeout: float = 240, env: dict | None = None) -> subprocess.CompletedProcess:
+    """benchmark/tune.py on `space` in tmp_path (study folder tmp_path/study), with `options`."""
+    (tmp_path / "space.toml").write_text(space)
+    space = tmp_path / "space.toml"
+    command = command.replace("ppo/ppo.py", str(REPO / "ppo" / "ppo.py"))
+    return run_tool("tune.py", "--command", command, "--space", str(space), "--study-dir",
+                    str(tmp_path / "study"), "--study-name", "test", *options, cwd=tmp_path, timeout=timeout,
+                    env=env)
+
+
+def load_study(study_dir: Path, name: str = "test"):
+    """The study as the tuner left it in its journal file."""
+    journal = optuna.storages.journal.JournalFileBackend(str(study_dir / "journal.log"))
+    storage = optuna.storages.JournalStorage(journal)
+    return optuna.load_study(study_name=name, storage=storage)
+
+
+def run_logs(study_dir: Path, trial: int) -> list[Path]:
+    return sorted((study_dir / "trials" / str(trial)).glob("*/run.log"))
+
+
+def test_two_workers_make_exactly_the_trials_asked_for_and_the_same_command_continues(tmp_path):
+    """Three trials for two workers: the last is claimed while the other worker's trial runs, which a
+    worker that counted only finished trials (as Optuna's MaxTrialsCallback does) would not see."""
+    result = tune(tmp_path, *TINY, "--trials", "3", "--workers", "2")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    study = load_study(tmp_path / "study")
+    trials = study.get_trials()
+    assert [trial.number for trial in trials] == [0, 1, 2]
+    assert all(trial.state == optuna.trial.TrialState.COMPLETE for trial in trials), trials
+    assert len({trial.user_attrs["worker"] for trial in trials}) == 2  # both workers took trials
+    for trial in trials:  # each trial ran once: one run folder holding one run, one start in its log
+        logs = run_logs(tmp_path / "study", trial.number)
+        assert [log.parent.name for log in logs] == ["CartPole-v1__seed1"]
+        assert logs[0].read_text().count("# command: ") == 1
+        assert len(list((logs[0].parent / "runs").iterdir())) == 1
+    report = (tmp_path / "study" / "report" / "index.md").read_text()
+    assert "3 trials: 3 complete" in report
+    assert (tmp_path / "study" / "report" / "history.png").is_file()
+    best = study.best_trial
+    assert f"--learning-rate {best.params['learning-rate']}" in result.stdout  # the command that trains it
+
+    again = tune(tmp_path, *TINY, "--trials", "3", "--workers", "2")
+    assert again.returncode == 0, again.stderr
+    assert "[trial" not in again.stdout  # nothing left to run: the study is continued, not started over
+    assert len(load_study(tmp_path / "study").get_trials()) == 3
+
+
+def test_a_bad_region_is_pruned_during_its_run(tmp_path):
+    """A learning rate of 1e-9 learns nothing; after a good trial, the median pruner stops its run
+    long before its budget, by the run's own stop signal (it saves and exits 130)."""
+    budget = 32768
+    result = tune(tmp_path, "--env-ids", "CartPole-v1", "--total-timesteps", str(budget), "--seeds", "1",
+                  "--poll-seconds", "0.5", "--trials", "2", "--pruner", "median",
+                  "--prune-startup-trials", "1", "--prune-warmup", "0", "--report-points", "8",
+                  "--enqueue", "--learning-rate 0.0025", "--enqueue", "--learning-rate 1e-9",
+                  space=learning_rate_space(low=1e-9))
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    good, bad = load_study(tmp_path / "study").get_trials()
+    assert good.state == optuna.trial.TrialState.COMPLETE and good.params["learning-rate"] == 0.0025
+    assert bad.state == optuna.trial.TrialState.PRUNED, bad
+    assert bad.user_attrs["pruned"].startswith("CartPole-v1 seed 1 at step ")
+    log = run_logs(tmp_path / "study", bad.number)[0]
+    assert log.read_text().rstrip().endswith("# exit code 130")
+    import torch
+
+    checkpoint = next(log.parent.glob("runs/*/checkpoint.pt"))
+    assert torch.load(checkpoint, weights_only=False)["global_step"] < budget / 2
+    assert "pruned" in (tmp_path / "study" / "report" / "index.md").read_text()
+
+
+def test_a_killed_worker_s_trial_is_retried_from_its_runs_checkpoints(tmp_path):
+    """SIGKILL to a worker mid-trial: its run saves and stops (it dies with its worker), and the same
+    command later finds the trial without a heartbeat, fails it with the reason and retries it, which
+    continues the run from its checkpoint; the study then has its one trial."""
+    (tmp_path / "slow_ppo.py").write_text(SLOW_PPO)
+    options = ["--env-ids", "CartPole-v1", "--total-timesteps", "2048", "--seeds", "1", "--trials", "1",
+               "--poll-seconds", "0.5", "--heartbeat-seconds", "0.5", "--grace-seconds", "3"]
+    space = tmp_path / "space.toml"
+    space.write_text(LEARNING_RATE_SPACE)
+    command = [sys.executable, str(REPO / "benchmark" / "tune.py"), "--command",
+               "python slow_ppo.py --num-steps 16", "--space", str(space),
+               "--study-dir", str(tmp_path / "study"), "--study-name", "test", *options]
+    # 32 iterations of 4 x 16 steps, 1.3 s each; the retried trial's resumed run goes at full speed.
+    env = {**os.environ, "SLOW_STEP_SECONDS": "0.02"}
+    worker = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT)
+    log = tmp_path / "study" / "trials" / "0" / "CartPole-v1__seed1" / "run.log"
+    deadline = time.time() + 120
+    while not (log.is_file() and "\nstep " in log.read_text()):
+        assert worker.poll() is None and time.time() < deadline, worker.communicate()[0]
+        time.sleep(0.2)
+    worker.send_signal(signal.SIGKILL)
+    worker.wait()
+
+    again = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    lost, retried = load_study(tmp_path / "study").get_trials()
+    assert lost.state == optuna.trial.TrialState.FAIL
+    assert lost.user_attrs["failure"].startswith("its worker was lost: no heartbeat for ")
+    assert retried.state == optuna.trial.TrialState.COMPLETE
+    assert retried.system_attrs["failed_trial"] == 0 and retried.params == lost.params
+    text = log.read_text()
+    assert "stopped at step" in text  # the lost worker's run saved when its worker died ...
+    assert "--resume runs/" in text and "resuming " in text  # ... and the retry continued it
+    assert "1 trials: 1 complete, 0 pruned, 0 failed" in again.stdout
+
+
+def test_a_diverging_trial_fails_with_its_reason_and_the_study_goes_on(tmp_path):
+    result = tune(tmp_path, *TINY, "--trials", "2", "--enqueue", "--learning-rate 1e30",
+                  "--enqueue", "--learning-rate 0.0025", space=learning_rate_space(high=1e31))
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    diverged, good = load_study(tmp_path / "study").get_trials()
+    assert diverged.state == optuna.trial.TrialState.FAIL and diverged.value is None
+    assert diverged.user_attrs["failure"].startswith("CartPole-v1 seed 1: ppo.py: diverged: ")
+    # The scripts' divergence guard (ppo/harness.py) stopped it, with its exit code.
+    assert run_logs(tmp_path / "study", 0)[0].read_text().rstrip().endswith("# exit code 3")
+    assert good.state == optuna.trial.TrialState.COMPLETE
+    report = (tmp_path / "study" / "report" / "index.md").read_text()
+    assert "- trial 0: fail: CartPole-v1 seed 1: ppo.py: diverged: " in report
+    assert "1 complete, 0 pruned, 1 failed" in report
+
+
+PPO = str(REPO / "ppo" / "ppo.py")
+
+
+@pytest.mark.parametrize("space, options, fragment", [
+    (LEARNING_RATE_SPACE, ["--command", "python missing.py"], "the script missing.py does not exist"),
+    ("[params.learning-rate\n", [], "is not valid TOML"),
+    (LEARNING_RATE_SPACE.replace('"CartPole-v1"', '"Acrobot-v1"'), [], "has no [bounds] for CartPole-v1"),
+    (LEARNING_RATE_SPACE.replace("learning-rate", "seed"), [], "the tuner sets --seed itself"),
+    (LEARNING_RATE_SPACE + '[params.target-kl]\ntype = "float"\nlow = 0.01\nhigh = 0.1\n'
+     'when = { early = true }\n', [], "`when` names early, which is not a parameter above it"),
+    (LEARNING_RATE_SPACE, ["--command", f"python {PPO} --seed 3"], "--command sets --seed"),
+    (LEARNING_RATE_SPACE, ["--enqueue", "--gamma 0.9"], "--gamma is not a flag of the space"),
+], ids=["no script", "bad TOML", "no bounds", "reserved flag", "bad when", "fixed seed", "bad enqueue"])
+def test_wrong_input_is_one_line(tmp_path, space, options, fragment):
+    (tmp_path / "space.toml").write_text(space)
+    # A --command in `options` replaces the first.
+    result = run_tool("tune.py", "--command", f"python {PPO}", "--space", "space.toml",
+                      "--env-ids", "CartPole-v1", "--total-timesteps", "2048", *options, cwd=tmp_path)
+    expect_error_line(result, "tune.py", fragment)
+    assert not list(tmp_path.glob("tuning/*/trials"))  # refused before any trial
+
+
+def test_a_two_task_job_array_of_workers_finishes_one_study(slurm_cluster, tmp_path):
+    result = tune(tmp_path, *TINY, "--trials", "3", "--workers", "2", "--slurm",
+                  env=slurm_cluster.environment())
+    assert result.returncode == 0, result.stdout + result.stderr
+    jobs = re.search(r"submitted workers (\d+) and the report job (\d+)", result.stdout)
+    array_job, report_job = jobs.groups()
+    wait_for_jobs(slurm_cluster, [array_job, report_job])
+    trials = load_study(tmp_path / "study").get_trials()
+    outputs = "".join(path.read_text() for path in (tmp_path / "study" / "slurm").glob("*.out"))
+    assert [trial.state for trial in trials] == [optuna.trial.TrialState.COMPLETE] * 3, outputs
+    workers = {trial.user_attrs["worker"] for trial in trials}
+    assert workers == {f"slurm {array_job}_{task}" for task in (0, 1)}
+    # The report job ran after the workers.
+    assert "3 trials: 3 complete" in (tmp_path / "study" / "report" / "index.md").read_text()
