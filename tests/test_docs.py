@@ -282,7 +282,7 @@ def test_every_test_the_docs_name_exists():
 
 # The user pages teach; measurements, experiments and histories go to the notes (docs/notes/).
 SCRIPT_PAGE_WORDS = 1_500
-USER_PAGES_WORDS = 12_000
+USER_PAGES_WORDS = 13_000  # 12,000 until "Your own environment" (issue 37) joined the pages
 
 
 def test_user_pages_stay_short_and_the_notes_come_last():
