@@ -470,13 +470,19 @@ class WorkerStopped(Exception):
     """The worker was asked to stop; its run saved and stopped."""
 
 
+try:  # looked up here, not in the child: between fork and exec only the call itself is safe
+    PRCTL = ctypes.CDLL(None).prctl
+except (OSError, AttributeError):  # not Linux
+    PRCTL = None
+
+
 def die_with_the_worker() -> None:
-    """In a run's process, before it starts: SIGTERM when the worker that started it dies (Linux), so
-    that a killed worker's run saves and stops rather than run on beside the trial's retry."""
-    try:
-        ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
+    """In a run's process, before it starts: SIGTERM when the worker that started it dies (Linux's
+    PR_SET_PDEATHSIG), so that a killed worker's run saves and stops rather than run on beside the
+    trial's retry. Elsewhere a lost worker's run goes on, and a retry started before it ends would
+    share its folder: give such a system a --grace-seconds longer than a run."""
+    if PRCTL is not None:
+        PRCTL(1, signal.SIGTERM)
 
 
 class Episodes:
@@ -866,7 +872,7 @@ def plot_importances(study, out_dir: Path) -> tuple[str, str | None]:
     plt, fig, axes = figure()
     names = list(importances)[::-1]
     axes.barh(names, [importances[name] for name in names], color="tab:blue")
-    axes.set_xlabel("importance (share of the score's variation)")
+    axes.set_xlabel("importance (optuna.importance, normalized to sum to 1)")
     axes.set_title(f"parameter importances: {study.study_name}", fontsize="medium")
     axes.grid(alpha=0.3, axis="x")
     fig.tight_layout()
