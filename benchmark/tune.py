@@ -644,6 +644,9 @@ class Worker:
             # One thread per run, as benchmark/run.py gives its runs, unless the user or Slurm says otherwise.
             threads = os.environ.get("OMP_NUM_THREADS") or os.environ.get("SLURM_CPUS_PER_TASK") or "1"
             env = {**os.environ, "OMP_NUM_THREADS": threads, "PYTHONUNBUFFERED": "1"}
+            if os.environ.get("PYTHONPATH"):  # the runs start elsewhere: `PYTHONPATH=.` means the folder here
+                env["PYTHONPATH"] = os.pathsep.join(os.path.abspath(entry) if entry else entry
+                                                    for entry in os.environ["PYTHONPATH"].split(os.pathsep))
             self.process = subprocess.Popen(argv, cwd=spec.workdir, stdout=log, stderr=subprocess.STDOUT,
                                             stdin=subprocess.DEVNULL, start_new_session=True,
                                             preexec_fn=die_with_the_worker, env=env)
