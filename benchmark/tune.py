@@ -1138,6 +1138,10 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError as error:
         fail(f"{error.name} is not installed, and the tuner needs it: pip install -e \".[benchmark]\"")
     if args.report:
+        journal = args.study_dir / "journal.log"
+        if args.storage is None and not journal.is_file():
+            fail(f"no study in {args.study_dir} (no {journal}): give the --study-dir of a study, "
+                 "or its --storage")
         study = open_study(args, None)
         if "definition" not in study.user_attrs:
             fail(f"the study {args.study_name!r} was not made by tune.py: "

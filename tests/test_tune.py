@@ -155,10 +155,9 @@ def test_a_diverging_trial_fails_with_its_reason_and_the_study_goes_on(tmp_path)
 def test_an_environment_of_the_user_s_module_on_a_relative_pythonpath(tmp_path):
     """`PYTHONPATH=. tune.py --env-ids myenvs:MyCartPole-v0`: the runs start in folders of their own,
     where `.` would be another folder, so the tuner hands them the path made absolute."""
-    (tmp_path / "myenvs.py").write_text(
-        "import gymnasium as gym\n"
-        "gym.register(id='MyCartPole-v0', entry_point='gymnasium.envs.classic_control.cartpole:CartPoleEnv',\n"
-        "             max_episode_steps=500)\n")
+    cartpole = "gymnasium.envs.classic_control.cartpole:CartPoleEnv"
+    (tmp_path / "myenvs.py").write_text("import gymnasium as gym\n"
+                                        f"gym.register(id='MyCartPole-v0', entry_point={cartpole!r})\n")
     space = LEARNING_RATE_SPACE.replace('"CartPole-v1"', '"myenvs:MyCartPole-v0"')
     result = tune(tmp_path, *TINY[2:], "--env-ids", "myenvs:MyCartPole-v0", "--trials", "1", space=space,
                   env={"PYTHONPATH": "."})
