@@ -62,6 +62,10 @@ QUICK_ARGS = ["--total-timesteps", "2048", "--num-steps", "64"]
 # The exit code of a runner (and of a run) that stopped because it was asked to, before its runs
 # finished: the same command continues them. The PPO scripts exit with it too (harness.STOPPED).
 STOPPED = 130
+# The exit code of a PPO script whose network became non-finite (harness.DIVERGED). Such a run is
+# over: its checkpoint is the last good one, and continuing from it with the same settings would
+# diverge again, so it gets a marker as a finished run does and is not started again.
+DIVERGED = 3
 
 
 def fail(message: str) -> NoReturn:
@@ -99,7 +103,7 @@ class Run:
 
     @property
     def done_path(self) -> Path:
-        """The marker written beside the log when the run exits 0."""
+        """The marker written beside the log when the run exits 0, or diverged (DIVERGED)."""
         return self.log_path.with_suffix(".done")
 
     @property
@@ -107,12 +111,20 @@ class Run:
         return f"{self.variant} {self.env_id} seed {self.seed}"
 
     def finished_earlier(self) -> bool:
-        """True when a previous invocation ran exactly this command to a successful end."""
+        """True when a previous invocation ran exactly this command to its end: a successful one, or
+        a divergence (`diverged_earlier`)."""
+        return self.end_record().get("command") == self.command
+
+    def diverged_earlier(self) -> bool:
+        return self.finished_earlier() and self.end_record().get("exit_code") == DIVERGED
+
+    def end_record(self) -> dict:
+        """What the .done marker says of how the run ended (empty without one)."""
         try:
             record = json.loads(self.done_path.read_text())
         except (OSError, ValueError):
-            return False
-        return record.get("command") == self.command
+            return {}
+        return record if isinstance(record, dict) else {}
 
     def checkpoint(self, workdir: Path) -> Path | None:
         """The checkpoint an unfinished earlier attempt of exactly this run left, to continue it from;
@@ -240,12 +252,13 @@ def start(run: Run, workdir: Path, force: bool = False) -> tuple[subprocess.Pope
 
 
 def finish(run: Run, returncode: int, seconds: float, log) -> None:
-    """Close the run's log and, on success only, write its .done marker."""
+    """Close the run's log and, when it succeeded or diverged (it is over either way), write its .done
+    marker."""
     log.write(f"# exit code {returncode} after {seconds:.1f}s\n")
     log.close()
-    if returncode == 0:
+    if returncode in (0, DIVERGED):
         run.done_path.write_text(json.dumps({
-            "command": run.command, "argv": run.argv, "exit_code": 0, "seconds": round(seconds, 1),
+            "command": run.command, "argv": run.argv, "exit_code": returncode, "seconds": round(seconds, 1),
             "finished": time.strftime("%Y-%m-%d %H:%M:%S")}, indent=1) + "\n")
 
 
@@ -337,7 +350,8 @@ def run_all(runs: list[Run], workers: int, workdir: Path, force: bool = False) -
     for run in runs:
         if not force and run.finished_earlier():
             counts["skipped"] += 1
-            print(f"[skip] {run.label}: finished earlier ({run.done_path})", flush=True)
+            how = "diverged" if run.diverged_earlier() else "finished"
+            print(f"[skip] {run.label}: {how} earlier ({run.done_path})", flush=True)
         else:
             pending.append(run)
 
@@ -392,14 +406,19 @@ def run_all(runs: list[Run], workers: int, workdir: Path, force: bool = False) -
 
 
 def judge(run: Run, returncode: int, seconds: float, checkpoint: Path | None, workdir: Path) -> tuple[str, str]:
-    """How a run ended, as (count, the line that says so): ok, stopped (exit code STOPPED, a signal of
-    its own: it continues from its checkpoint) or failed. A run given a checkpoint that exits with 2,
+    """How a run ended, as (count, the line that says so): ok, diverged (exit code DIVERGED: its network
+    became non-finite), stopped (exit code STOPPED, a signal of its own: it continues from its
+    checkpoint) or failed. A run given a checkpoint that exits with 2,
     the PPO scripts' code for input they refuse, could not resume from it: that is said in one line,
     and the run is not started again in its place."""
     if returncode == 0:
         return "ok", f"[ok]   {run.label}: {seconds:.1f}s, log {run.log_path}"
     if returncode == STOPPED:
         return "stopped", f"[stop] {run.label}: {where_it_stopped(run, workdir)}, log {run.log_path}"
+    if returncode == DIVERGED:  # the script's own line says where, why, and which checkpoint is good
+        line = next((line for line in reversed(last_lines(run.log_path, 5)) if "diverged:" in line), "")
+        return "diverged", (f"[DIVERGED] {run.label}: {line.strip().split('diverged: ', 1)[-1]} (not started "
+                            f"again: change its settings), log {run.log_path}")
     if returncode == 2 and checkpoint is not None:
         refusal = next((line for line in reversed(last_lines(run.log_path, 5)) if "error:" in line), "")
         return "failed", (f"[FAIL] {run.label}: cannot resume from {checkpoint} ({refusal.strip()}): move it "
@@ -543,8 +562,9 @@ def requeue_this_task() -> None:
 def summary_line(counts: dict[str, int]) -> str:
     total = sum(counts.values())
     stopped = f", {counts['stopped']} stopped (the same command continues them)" if counts.get("stopped") else ""
+    diverged = f", {counts['diverged']} diverged" if counts.get("diverged") else ""
     return (f"{total} run(s): {counts['ok']} ran ok, {counts['skipped']} skipped (finished earlier), "
-            f"{counts['failed']} failed{stopped}")
+            f"{counts['failed']} failed{diverged}{stopped}")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -877,7 +897,7 @@ def main(argv: list[str] | None = None) -> int:
             requeue_this_task()
         return STOPPED
     print(summary_line(counts), flush=True)
-    if counts["failed"]:
+    if counts["failed"] or counts.get("diverged"):
         return 1
     if counts.get("stopped"):
         return STOPPED

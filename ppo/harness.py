@@ -27,6 +27,8 @@ evaluate, eval_episodes and total_timesteps. A script copied elsewhere needs thi
 
 import contextlib
 import functools
+import importlib
+import math
 import os
 import pickle
 import random
@@ -63,6 +65,7 @@ def fail(variant: str, message: str) -> NoReturn:
     (local rank 0) prints it: one line per node, since a node may lack what others have."""
     if int(os.environ.get("LOCAL_RANK", "0")) == 0:
         print(f"{variant}.py: error: {message}", file=sys.stderr)
+    release_unused_run_folders()
     raise SystemExit(2)
 
 
@@ -234,6 +237,12 @@ def save_checkpoint(path: str, state: dict) -> None:
     os.replace(path + ".tmp", path)
 
 
+def all_finite(state: dict) -> bool:
+    """Whether every floating-point tensor of a state_dict is free of NaN and infinities."""
+    return all(bool(torch.isfinite(value).all()) for value in state.values()
+               if isinstance(value, torch.Tensor) and value.is_floating_point())
+
+
 def rng_state(device: torch.device) -> dict:
     """The state of every random generator a run draws from: Python's, NumPy's, PyTorch's (and CUDA's)."""
     return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
@@ -254,13 +263,36 @@ def restore_rng(state: dict, device: torch.device) -> None:
 # ---------------------------------------------------------------------------------------------------
 
 
-def check_gymnasium_id(env_id: str, variant: str) -> None:
-    """Refuse an id that gymnasium does not know, pointing Atari ids to the Atari script."""
+def gymnasium_spec(env_id: str, variant: str, hint: str = "") -> gym.envs.registration.EnvSpec:
+    """The registration of `env_id`; an id that gymnasium does not know is refused in one line, with
+    `hint` (the script to use instead, say).
+
+    `module:EnvId` is gymnasium's way to name an environment that a package of the user's registers
+    when it is imported: the module is imported first, as gym.make does, so that the id is known when
+    it is looked up (gym.make imports it again, a no-op, and so do the worker processes of
+    --async-envs, where the environments are made). A module that does not import, or an id it does
+    not register, is refused in one line that says which."""
+    module, _, bare_id = env_id.rpartition(":")
+    if module:
+        try:
+            importlib.import_module(module)
+        except Exception as error:  # ModuleNotFoundError, or whatever the user's module raised
+            fail(variant, f"--env-id {env_id}: cannot import the module {module!r} "
+                          f"({type(error).__name__}: {error}): is it installed, or on PYTHONPATH?")
     try:
-        gym.spec(env_id)
+        return gym.spec(bare_id)
     except gym.error.Error as error:
-        hint = " (Atari ids need ppo/ppo_atari.py)" if "NoFrameskip" in env_id or env_id.startswith("ALE/") else ""
+        if module:
+            fail(variant, f"--env-id {env_id}: importing {module!r} registered no environment {bare_id!r} "
+                          "(gymnasium.register(id=..., entry_point=...) in the module makes one)")
         fail(variant, f"unknown env id {env_id!r}{hint}: {error}")
+
+
+def check_gymnasium_id(env_id: str, variant: str) -> None:
+    """Refuse an id that gymnasium does not know (`gymnasium_spec`), pointing Atari ids to the Atari
+    script."""
+    atari = "NoFrameskip" in env_id or env_id.startswith("ALE/")
+    gymnasium_spec(env_id, variant, hint=" (Atari ids need ppo/ppo_atari.py)" if atari else "")
 
 
 @contextlib.contextmanager
@@ -270,7 +302,7 @@ def packages_checked(env_id: str, variant: str):
     try:
         yield
     except ImportError as error:
-        namespace, name, version = gym.envs.registration.parse_env_id(env_id)
+        namespace, name, version = gym.envs.registration.parse_env_id(env_id.rpartition(":")[2])
         newest = gym.envs.registration.find_highest_version(namespace, name)
         newest_id = gym.envs.registration.get_env_id(namespace, name, newest)
         hint = "" if newest in (None, version) else f" (try {newest_id})"
@@ -529,6 +561,11 @@ def unpickle_game(saved_game: bytes) -> gym.Env:
 # ---------------------------------------------------------------------------------------------------
 
 
+# The exit code of a run whose network became non-finite (NaN or infinite): the divergence guard
+# (Run.stop_if_diverged) stopped it after the update in which that happened, before it logged or saved
+# it. Distinct from a crash (1), wrong input (2) and a stop on request (130): running it again from its
+# last checkpoint, with the same settings, diverges again.
+DIVERGED = 3
 # The exit code of a run that stopped before its end because it was asked to (Ctrl-C, `kill`, Slurm's
 # warning before a time limit): with --save-model its checkpoint continues it (--resume). A finished run
 # exits 0, wrong input 2, a crash 1. 130 is the shell's code for Ctrl-C, which Ctrl-C has always given.
@@ -544,6 +581,11 @@ SAME_REQUEST_SECONDS = 1.0
 def signal_name(signum: int) -> str:
     """How a stop signal is named to the user: Ctrl-C for SIGINT, else its name (SIGTERM, SIGUSR1)."""
     return "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+
+
+class Diverged(Exception):
+    """The run's losses, gradients or weights became non-finite; its argument is the line that says
+    where, what, why, and which checkpoint is the last good one."""
 
 
 class StoppedAtOnce(KeyboardInterrupt):
@@ -637,6 +679,42 @@ def software_versions() -> dict[str, str]:
     return releases
 
 
+# Run folders this process claimed and has not written to yet: wrong input found after the claim (an
+# environment that cannot be made) gives them back, so that a refused command leaves nothing behind.
+UNUSED_RUN_FOLDERS: list[str] = []
+
+
+def claim_run_folder(name: str, variant: str) -> str:
+    """Make runs/<name> and return the name. os.mkdir is atomic: of two runs started in the same second
+    with the same settings (a tuner's workers, a shell loop), one makes the folder and the other finds
+    it taken, and takes <name>-2 (or -3, ...) instead, and says so: two runs never share a folder."""
+    for attempt in range(1, 1000):
+        candidate = name if attempt == 1 else f"{name}-{attempt}"
+        try:
+            os.makedirs("runs", exist_ok=True)
+            os.mkdir(os.path.join("runs", candidate))
+        except FileExistsError:
+            continue
+        except OSError as error:  # `runs` is a file, or a folder this user may not write to
+            fail(variant, f"cannot make the run's folder runs/{candidate} ({error.strerror}): start the run in a "
+                          "folder where it can create runs/, or remove what is in the way")
+        UNUSED_RUN_FOLDERS.append(os.path.join("runs", candidate))
+        if attempt > 1:
+            print(f"runs/{name} is another run's (started in the same second): this run is {candidate}", flush=True)
+        return candidate
+    fail(variant, f"runs/{name} and its next 998 alternatives are all taken: clean up runs/")
+
+
+def release_unused_run_folders() -> None:
+    """Remove the run folders this process claimed but never wrote to (and runs/, if that leaves it
+    empty)."""
+    while UNUSED_RUN_FOLDERS:
+        folder = UNUSED_RUN_FOLDERS.pop()
+        for path in (folder, os.path.dirname(folder)):
+            with contextlib.suppress(OSError):  # not empty: another run's, or written to
+                os.rmdir(path)
+
+
 class Run:
     """One training run: its name, folder, device and seeds, then its logs, clock, progress line and
     Ctrl-C, the checkpoints it writes, and what it says at the end.
@@ -654,8 +732,11 @@ class Run:
         self.device = choose_device(args, variant, device)
         if checkpoint:
             self.name, self.folder = checkpoint["run_name"], os.path.dirname(args.resume) or "."
-        else:  # ALE/Pong-v5 -> ALE-Pong-v5: the name is a folder's
-            self.name = f"{args.env_id.replace('/', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}"
+        else:  # ALE/Pong-v5 -> ALE-Pong-v5, mymodule:MyEnv-v0 -> mymodule-MyEnv-v0: the name is a folder's
+            env_name = args.env_id.replace("/", "-").replace(":", "-")
+            self.name = f"{env_name}__{args.exp_name}__{args.seed}__{int(time.time())}"
+            if rank == 0:  # the process that writes the logs and checkpoints claims their folder
+                self.name = claim_run_folder(self.name, variant)
             self.folder = f"runs/{self.name}"
         self.checkpoint_path = os.path.join(self.folder, "checkpoint.pt")
         # A resumed run's videos go into a folder of their own: its episode count starts again at 0.
@@ -673,6 +754,8 @@ class Run:
         self.writer, self.interrupt, self.agreed_stop, self.finished_earlier = None, None, None, False
         # Under torchrun the ranks also agree whether --save-minutes have passed (agreed_save).
         self.agreed_save, self.last_save = None, 0.0
+        # The newest checkpoint of this run on disk, and its step: what a diverged run leaves behind.
+        self.last_good_checkpoint = (args.resume, checkpoint["global_step"]) if checkpoint else None
 
     def open_logs(self, **sizes) -> SummaryWriter | None:
         """The run's TensorBoard writer (and, with --track, a W&B run that mirrors it), with the settings
@@ -690,6 +773,7 @@ class Run:
             except wandb.errors.Error as error:  # no API key, no network
                 fail(self.variant, f"--track could not start Weights & Biases ({str(error).splitlines()[0]}): log in "
                                    "with `wandb login`, or set WANDB_MODE=offline to keep the run on this machine")
+        UNUSED_RUN_FOLDERS.clear()  # the run's folder is in use from here on
         try:
             os.makedirs(self.folder, exist_ok=True)
             purge_step = self.checkpoint["global_step"] + 1 if self.checkpoint else None
@@ -790,11 +874,42 @@ class Run:
         (unless `loop_state` brings its own, as one per rank) and the script's `loop_state` (where the
         environments stand, statistics...). Only rank 0 writes."""
         self.last_save = time.time()
+        if not all_finite(agent.state_dict()):  # never written over the last good checkpoint
+            self.diverged(global_step, "the weights became non-finite")
         if self.rank == 0:
+            self.last_good_checkpoint = (self.checkpoint_path, global_step)
             save_checkpoint(self.checkpoint_path, {
                 "format": CHECKPOINT_FORMAT, "variant": self.variant, "args": asdict(self.args), "run_name": self.name,
                 "iteration": iteration, "global_step": global_step, "model": agent.state_dict(),
                 "optimizer": optimizer.state_dict(), "rng": rng_state(self.device), **loop_state})
+
+    def stop_if_diverged(self, global_step: int, update_means: dict[str, float], agent: torch.nn.Module) -> None:
+        """The divergence guard, after each update: when a loss, the gradient norm or a weight has
+        become NaN or infinite, stop the run before it logs or saves anything of this update (Diverged,
+        which `run` turns into one line and exit code DIVERGED). Once a weight is NaN, every action and
+        every update after it is NaN too: going on would only fill the logs with NaN and, at the next
+        save, write over the last good checkpoint."""
+        for key, quantity in (("policy_loss", "the policy loss"), ("value_loss", "the value loss"),
+                              ("entropy", "the entropy"), ("grad_norm", "the gradient norm")):
+            if key in update_means and not math.isfinite(update_means[key]):
+                self.diverged(global_step, f"{quantity} became {update_means[key]}")
+        if not all_finite(agent.state_dict()):
+            self.diverged(global_step, "the weights became non-finite")
+
+    def diverged(self, global_step: int, what_happened: str) -> NoReturn:
+        """Flush and close the logs, then raise Diverged with the line that says it all."""
+        if self.rank == 0:
+            self.close_logs()
+        self.interrupt.restore()
+        learning_rate, default = self.args.learning_rate, type(self.args)().learning_rate
+        cause = (f"the learning rate {learning_rate:g} is {learning_rate / default:g} times the default "
+                 f"({default:g}): lower it" if learning_rate > 2 * default else
+                 "a learning rate too high for this task, or rewards or observations too large for the "
+                 "network: lower --learning-rate, or scale them")
+        kept = ("no checkpoint was written" if self.last_good_checkpoint is None else
+                f"the last good checkpoint, {self.last_good_checkpoint[0]} (step "
+                f"{self.last_good_checkpoint[1]:,}), is kept")
+        raise Diverged(f"at step {global_step:,}, {what_happened} in the update; likely cause: {cause}; {kept}")
 
     def finish(self, global_step: int, how_to_resume: str | None = None) -> None:
         """Flush and close the logs, then say what comes next: how to resume a stopped run, or where
@@ -886,6 +1001,9 @@ class Evaluation:
     episodes it plays, each printed as it ends and their mean and standard deviation at the end."""
 
     def __init__(self, args, variant: str, checkpoint: dict):
+        if not all_finite(checkpoint["model"]):
+            fail(variant, f"{args.evaluate!r} holds non-finite weights (NaN or infinite: the run diverged): "
+                          "evaluate a checkpoint saved before it diverged")
         self.args, self.checkpoint, self.scores = args, checkpoint, []
         self.device = choose_device(args, variant)
         self.video_folder = f"videos/{checkpoint['run_name']}-eval"
@@ -923,7 +1041,8 @@ class Evaluation:
 
 def run(function: Callable, args, checkpoint: dict | None, variant: str, extra: str) -> NoReturn:
     """`python ppo/<variant>.py`: run `function` (the script's main, or its evaluate) and exit with 0,
-    with STOPPED (130) after a Ctrl-C, SIGTERM or SIGUSR1, or with 2 and one line when a package is
+    with STOPPED (130) after a Ctrl-C, SIGTERM or SIGUSR1, with DIVERGED (3) and one line when the
+    network became non-finite, or with 2 and one line when a package is
     missing (gymnasium imports rendering and video packages only when they are first used: `extra` is
     the script's extra)."""
     signal.signal(signal.SIGTERM, stop_at_once)  # until training begins (Run.start)
@@ -935,6 +1054,10 @@ def run(function: Callable, args, checkpoint: dict | None, variant: str, extra: 
         fail(variant, f"missing optional dependency: {error} (pip install -e '.[{extras}]')")
     except EnvStateMismatch as error:  # a checkpoint's environments that the script cannot rebuild
         fail(variant, f"cannot resume the saved environments: {error}")
+    except Diverged as diverged:
+        if int(os.environ.get("LOCAL_RANK", "0")) == 0:
+            print(f"{variant}.py: diverged: {diverged}", file=sys.stderr, flush=True)
+        sys.exit(DIVERGED)
     except KeyboardInterrupt as stop:  # a second signal, or one before training began
         if int(os.environ.get("LOCAL_RANK", "0")) == 0:
             by = stop.args[0] if isinstance(stop, StoppedAtOnce) else "Ctrl-C"

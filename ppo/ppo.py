@@ -105,6 +105,8 @@ class Args:
     """the maximum norm for global gradient clipping"""
     target_kl: float | None = None
     """if set, stop the update epochs early once the approximate KL exceeds it"""
+    bootstrap_truncated: bool = False
+    """if toggled, an episode cut off by its time limit is valued as going on: its last reward gets gamma x the value of its final observation (off by default, as in the published runs)"""
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -121,10 +123,23 @@ def make_env(env_id: str, idx: int, capture_video: bool, video_folder: str,
             # The frames are drawn off screen, but pygame starts SDL's video anyway, which on a machine
             # without a display prints an error; SDL's dummy driver needs none (a user's choice stands).
             os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
-            return harness.record_video(gym.make(env_id, render_mode="rgb_array"), video_folder, video_episodes)
-        return gym.make(env_id)
+            env = harness.record_video(gym.make(env_id, render_mode="rgb_array"), video_folder, video_episodes)
+        else:
+            env = gym.make(env_id)
+        return one_hot_observations(env) if isinstance(env.observation_space, gym.spaces.Discrete) else env
 
     return thunk
+
+
+def one_hot_observations(env: gym.Env) -> gym.Env:
+    """A Discrete observation (FrozenLake's square, Taxi's state) as a one-hot vector: the network
+    reads numbers, and the index of a state is not a quantity (state 5 is not "more" than state 4).
+    One input per state, as Stable-Baselines3 does, suits the small state sets such tasks have."""
+    size = int(env.observation_space.n)
+    first = int(env.observation_space.start)
+    space = gym.spaces.Box(0.0, 1.0, (size,), np.float32)
+    return gym.wrappers.TransformObservation(env, lambda state: np.eye(size, dtype=np.float32)[int(state) - first],
+                                             space)
 
 
 def make_envs(env_id: str, num_envs: int, capture_video: bool = False, video_folder: str = "videos",
@@ -285,6 +300,25 @@ def minibatch_loss(agent: Agent, obs: torch.Tensor, actions: torch.Tensor, old_l
                     clip_coef, args)
 
 
+def truncated_value(agent: Agent, infos: dict, truncated: np.ndarray, device: torch.device) -> np.ndarray:
+    """[Truncation: bootstrap the value of a time limit's final observation] (--bootstrap-truncated)
+    V(final observation) for each environment whose episode the time limit cut off, 0 elsewhere.
+
+    A time limit is not a state of the task: the episode would have gone on, and its return with it.
+    With SAME_STEP autoreset the observation the step returned is already the next episode's; the one
+    the episode ended on is in info["final_obs"]. The caller adds gamma x this value to the step's
+    reward, so that the step's target is r + gamma V(s_final), where GAE, which stops at every episode
+    end, would otherwise take r alone (docs/notes/truncation.md shows that this is the target a GAE
+    bootstrapped at s_final gives)."""
+    values = np.zeros(len(truncated), dtype=np.float32)
+    if truncated.any():
+        final_obs = np.stack(infos["final_obs"][truncated])
+        with torch.inference_mode():
+            final_value = agent.get_value(torch.as_tensor(final_obs, dtype=torch.float32, device=device))
+        values[truncated] = final_value.flatten().cpu().numpy()
+    return values
+
+
 def explained_variance(predicted: np.ndarray, target: np.ndarray) -> float:
     """[Core 12: Debug variables] 1 - Var[target - predicted] / Var[target]: 1 is a perfect value
     function, 0 no better than a constant, negative worse than one; nan when the targets do not vary."""
@@ -369,10 +403,12 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
             # brings back from the device; log-probabilities and values wait for the batched pass below.
             actions[step] = action.cpu().numpy()
 
-            next_obs, reward, terminations, truncations, _ = envs.step(actions[step])
-            # A time-limit truncation ends the episode like a termination, as in the original PPO.
+            next_obs, reward, terminations, truncations, infos = envs.step(actions[step])
+            # A time-limit truncation ends the episode like a termination, as in the original PPO...
             next_done = np.logical_or(terminations, truncations)
             rewards[step] = reward
+            if args.bootstrap_truncated:  # ...unless the run values what the time limit cut off
+                rewards[step] += args.gamma * truncated_value(agent, infos, truncations & ~terminations, device)
 
             episode_return += reward
             episode_length += 1
@@ -418,15 +454,16 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
                 # [Core 11: Global gradient clipping] when the norm of all gradients together exceeds
                 # max_grad_norm, all are scaled down alike: one minibatch of extreme advantages or value
                 # errors cannot throw the weights far, and the gradient keeps its direction.
-                nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm, foreach=True)
+                grad_norm = nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm, foreach=True)
                 optimizer.step()
                 # [Speed: CUDA graphs] copies, kept to the end: a graph's next replay overwrites its outputs.
-                minibatch_stats.append({key: value.clone() for key, value in stats.items()})
+                minibatch_stats.append({**{key: value.clone() for key, value in stats.items()}, "grad_norm": grad_norm})
             if args.target_kl is not None and minibatch_stats[-1]["approx_kl"] > args.target_kl:
                 break
 
         # [Core 12: Debug variables] averaged over every minibatch of this update.
         means = {key: torch.stack([s[key] for s in minibatch_stats]).mean().item() for key in minibatch_stats[0]}
+        run.stop_if_diverged(global_step, means, agent)  # a NaN or infinity ends the run here, in one line
         writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
         for key in ("value_loss", "policy_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac"):
             writer.add_scalar(f"losses/{key}", means[key], global_step)
@@ -516,15 +553,23 @@ def check_args(args: Args) -> None:
 
 
 def check_spaces(env_id: str, envs: gym.vector.VectorEnv) -> None:
-    """Refuse environments whose spaces this script cannot train on, naming the script that can."""
-    if not isinstance(envs.single_action_space, gym.spaces.Discrete):
-        harness.fail(VARIANT, f"{env_id} has a {type(envs.single_action_space).__name__} action space but ppo.py "
-                              "needs Discrete actions: use ppo/ppo_continuous_action.py for Box actions")
+    """Refuse environments whose spaces this script cannot train on, naming the script that can.
+    (Discrete observations arrive here one-hot encoded, as flat vectors: see one_hot_observations.)"""
+    action_space = envs.single_action_space
+    if not isinstance(action_space, gym.spaces.Discrete):
+        hint = ("use ppo/ppo_continuous_action.py for Box actions" if isinstance(action_space, gym.spaces.Box) else
+                "no script here samples several actions at once: expose them as one Discrete action (one per "
+                "combination) in your environment")
+        harness.fail(VARIANT, f"{env_id} has a {type(action_space).__name__} action space but ppo.py needs Discrete "
+                              f"actions: {hint}")
     space = envs.single_observation_space
     if not isinstance(space, gym.spaces.Box) or len(space.shape) != 1:
-        images = ": use ppo/ppo_atari.py for images" if len(getattr(space, "shape", ())) == 3 else ""
-        harness.fail(VARIANT, f"{env_id} observations are {space}, but ppo.py needs flat vectors (a one-dimensional "
-                              f"Box){images}")
+        if isinstance(space, (gym.spaces.Dict, gym.spaces.Tuple)):
+            hint = ": flatten them into one vector (gymnasium.wrappers.FlattenObservation) in your environment"
+        else:
+            hint = ": use ppo/ppo_atari.py for images" if len(getattr(space, "shape", ())) == 3 else ""
+        harness.fail(VARIANT, f"{env_id} observations are {type(space).__name__}, but ppo.py needs flat vectors "
+                              f"(a one-dimensional Box){hint}")
 
 
 if __name__ == "__main__":

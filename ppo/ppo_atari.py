@@ -111,6 +111,8 @@ class Args:
     """the maximum norm for global gradient clipping"""
     target_kl: float | None = None
     """if set, stop the update epochs early once the approximate KL exceeds it"""
+    bootstrap_truncated: bool = False
+    """if toggled, an episode cut off by its time limit is valued as going on: its last reward gets gamma x the value of its final observation (off by default, as in the published runs)"""
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -391,6 +393,24 @@ def minibatch_loss(agent: Agent, obs: torch.Tensor, actions: torch.Tensor, old_l
                     clip_coef, args)
 
 
+def truncated_value(agent: Agent, infos: dict, truncated: np.ndarray, device: torch.device) -> np.ndarray:
+    """[Truncation: bootstrap the value of a time limit's final observation] (--bootstrap-truncated)
+    V(final observation) for each game that the time limit cut off, 0 elsewhere.
+
+    A time limit is not a state of the game: it would have gone on, and its score with it. With
+    SAME_STEP autoreset the observation the step returned is already the next game's; the one the
+    game ended on, its four frames stacked as the agent sees them, is in info["final_obs"]. The
+    caller adds gamma x this value to the step's (clipped) reward, so that the step's target is
+    r + gamma V(s_final) where GAE, which stops at every episode end, would otherwise take r alone."""
+    values = np.zeros(len(truncated), dtype=np.float32)
+    if truncated.any():
+        final_obs = np.stack(infos["final_obs"][truncated])
+        with torch.inference_mode():
+            final_value = agent.get_value(torch.as_tensor(final_obs, device=device))
+        values[truncated] = final_value.flatten().cpu().numpy()
+    return values
+
+
 def explained_variance(predicted: np.ndarray, target: np.ndarray) -> float:
     """[Core 12: Debug variables] 1 - Var[target - predicted] / Var[target]: 1 is a perfect value
     function, 0 no better than a constant, negative worse than one; nan when the targets do not vary."""
@@ -479,9 +499,11 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
 
             # The step's one transfer to the host: the actions, which the games need.
             next_obs, reward, terminations, truncations, infos = envs.step(action.cpu().numpy())
-            # A lost life (EpisodicLife) or a time-limit truncation ends the episode like a termination.
+            # A lost life (EpisodicLife) or a time-limit truncation ends the episode like a termination...
             next_done = np.logical_or(terminations, truncations)
             rewards[step] = reward  # clipped
+            if args.bootstrap_truncated:  # ...unless the run values what the time limit cut off
+                rewards[step] += args.gamma * truncated_value(agent, infos, truncations & ~terminations, device)
 
             for _, score, length in finished_games(infos):
                 writer.add_scalar("charts/episodic_return", score, global_step)
@@ -522,15 +544,16 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
                 # [Core 11: Global gradient clipping] when the norm of all gradients together exceeds
                 # max_grad_norm, all are scaled down alike: one minibatch of extreme advantages or value
                 # errors cannot throw the weights far, and the gradient keeps its direction.
-                nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm, foreach=True)
+                grad_norm = nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm, foreach=True)
                 optimizer.step()
                 # [Speed: CUDA graphs] copies, kept to the end: a graph's next replay overwrites its outputs.
-                minibatch_stats.append({key: value.clone() for key, value in stats.items()})
+                minibatch_stats.append({**{key: value.clone() for key, value in stats.items()}, "grad_norm": grad_norm})
             if args.target_kl is not None and minibatch_stats[-1]["approx_kl"] > args.target_kl:
                 break
 
         # [Core 12: Debug variables] averaged over every minibatch of this update.
         means = {key: torch.stack([s[key] for s in minibatch_stats]).mean().item() for key in minibatch_stats[0]}
+        run.stop_if_diverged(global_step, means, agent)  # a NaN or infinity ends the run here, in one line
         writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
         for key in ("value_loss", "policy_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac"):
             writer.add_scalar(f"losses/{key}", means[key], global_step)
@@ -623,13 +646,10 @@ def check_env_id(env_id: str) -> None:
         harness.fail(VARIANT, f"{VARIANT}.py needs ale-py and opencv-python: pip install -e '.[atari]'")
     gym.register_envs(ale_py)  # ale-py >= 0.9 registers its games only when asked
     ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Error)  # no banner for every game made
-    try:
-        spec = gym.spec(env_id)
-    except gym.error.Error as error:
-        hint = ""
-        if env_id.endswith("-v5") and not env_id.startswith("ALE/"):
-            hint = f" (ale-py names it ALE/{env_id}; envpool ids such as {env_id} need ppo/ppo_atari_envpool.py)"
-        harness.fail(VARIANT, f"unknown env id {env_id!r}{hint}: {error}")
+    hint = ""
+    if env_id.endswith("-v5") and not env_id.startswith("ALE/"):
+        hint = f" (ale-py names it ALE/{env_id}; envpool ids such as {env_id} need ppo/ppo_atari_envpool.py)"
+    spec = harness.gymnasium_spec(env_id, VARIANT, hint)
     if spec.entry_point != "ale_py.env:AtariEnv":
         harness.fail(VARIANT, f"{env_id} is not an Atari game of ale-py: {VARIANT}.py trains on Atari frames only; "
                               "use ppo/ppo.py for vector observations and ppo/ppo_continuous_action.py for Box actions")

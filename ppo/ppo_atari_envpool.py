@@ -119,6 +119,8 @@ class Args:
     """the maximum norm for global gradient clipping"""
     target_kl: float | None = None
     """if set, stop the update epochs early once the approximate KL exceeds it"""
+    bootstrap_truncated: bool = False
+    """if toggled, an episode cut off by its time limit is valued as going on: its last reward gets gamma x the value of its final observation (off by default, as in the published runs)"""
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -319,6 +321,21 @@ def minibatch_loss(agent: Agent, obs: torch.Tensor, actions: torch.Tensor, old_l
                     clip_coef, args)
 
 
+def truncated_values(values: np.ndarray, next_value: np.ndarray, time_limit_cuts: np.ndarray) -> np.ndarray:
+    """[Truncation: bootstrap the value of a time limit's final observation] (--bootstrap-truncated)
+    V(final observation) at each step (num_steps, num_envs) after which the time limit cut the game
+    off, 0 elsewhere.
+
+    envpool resets a game on the step after it ended, not within it: the step that ends a game returns
+    the game's final observation (its frames stacked, as the agent sees them) as the next observation,
+    and the rollout runs the network on it at the next step, the reset step, whose action envpool
+    ignores. So V(s_final) is already there, recorded as the reset step's value: values[t + 1], or
+    next_value when the cut came at the rollout's last step. The caller adds gamma x this value to the
+    step's (clipped) reward, so that its target is r + gamma V(s_final)."""
+    following_values = np.concatenate([values[1:], next_value[None]])
+    return np.where(time_limit_cuts, following_values, 0.0).astype(np.float32)
+
+
 def explained_variance(predicted: np.ndarray, target: np.ndarray) -> float:
     """[Core 12: Debug variables] 1 - Var[target - predicted] / Var[target]: 1 is a perfect value
     function, 0 no better than a constant, negative worse than one; nan when the targets do not vary."""
@@ -377,6 +394,7 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
     values = torch.zeros((args.num_steps, args.num_envs), device=device)
     rewards = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
     dones = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
+    time_limit_cuts = np.zeros((args.num_steps, args.num_envs), dtype=bool)  # for --bootstrap-truncated
 
     # Where the games stand: the running score (the sum of the unclipped rewards, over all lives) of
     # each environment's current game, kept here from envpool's info for all games at once, and the
@@ -411,9 +429,11 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
                     pool_obs, reward, terminations, truncations, info = pool.recv()
                     global_step += len(reward)
                     next_obs[games] = pool_obs
-                    # A lost life (episodic_life) or a time-limit truncation ends the episode like a termination.
+                    # A lost life (episodic_life) or a time-limit truncation ends the episode like a termination
+                    # (unless --bootstrap-truncated values what the time limit cut off: see after the rollout).
                     next_done[games] = terminations | truncations
                     rewards[step - 1, games] = reward  # clipped
+                    time_limit_cuts[step - 1, games] = truncations & ~terminations
 
                     # The game is over when envpool says the game itself ended (info["terminated"], not a
                     # lost life) or the time limit cut it. envpool's reset steps add reward 0: they do not count.
@@ -446,6 +466,8 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
             next_value = agent.get_value(next_obs_pinned.to(device))
         # GAE runs on the host, in NumPy: one transfer of the rollout's values per iteration.
         host_values = values.cpu().numpy()
+        if args.bootstrap_truncated:
+            rewards += args.gamma * truncated_values(host_values, next_value.cpu().numpy().flatten(), time_limit_cuts)
         advantages, returns = compute_gae(rewards, host_values, dones, next_value.cpu().numpy().flatten(), next_done,
                                           args.gamma, args.gae_lambda)
 
@@ -482,15 +504,16 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
                 # [Core 11: Global gradient clipping] when the norm of all gradients together exceeds
                 # max_grad_norm, all are scaled down alike: one minibatch of extreme advantages or value
                 # errors cannot throw the weights far, and the gradient keeps its direction.
-                nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm, foreach=True)
+                grad_norm = nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm, foreach=True)
                 optimizer.step()
                 # [Speed: CUDA graphs] copies, kept to the end: a graph's next replay overwrites its outputs.
-                minibatch_stats.append({key: value.clone() for key, value in stats.items()})
+                minibatch_stats.append({**{key: value.clone() for key, value in stats.items()}, "grad_norm": grad_norm})
             if args.target_kl is not None and minibatch_stats[-1]["approx_kl"] > args.target_kl:
                 break
 
         # [Core 12: Debug variables] averaged over every minibatch of this update.
         means = {key: torch.stack([s[key] for s in minibatch_stats]).mean().item() for key in minibatch_stats[0]}
+        run.stop_if_diverged(global_step, means, agent)  # a NaN or infinity ends the run here, in one line
         writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
         for key in ("value_loss", "policy_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac"):
             writer.add_scalar(f"losses/{key}", means[key], global_step)

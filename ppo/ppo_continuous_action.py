@@ -111,6 +111,8 @@ class Args:
     """normalized observations are clipped to [-obs_clip, obs_clip]"""
     reward_clip: float = 10.0
     """scaled rewards are clipped to [-reward_clip, reward_clip]"""
+    bootstrap_truncated: bool = False
+    """if toggled, an episode cut off by its time limit is valued as going on: its last reward gets gamma x the value of its final observation (off by default, as in the published runs)"""
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -397,6 +399,26 @@ def minibatch_loss(agent: Agent, obs: torch.Tensor, actions: torch.Tensor, old_l
                     clip_coef, args)
 
 
+def truncated_value(agent: Agent, infos: dict, truncated: np.ndarray, device: torch.device) -> np.ndarray:
+    """[Truncation: bootstrap the value of a time limit's final observation] (--bootstrap-truncated)
+    V(final observation) for each environment whose episode the time limit cut off, 0 elsewhere.
+
+    A time limit is not a state of the task: the episode would have gone on, and its return with it.
+    With SAME_STEP autoreset the observation the step returned is already the next episode's; the one
+    the episode ended on is in info["final_obs"]. It is valued as the agent would have seen it:
+    normalized with the statistics as they stand (and not counted in them, as no final observation
+    is). The caller adds gamma x this value to the step's reward, so that the step's target is
+    r + gamma V(s_final), where GAE, which stops at every episode end, would otherwise take r alone;
+    docs/notes/truncation.md shows that this is the target a GAE bootstrapped at s_final gives."""
+    values = np.zeros(len(truncated), dtype=np.float32)
+    if truncated.any():
+        final_obs = np.stack(infos["final_obs"][truncated])
+        with torch.inference_mode():
+            final_value = agent.get_value(torch.as_tensor(agent.normalize_obs(final_obs, update=False), device=device))
+        values[truncated] = final_value.flatten().cpu().numpy()
+    return values
+
+
 def explained_variance(predicted: np.ndarray, target: np.ndarray) -> float:
     """[Core 12: Debug variables] 1 - Var[target - predicted] / Var[target]: 1 is a perfect value
     function, 0 no better than a constant, negative worse than one; nan when the targets do not vary."""
@@ -492,12 +514,15 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
             # [Continuous 5: Handling of action clipping to valid range and storage] The Gaussian's
             # samples are unbounded; the environment gets them clipped to its bounds, but the rollout
             # keeps the sample itself, whose log-probability is what the loss compares against.
-            raw_obs, reward, terminations, truncations, _ = envs.step(np.clip(actions[step], action_low, action_high))
-            # A time-limit truncation ends the episode like a termination, as in the original PPO.
+            raw_obs, reward, terminations, truncations, infos = envs.step(
+                np.clip(actions[step], action_low, action_high))
+            # A time-limit truncation ends the episode like a termination, as in the original PPO...
             next_done = np.logical_or(terminations, truncations)
             next_obs = agent.normalize_obs(raw_obs, update=True)
             # [Continuous 9: Reward clipping] the scaled reward is clipped to [-reward_clip, reward_clip].
             rewards[step] = np.clip(reward_scaler.scale(reward, terminations), -args.reward_clip, args.reward_clip)
+            if args.bootstrap_truncated:  # ...unless the run values what the time limit cut off
+                rewards[step] += args.gamma * truncated_value(agent, infos, truncations & ~terminations, device)
 
             episode_return += reward  # the environment's own reward: charts/episodic_return is the task's score
             episode_length += 1
@@ -542,15 +567,16 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
                 # [Core 11: Global gradient clipping] when the norm of all gradients together exceeds
                 # max_grad_norm, all are scaled down alike: one minibatch of extreme advantages or value
                 # errors cannot throw the weights far, and the gradient keeps its direction.
-                nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm, foreach=True)
+                grad_norm = nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm, foreach=True)
                 optimizer.step()
                 # [Speed: CUDA graphs] copies, kept to the end: a graph's next replay overwrites its outputs.
-                minibatch_stats.append({key: value.clone() for key, value in stats.items()})
+                minibatch_stats.append({**{key: value.clone() for key, value in stats.items()}, "grad_norm": grad_norm})
             if args.target_kl is not None and minibatch_stats[-1]["approx_kl"] > args.target_kl:
                 break
 
         # [Core 12: Debug variables] averaged over every minibatch of this update.
         means = {key: torch.stack([s[key] for s in minibatch_stats]).mean().item() for key in minibatch_stats[0]}
+        run.stop_if_diverged(global_step, means, agent)  # a NaN or infinity ends the run here, in one line
         writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
         for key in ("value_loss", "policy_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac"):
             writer.add_scalar(f"losses/{key}", means[key], global_step)
@@ -648,12 +674,16 @@ def check_args(args: Args) -> None:
 def check_spaces(env_id: str, envs: gym.vector.VectorEnv) -> None:
     """Refuse environments whose spaces this script cannot train on, naming the script that can."""
     if not isinstance(envs.single_action_space, gym.spaces.Box):
+        hint = ("use ppo/ppo.py for Discrete actions" if isinstance(envs.single_action_space, gym.spaces.Discrete)
+                else "no script here takes these: expose Box or Discrete actions in your environment")
         harness.fail(VARIANT, f"{env_id} has a {type(envs.single_action_space).__name__} action space but "
-                              f"{VARIANT}.py needs Box (continuous) actions: use ppo/ppo.py for Discrete actions")
+                              f"{VARIANT}.py needs Box (continuous) actions: {hint}")
     space = envs.single_observation_space
     if not isinstance(space, gym.spaces.Box) or len(space.shape) != 1:
-        harness.fail(VARIANT, f"{env_id} observations are {space}, but {VARIANT}.py needs flat vectors: "
-                              "image observations need a CNN, as in ppo/ppo_atari.py or ppo/ppo_procgen.py")
+        hint = ("flatten them into one vector (gymnasium.wrappers.FlattenObservation) in your environment"
+                if isinstance(space, (gym.spaces.Dict, gym.spaces.Tuple)) else
+                "image observations need a CNN, as in ppo/ppo_atari.py or ppo/ppo_procgen.py")
+        harness.fail(VARIANT, f"{env_id} observations are {space}, but {VARIANT}.py needs flat vectors: {hint}")
 
 
 if __name__ == "__main__":

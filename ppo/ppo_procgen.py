@@ -591,15 +591,16 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
                 # [Core 11: Global gradient clipping] when the norm of all gradients together exceeds
                 # max_grad_norm, all are scaled down alike: one minibatch of extreme advantages or value
                 # errors cannot throw the weights far, and the gradient keeps its direction.
-                nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm, foreach=True)
+                grad_norm = nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm, foreach=True)
                 optimizer.step()
                 # [Speed: CUDA graphs] copies, kept to the end: a graph's next replay overwrites its outputs.
-                minibatch_stats.append({key: value.clone() for key, value in stats.items()})
+                minibatch_stats.append({**{key: value.clone() for key, value in stats.items()}, "grad_norm": grad_norm})
             if args.target_kl is not None and minibatch_stats[-1]["approx_kl"] > args.target_kl:
                 break
 
         # [Core 12: Debug variables] averaged over every minibatch of this update.
         means = {key: torch.stack([s[key] for s in minibatch_stats]).mean().item() for key in minibatch_stats[0]}
+        run.stop_if_diverged(global_step, means, agent)  # a NaN or infinity ends the run here, in one line
         writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
         for key in ("value_loss", "policy_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac"):
             writer.add_scalar(f"losses/{key}", means[key], global_step)

@@ -22,9 +22,14 @@ def load(script: str):
 # ---------------------------------------------------------------------------------------------------
 
 
-def reference_gae(rewards, values, dones, next_value, next_done, gamma, lam):
+def reference_gae(rewards, values, dones, next_value, next_done, gamma, lam, final_values=None):
     """GAE written the plain way: cut each environment's stream into episodes, and within an episode
-    sum the discounted TD errors forward from each step. Quadratic, but obviously right."""
+    sum the discounted TD errors forward from each step. Quadratic, but obviously right.
+
+    `final_values` (num_steps, num_envs), NaN where nothing was cut off: the value of the final
+    observation of an episode that the time limit cut off after step k. That episode's TD error at k
+    bootstraps from it, as at any step inside an episode, instead of counting nothing after the end:
+    the target that --bootstrap-truncated must give."""
     num_steps, num_envs = rewards.shape
     advantages = np.zeros_like(rewards)
     starts_new_episode = np.vstack([dones[1:], next_done[None]])  # does step t+1 begin a new episode?
@@ -34,9 +39,14 @@ def reference_gae(rewards, values, dones, next_value, next_done, gamma, lam):
             for k in range(t, num_steps):
                 ended = starts_new_episode[k, env]
                 following_value = next_value[env] if k == num_steps - 1 else values[k + 1, env]
+                if final_values is not None and not np.isnan(final_values[k, env]):
+                    following_value, ended = final_values[k, env], 0.0  # the episode would have gone on
+                    ended_here = True
+                else:
+                    ended_here = bool(ended)
                 delta = rewards[k, env] + gamma * following_value * (1 - ended) - values[k, env]
                 total += weight * delta
-                if ended:
+                if ended_here:
                     break
                 weight *= gamma * lam
             advantages[t, env] = total
@@ -305,3 +315,108 @@ def test_the_defaults_are_the_reference_implementations(script):
     args = load(script).Args()
     expected = {**SHARED_DEFAULTS, **VARIANT_DEFAULTS[script]}
     assert {name: getattr(args, name) for name in expected} == expected
+
+
+# ---------------------------------------------------------------------------------------------------
+# [Truncation: bootstrap the value of a time limit's final observation] (--bootstrap-truncated)
+# ---------------------------------------------------------------------------------------------------
+
+BOOTSTRAPPING = ["ppo", "ppo_atari", "ppo_atari_lstm", "ppo_atari_envpool", "ppo_continuous_action",
+                 "ppo_atari_multigpu"]
+
+
+class ValueOfTheSum(torch.nn.Module):
+    """A stand-in agent whose value of an observation is the sum of its numbers: any other
+    observation than the final one gives another value."""
+
+    def get_value(self, obs: torch.Tensor) -> torch.Tensor:
+        return obs.float().flatten(1).sum(1, keepdim=True)
+
+
+def a_cut_off_rollout(obs_shape: tuple[int, ...]):
+    """Three steps of two environments. Environment 0's episode is cut off by its time limit after
+    step 1: the step returns the first observation of the next episode (all zeros) and, in info, the
+    final one (all ones), not also terminated. Environment 1's episode terminates after step 0."""
+    rng = np.random.default_rng(1)
+    rewards = rng.normal(size=(3, 2)).astype(np.float32)
+    values = rng.normal(size=(3, 2)).astype(np.float32)
+    dones = np.zeros((3, 2), dtype=np.float32)
+    dones[2, 0] = dones[1, 1] = 1.0
+    step_results = []  # per step: (terminations, truncations, infos)
+    for step in range(3):
+        terminated, truncated = np.array([False, step == 0]), np.array([step == 1, False])
+        final_obs = np.empty(2, dtype=object)
+        if step == 1:
+            final_obs[0] = np.ones(obs_shape, dtype=np.float32)
+        if step == 0:
+            final_obs[1] = np.full(obs_shape, 7.0, dtype=np.float32)
+        step_results.append((terminated, truncated, {"final_obs": final_obs}))
+    next_value, next_done = rng.normal(size=2).astype(np.float32), np.zeros(2, dtype=np.float32)
+    return rewards, values, dones, next_value, next_done, step_results
+
+
+@pytest.mark.parametrize("script", BOOTSTRAPPING)
+def test_a_truncation_bootstraps_the_value_of_the_final_observation(script):
+    """The targets of a rollout with a time-limit cut equal the reference's, which bootstraps the cut
+    episode from V(final observation) inside GAE: adding gamma V(s_final) to the last reward, as the
+    scripts do, gives the same target. The termination of the other environment still counts
+    nothing after it, and the reset observation (zeros) is never what is valued."""
+    module = load(script)
+    gamma, lam = 0.9, 0.8
+    device = torch.device("cpu")
+    if script == "ppo_atari_lstm":
+        obs_shape = (1, 84, 84)
+        torch.manual_seed(0)
+        agent = module.Agent(4)
+        lstm_state = (torch.randn(1, 2, 128), torch.randn(1, 2, 128))
+        with torch.no_grad():  # the memory of environment 0 after step 1, the episode going on
+            final_value = agent.get_value(torch.ones((1,) + obs_shape), (lstm_state[0][:, :1], lstm_state[1][:, :1]),
+                                          torch.zeros(1)).item()
+        value_of_cut = lambda infos, cut: module.truncated_value(agent, infos, cut, lstm_state, device)  # noqa: E731
+    elif script == "ppo_continuous_action":
+        obs_shape = (3,)
+        agent = module.Agent(3, 1)
+        agent.obs_rms.mean, agent.obs_rms.var = np.array([0.5, -1.0, 2.0]), np.array([4.0, 0.25, 1.0])
+        with torch.no_grad():  # the final observation as the agent sees it: normalized
+            final_value = agent.get_value(torch.as_tensor(agent.normalize_obs(np.ones((1, 3)), update=False))).item()
+        value_of_cut = lambda infos, cut: module.truncated_value(agent, infos, cut, device)  # noqa: E731
+    else:
+        obs_shape = (4, 84, 84) if script != "ppo" else (4,)
+        final_value = float(np.prod(obs_shape))  # ValueOfTheSum of the final observation, all ones
+        value_of_cut = lambda infos, cut: module.truncated_value(ValueOfTheSum(), infos, cut, device)  # noqa: E731
+    rewards, values, dones, next_value, next_done, step_results = a_cut_off_rollout(obs_shape)
+
+    bootstrapped = rewards.copy()
+    if script == "ppo_atari_envpool":
+        # envpool: the reset step after the cut ran the network on the final observation: values[2, 0].
+        values[2, 0] = final_value
+        cuts = np.array([truncated & ~terminated for terminated, truncated, _ in step_results])
+        bootstrapped += gamma * module.truncated_values(values, next_value, cuts)
+    else:
+        for step, (terminated, truncated, infos) in enumerate(step_results):
+            bootstrapped[step] += gamma * value_of_cut(infos, truncated & ~terminated)
+    advantages, returns = module.compute_gae(bootstrapped, values, dones, next_value, next_done, gamma, lam)
+
+    final_values = np.full((3, 2), np.nan)
+    final_values[1, 0] = final_value
+    expected_advantages, expected_returns = reference_gae(rewards, values, dones, next_value, next_done, gamma, lam,
+                                                          final_values)
+    np.testing.assert_allclose(returns, expected_returns, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(advantages, expected_advantages, rtol=1e-5, atol=1e-5)
+    assert returns[1, 0] == pytest.approx(rewards[1, 0] + gamma * final_value, rel=1e-5)
+
+
+@pytest.mark.parametrize("script", BOOTSTRAPPING)
+def test_bootstrapping_is_off_by_default_and_a_resumed_run_keeps_it(script, tmp_path):
+    """Off by default, as in the published runs; a checkpoint's setting comes back on --resume, and
+    changing it there is refused (it changes what is learned)."""
+    module = load(script)
+    assert module.Args().bootstrap_truncated is False
+    path = str(tmp_path / "checkpoint.pt")
+    saved_args = {**vars(module.Args()), "bootstrap_truncated": True}
+    torch.save({"format": module.harness.CHECKPOINT_FORMAT, "variant": module.VARIANT, "args": saved_args,
+                "run_name": "x"}, path)
+    args, _ = module.parse_args(["--resume", path])
+    assert args.bootstrap_truncated is True
+    with pytest.raises(SystemExit):
+        module.parse_args(["--resume", path, "--no-bootstrap-truncated"])

@@ -452,12 +452,6 @@ def test_continuous_actions_point_to_the_continuous_script(capsys, workdir):
                        "Box action space", "ppo/ppo_continuous_action.py")
 
 
-def test_observations_that_are_not_vectors(capsys, workdir):
-    line = expect_usage_error(capsys, lambda: main(Args(env_id="FrozenLake-v1", cuda=False)), "ppo.py",
-                              "observations are Discrete(16)", "needs flat vectors")
-    assert "images" not in line  # a grid position is no image: ppo_atari.py would not help
-
-
 def test_sizes_that_do_not_divide(capsys, workdir):
     expect_usage_error(capsys, lambda: main(Args(num_envs=3, num_steps=5, num_minibatches=4)), "ppo.py",
                        "15", "--num-minibatches 4")

@@ -1,0 +1,303 @@
+"""A researcher's own problem, as a user meets it: an environment registered by a module of their own
+(`--env-id mymodule:MyEnv-v0`), spaces a script cannot train on, two runs started in the same second,
+and a run whose network diverges (issues 37 and 38).
+
+The user's module is written into a temporary folder on PYTHONPATH, as a user would keep it."""
+
+import importlib
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import REPO, expect_usage_error, read_scalars, run_script, script_command
+
+MODULE = '''
+import gymnasium as gym
+import numpy as np
+
+gym.register(id="MyCartPole-v0", entry_point="gymnasium.envs.classic_control.cartpole:CartPoleEnv",
+             max_episode_steps=500)
+gym.register(id="MyPendulum-v0", entry_point="gymnasium.envs.classic_control.pendulum:PendulumEnv",
+             max_episode_steps=200)
+gym.register(id="MyBreakout-v0", entry_point="ale_py.env:AtariEnv", max_episode_steps=400,
+             kwargs={"game": "breakout", "obs_type": "rgb", "frameskip": 1, "repeat_action_probability": 0.0})
+
+
+class DictObservations(gym.Env):
+    observation_space = gym.spaces.Dict({"position": gym.spaces.Box(-1, 1, (2,))})
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        return self.observation_space.sample(), {}
+
+    def step(self, action):
+        return self.observation_space.sample(), 0.0, False, False, {}
+
+
+class SeveralActions(gym.Env):
+    observation_space = gym.spaces.Box(-1, 1, (2,))
+    action_space = gym.spaces.MultiDiscrete([2, 3])
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(2, dtype=np.float32), {}
+
+    def step(self, action):
+        return np.zeros(2, dtype=np.float32), 0.0, False, False, {}
+
+
+gym.register(id="MyDict-v0", entry_point=DictObservations)
+gym.register(id="MyMultiDiscrete-v0", entry_point=SeveralActions)
+'''
+
+
+@pytest.fixture
+def user_module(tmp_path, monkeypatch) -> Path:
+    """`myenvs.py` in a folder of its own, on PYTHONPATH (for subprocesses) and sys.path (in process);
+    the working directory is another folder, as where a user starts a run."""
+    folder = tmp_path / "code"
+    folder.mkdir()
+    (folder / "myenvs.py").write_text(MODULE)
+    monkeypatch.syspath_prepend(str(folder))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(folder), os.environ.get("PYTHONPATH")])))
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    monkeypatch.chdir(workdir)
+    yield workdir
+    sys.modules.pop("myenvs", None)
+
+
+def load(script: str):
+    return importlib.import_module(f"ppo.{script}")
+
+
+# ---------------------------------------------------------------------------------------------------
+# module:EnvId
+# ---------------------------------------------------------------------------------------------------
+
+TRAINS = [  # (script, env id, flags of a tiny run, what it needs installed)
+    ("ppo.py", "myenvs:MyCartPole-v0", ["--total-timesteps", "256", "--num-steps", "32"], ()),
+    ("ppo_continuous_action.py", "myenvs:MyPendulum-v0", ["--total-timesteps", "128", "--num-steps", "64",
+                                                          "--num-minibatches", "2"], ()),
+    ("ppo_atari.py", "myenvs:MyBreakout-v0", ["--total-timesteps", "64", "--num-envs", "2", "--num-steps", "16",
+                                              "--num-minibatches", "2", "--update-epochs", "1"], ("ale_py", "cv2")),
+]
+
+
+@pytest.mark.parametrize("script,env_id,flags,needs", TRAINS, ids=[case[0] for case in TRAINS])
+def test_an_environment_of_the_users_own_module_trains(script, env_id, flags, needs, user_module):
+    for package in needs:
+        pytest.importorskip(package)
+    result = run_script(script, "--env-id", env_id, "--no-cuda", *flags, cwd=user_module)
+    (run_dir,) = (user_module / "runs").iterdir()
+    assert run_dir.name.startswith(env_id.replace(":", "-") + "__"), run_dir.name  # a folder's name, no colon
+    assert read_scalars(run_dir)["charts/SPS"], result.stdout
+
+
+@pytest.mark.parametrize("script", ["ppo", "ppo_continuous_action", "ppo_atari", "ppo_atari_lstm",
+                                    "ppo_atari_multigpu"])
+def test_a_module_that_does_not_import_or_register_the_id_is_named(script, user_module, capsys):
+    if script.startswith("ppo_atari"):
+        pytest.importorskip("ale_py")
+    module = load(script)
+    for env_id, fragments in (("nosuchmodule:MyEnv-v0", ["cannot import the module 'nosuchmodule'", "PYTHONPATH"]),
+                              ("myenvs:Unregistered-v0", ["importing 'myenvs' registered no environment "
+                                                          "'Unregistered-v0'"])):
+        args = module.Args(env_id=env_id, cuda=False)
+        expect_usage_error(capsys, lambda: module.main(args), f"{script}.py", *fragments)
+    assert not (user_module / "runs").exists()  # a refused command leaves no run folder behind
+
+
+REFUSED = [  # (script, env id, what the line must say)
+    ("ppo", "myenvs:MyDict-v0", ["observations are Dict", "FlattenObservation"]),
+    ("ppo", "myenvs:MyMultiDiscrete-v0", ["MultiDiscrete action space", "one Discrete action"]),
+    ("ppo_continuous_action", "myenvs:MyMultiDiscrete-v0", ["MultiDiscrete action space", "expose Box or Discrete"]),
+    ("ppo_continuous_action", "myenvs:MyCartPole-v0", ["Discrete action space", "ppo/ppo.py"]),
+    ("ppo", "myenvs:MyPendulum-v0", ["Box action space", "ppo/ppo_continuous_action.py"]),
+]
+
+
+@pytest.mark.parametrize("script,env_id,fragments", REFUSED, ids=[f"{s}-{e}" for s, e, _ in REFUSED])
+def test_spaces_a_script_cannot_train_on_are_refused_in_one_line(script, env_id, fragments, user_module, capsys):
+    module = load(script)
+    expect_usage_error(capsys, lambda: module.main(module.Args(env_id=env_id, cuda=False)), f"{script}.py",
+                       *fragments)
+    assert not (user_module / "runs").exists()
+
+
+def test_discrete_observations_are_one_hot_encoded(workdir):
+    """FrozenLake's square is an index, not a quantity: ppo.py gives the network one input per square."""
+    module = load("ppo")
+    envs = module.make_envs("FrozenLake-v1", 2)
+    obs, _ = envs.reset(seed=0)
+    assert obs.shape == (2, 16) and obs.dtype == np.float32
+    assert (obs.sum(axis=1) == 1).all() and obs[0, 0] == 1  # both start on square 0
+    obs, *_ = envs.step(np.array([2, 1]))  # right, down: squares 1 and 4 (unless the ice slips)
+    assert (obs.sum(axis=1) == 1).all()
+    envs.close()
+    result = module.main(module.Args(env_id="FrozenLake-v1", total_timesteps=256, num_steps=32, cuda=False))
+    assert result["agent"].critic[0].in_features == 16
+
+
+# ---------------------------------------------------------------------------------------------------
+# Runs started together never share a folder
+# ---------------------------------------------------------------------------------------------------
+
+
+def test_two_runs_started_in_the_same_second_get_two_folders(tmp_path):
+    """Two identical commands started at once, as a tuner's workers or a shell loop start them: each
+    claims its own folder, and the one that found its name taken says which it took."""
+    command = script_command("ppo.py", ["--total-timesteps", "128", "--num-steps", "32", "--no-cuda", "--save-model"])
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    for attempt in range(3):  # the two must start within one second of each other: on a busy machine, retry
+        workdir = tmp_path / f"attempt{attempt}"
+        workdir.mkdir()
+        processes = [subprocess.Popen(command, cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      text=True) for _ in range(2)]
+        outputs = [process.communicate(timeout=300)[0] for process in processes]
+        assert all(process.returncode == 0 for process in processes), outputs
+        folders = sorted(path.name for path in (workdir / "runs").iterdir())
+        if len({name.split("__")[-1].split("-")[0] for name in folders}) == 1:  # both in the same second
+            break
+    else:
+        pytest.skip("the two runs never started within the same second")
+    assert len(folders) == 2 and folders[1] == folders[0] + "-2", folders
+    assert sum(f"this run is {folders[1]}" in output for output in outputs) == 1, outputs
+    for folder in folders:  # each its own log and checkpoint
+        assert len(list((workdir / "runs" / folder).glob("events.*"))) == 1
+        assert (workdir / "runs" / folder / "checkpoint.pt").is_file()
+
+
+def test_every_script_claims_its_run_folder_through_the_harness(workdir, monkeypatch):
+    """The same name twice (the clock stopped): the second Run takes <name>-2. Every script names and
+    claims its folder through harness.Run, checked here on the scripts' own source."""
+    harness = load("ppo").harness
+    monkeypatch.setattr(harness.time, "time", lambda: 1_800_000_000.0)
+    args = load("ppo").Args(cuda=False)
+    first, second = harness.Run(args, "ppo", None, 1), harness.Run(args, "ppo", None, 1)
+    assert second.name == first.name + "-2" and second.folder == f"runs/{first.name}-2"
+    assert (workdir / "runs" / first.name).is_dir() and (workdir / "runs" / second.name).is_dir()
+    for script in ("ppo", "ppo_atari", "ppo_atari_lstm", "ppo_atari_envpool", "ppo_continuous_action",
+                   "ppo_procgen", "ppo_atari_multigpu"):
+        assert "run = harness.Run(" in (REPO / "ppo" / f"{script}.py").read_text(), script
+
+
+# ---------------------------------------------------------------------------------------------------
+# Divergence: one line, its own exit code, and the last good checkpoint kept
+# ---------------------------------------------------------------------------------------------------
+
+DIVERGED = 3
+TINY = {  # flags of a tiny run of each script, and what it needs installed
+    "ppo.py": (["--total-timesteps", "512", "--num-steps", "32"], ()),
+    "ppo_continuous_action.py": (["--env-id", "Pendulum-v1", "--total-timesteps", "512", "--num-steps", "64",
+                                  "--num-minibatches", "2"], ()),
+    **{script: (["--total-timesteps", "128", "--num-envs", "2", "--num-steps", "16", "--num-minibatches", "2",
+                 "--update-epochs", "1"], ("ale_py", "cv2"))
+       for script in ("ppo_atari.py", "ppo_atari_lstm.py", "ppo_atari_multigpu.py")},
+    "ppo_atari_envpool.py": (["--env-id", "Breakout-v5", "--total-timesteps", "128", "--num-envs", "2",
+                              "--num-steps", "16", "--num-minibatches", "2", "--update-epochs", "1"], ("envpool",)),
+    "ppo_procgen.py": (["--total-timesteps", "256", "--num-envs", "4", "--num-steps", "16", "--num-minibatches", "2",
+                        "--update-epochs", "1"], ("procgen",)),
+}
+
+# A launcher that runs a script as `python script.py ...` does, with one change: from the optimizer
+# step given in POISON_AT on, the step writes NaN into the first weight, as a run that diverges late
+# would. So divergence comes after some checkpoints were written, at a known point, in every script.
+POISONED_OPTIMIZER = textwrap.dedent("""
+    import os, runpy, sys, torch
+    steps, poison_at = [0], int(os.environ["POISON_AT"])
+    step = torch.optim.Adam.step
+    def poisoned_step(self, *args, **kwargs):
+        result = step(self, *args, **kwargs)
+        steps[0] += 1
+        if steps[0] >= poison_at:
+            with torch.no_grad():
+                self.param_groups[0]["params"][0].fill_(float("nan"))
+        return result
+    torch.optim.Adam.step = poisoned_step
+    sys.argv = sys.argv[1:]
+    runpy.run_path(sys.argv[0], run_name="__main__")
+""")
+
+
+def diverged_line(result: subprocess.CompletedProcess, script: str) -> str:
+    assert result.returncode == DIVERGED, (result.returncode, result.stdout[-2000:], result.stderr[-2000:])
+    assert "Traceback" not in result.stderr, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith(f"{script}: diverged: at step "), lines
+    return lines[0]
+
+
+@pytest.mark.parametrize("script", list(TINY))
+def test_a_learning_rate_that_diverges_stops_the_run_in_one_line(script, tmp_path):
+    flags, needs = TINY[script]
+    for package in needs:
+        pytest.importorskip(package)
+    result = run_script(script, *flags, "--no-cuda", "--learning-rate", "1e30", "--save-model", cwd=tmp_path,
+                        check=False)
+    line = diverged_line(result, script)
+    assert "became nan" in line or "became inf" in line or "weights became non-finite" in line, line
+    assert "the learning rate 1e+30 is" in line and "lower it" in line, line
+    assert "no checkpoint was written" in line, line  # the very first update diverged
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    assert not (run_dir / "checkpoint.pt").exists()
+    # The log is closed and readable, and holds nothing of the diverged update.
+    assert "losses/policy_loss" not in read_scalars(run_dir)
+
+
+@pytest.mark.parametrize("script", ["ppo.py", "ppo_continuous_action.py"])
+def test_a_late_divergence_keeps_the_last_good_checkpoint_and_logs(script, tmp_path):
+    """NaN from the third optimizer step on (the second iteration, with 2 minibatches and 1 epoch): the
+    first iteration's checkpoint stays on disk, finite, the line names it, and TensorBoard holds the
+    first iteration's scalars (flushed), none of the diverged one's."""
+    flags, _ = TINY[script]
+    launcher = [sys.executable, "-c", POISONED_OPTIMIZER]
+    result = run_script(script, *flags, "--no-cuda", "--update-epochs", "1", "--num-minibatches", "2",
+                        "--save-model", "--save-interval", "1", cwd=tmp_path, check=False, launcher=launcher,
+                        env={"POISON_AT": "3"})
+    line = diverged_line(result, script)
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    checkpoint = torch.load(run_dir / "checkpoint.pt", weights_only=False)
+    first_iteration_steps = checkpoint["global_step"]
+    assert checkpoint["iteration"] == 1
+    assert all(torch.isfinite(value).all() for value in checkpoint["model"].values()
+               if isinstance(value, torch.Tensor) and value.is_floating_point())
+    assert f"at step {2 * first_iteration_steps:,}," in line, line
+    assert f"the last good checkpoint, runs/{run_dir.name}/checkpoint.pt (step {first_iteration_steps:,}), is kept" \
+        in line, line
+    assert [step for step, _ in read_scalars(run_dir)["losses/policy_loss"]] == [first_iteration_steps]
+
+    # --evaluate refuses weights that are not finite, in one line; the kept checkpoint evaluates.
+    checkpoint["model"] = {key: value.fill_(float("nan")) if key.endswith("weight") else value
+                           for key, value in checkpoint["model"].items()}
+    torch.save(checkpoint, tmp_path / "nan.pt")
+    refused = run_script(script, "--evaluate", str(tmp_path / "nan.pt"), "--no-cuda", cwd=tmp_path, check=False)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
+    assert refused.stderr.strip().splitlines() == [f"{script}: error: '{tmp_path / 'nan.pt'}' holds non-finite "
+                                                   "weights (NaN or infinite: the run diverged): evaluate a checkpoint "
+                                                   "saved before it diverged"]
+    run_script(script, "--evaluate", str(run_dir / "checkpoint.pt"), "--eval-episodes", "1", "--no-cuda",
+               cwd=tmp_path)
+
+
+def test_the_runner_reports_a_diverged_run_and_does_not_start_it_again(tmp_path):
+    command = [sys.executable, str(REPO / "benchmark" / "run.py"), "--env-ids", "CartPole-v1", "--num-seeds", "1",
+               "--command", "python ppo/ppo.py --total-timesteps 512 --num-steps 32 --no-cuda --learning-rate 1e30",
+               "--workdir", str(tmp_path), "--log-dir", str(tmp_path / "logs")]
+    first = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert first.returncode == 1, first.stdout + first.stderr
+    assert "[DIVERGED] ppo CartPole-v1 seed 1: at step 128, the policy loss became nan" in first.stdout, first.stdout
+    assert "1 run(s): 0 ran ok, 0 skipped (finished earlier), 0 failed, 1 diverged" in first.stdout, first.stdout
+    (marker,) = (tmp_path / "logs").rglob("*.done")
+    assert json.loads(marker.read_text())["exit_code"] == DIVERGED
+    again = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert "[skip] ppo CartPole-v1 seed 1: diverged earlier" in again.stdout, again.stdout
+    assert again.returncode == 0
