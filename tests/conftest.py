@@ -19,6 +19,29 @@ METRICS = ["charts/episodic_return", "charts/episodic_length", "charts/SPS", "ch
            "losses/approx_kl", "losses/clipfrac", "losses/explained_variance"]
 
 
+def is_a_procgen_test(item: pytest.Item) -> bool:
+    """A test of ppo_procgen.py: in its test file, parametrized with the script (test_algorithm.py,
+    test_bad_input.py, test_checkpoints.py), or named `test_procgen_...` (test_observations.py)."""
+    parameters = getattr(item, "callspec", None)
+    return (item.path.name == "test_ppo_procgen.py" or item.originalname.startswith("test_procgen_")
+            or "ppo_procgen" in (parameters.params.values() if parameters else ()))
+
+
+# The files that hold the Procgen tests this run collected, as tests/<name> (tests/test_locks.py holds
+# them to the Procgen stack's files in noxfile.py).
+PROCGEN_TEST_FILES = pytest.StashKey[set]()
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark the Procgen tests `procgen`: Procgen holds NumPy below 2, so they run in a stack of their
+    own (`nox -s procgen`: `-m procgen`), and the main stack runs the others (`-m "not procgen"`)."""
+    config.stash[PROCGEN_TEST_FILES] = set()
+    for item in items:
+        if is_a_procgen_test(item):
+            item.add_marker(pytest.mark.procgen)
+            config.stash[PROCGEN_TEST_FILES].add(f"tests/{item.path.name}")
+
+
 @pytest.fixture(autouse=True)
 def signal_handlers_put_back():
     """A test that calls a script's machinery in this process (harness.run, Run) may leave its handlers
