@@ -114,6 +114,7 @@ def test_every_stored_transition_is_a_real_step(workdir):
     assert set(lengths) == {float(EPISODE_LENGTH)}
 
 
+@pytest.mark.smoke
 def test_evaluation_prints_each_episodes_own_return(workdir, capsys):
     """Every episode of FixedLength-v0 returns the same, whatever the policy: an evaluation that
     carried one episode's return into the next would print a growing sequence."""
@@ -214,6 +215,7 @@ def test_same_seed_gives_identical_metrics(workdir, monkeypatch):
 # ---------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.smoke
 @pytest.mark.parametrize("stop_signal", [signal.SIGINT, signal.SIGTERM], ids=["Ctrl-C", "SIGTERM"])
 def test_interrupted_and_resumed_run_ends_with_the_same_weights(tmp_path, stop_signal):
     """Ctrl-C and `kill` (SIGTERM, also what Slurm sends at a time limit), each sent to every process of
@@ -327,6 +329,7 @@ def test_help_lists_the_shared_flags(tmp_path):
         assert re.search(rf"(?<![\w-]){flag}(?![\w-])", result.stdout), flag  # whole: not --cuda in --cudagraphs
 
 
+@pytest.mark.smoke
 def test_tiny_run_logs_every_metric_and_the_hyperparameters(tmp_path):
     result = run_script("ppo.py", "--total-timesteps", "1024", *SMALL_FLAGS, cwd=tmp_path)
     assert [match.group(1) for match in PROGRESS_LINE.finditer(result.stdout)][-1] == "1,024", result.stdout
@@ -339,6 +342,7 @@ def test_tiny_run_logs_every_metric_and_the_hyperparameters(tmp_path):
     assert "hyperparameters/text_summary" in accumulator.Tags()["tensors"]
 
 
+@pytest.mark.smoke
 def test_capture_video_writes_mp4_files(tmp_path):
     run_script("ppo.py", "--total-timesteps", "512", "--capture-video", *SMALL_FLAGS, cwd=tmp_path)
     videos = list((tmp_path / "videos").rglob("*.mp4"))
@@ -377,6 +381,7 @@ def test_an_evaluation_films_its_episodes_and_no_more(workdir):
     assert sorted(video.name for video in videos.glob("*.mp4")) == ["rl-video-episode-0.mp4"]
 
 
+@pytest.mark.smoke
 def test_track_works_offline(tmp_path):
     run_script("ppo.py", "--total-timesteps", "512", "--track", *SMALL_FLAGS, cwd=tmp_path,
                env={"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path), "WANDB_SILENT": "true"})

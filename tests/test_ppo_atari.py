@@ -259,6 +259,7 @@ def test_a_restored_vector_env_continues_the_very_same_games():
 # ---------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.smoke
 def test_a_tiny_run_logs_every_metric_and_real_game_scores(workdir):
     result = main(Args(total_timesteps=1024, seed=2, **TINY_ARGS))
     assert result["global_step"] == 1024
@@ -321,6 +322,7 @@ def test_network_shapes_and_initialization():
     assert agent.network[0].bias.abs().sum() == 0
 
 
+@pytest.mark.smoke
 def test_interrupted_and_resumed_run_ends_with_the_same_weights_and_evaluates(tmp_path):
     flags = ["--seed", "3", "--total-timesteps", "160", "--save-model", *TINY]
     unbroken, interrupted, output = run_unbroken_and_interrupted("ppo_atari.py", flags, tmp_path)

@@ -285,6 +285,7 @@ def test_the_smallest_minibatches_train_without_nans(workdir, norm_adv, num_mini
 
 @pytest.mark.parametrize("speed_flags, stop_signal", [([], signal.SIGTERM), (["--async-envs"], signal.SIGINT)],
                          ids=["one-pool-SIGTERM", "two-pools-Ctrl-C"])
+@pytest.mark.smoke
 def test_an_interrupted_run_resumes_with_new_games_and_evaluates(tmp_path, speed_flags, stop_signal):
     """envpool's games cannot be saved: the weights, optimizer, random generators and counters
     resume exactly, and the games start anew. Stopped by Ctrl-C, or by SIGTERM as `kill` and Slurm

@@ -185,6 +185,7 @@ def test_observations_are_single_frames():
     envs.close()
 
 
+@pytest.mark.smoke
 def test_interrupted_and_resumed_run_ends_with_the_same_weights(tmp_path):
     flags = ["--seed", "4", "--total-timesteps", "160", "--save-model", *TINY]
     unbroken, interrupted, output = run_unbroken_and_interrupted("ppo_atari_lstm.py", flags, tmp_path)

@@ -151,6 +151,7 @@ def test_two_processes_train_and_only_rank_0_logs_the_worlds_figures(tmp_path):
     assert [step for step, _ in scalars["charts/SPS"]] == list(range(32, 769, 32))
 
 
+@pytest.mark.smoke
 def test_an_interrupted_group_resumes_to_the_same_weights_and_evaluates_in_one_process(tmp_path):
     """SIGTERM to torchrun (`kill`, or Slurm at a task's time limit; Ctrl-C takes the same way: torchrun
     passes the signal on to each worker) stops both ranks after the same iteration; rank 0 writes one

@@ -350,6 +350,7 @@ def test_the_training_rewards_are_scaled_then_clipped(workdir, monkeypatch):
 # ---------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.smoke
 def test_tiny_run_on_hopper_logs_every_metric_and_the_mujoco_release(tmp_path, mujoco):
     result = run_script(SCRIPT, "--env-id", "Hopper-v4", *SMALL_FLAGS, "--total-timesteps", "256", cwd=tmp_path)
     assert [match.group(1) for match in PROGRESS_LINE.finditer(result.stdout)][-1] == "256", result.stdout
@@ -399,6 +400,7 @@ def test_a_saved_agent_plays_exactly_like_the_trained_one_with_its_statistics(tr
     assert evaluated(without_stats.state_dict()) != saved
 
 
+@pytest.mark.smoke
 def test_evaluation_prints_each_episode_and_the_mean(trained_hopper, workdir, capsys):
     _, checkpoint_path = trained_hopper
     returns = evaluate(*parse_args(["--evaluate", str(checkpoint_path), "--eval-episodes", "2", "--no-cuda"]))
@@ -413,6 +415,7 @@ def test_evaluation_keeps_the_observation_clip_it_was_trained_with(trained_hoppe
                        "ppo_continuous_action.py", "--obs-clip 10.0, not 5.0")
 
 
+@pytest.mark.smoke
 def test_interrupted_and_resumed_run_ends_exactly_like_an_unbroken_one(workdir, mujoco):
     """MuJoCo environments are saved with their physics and random generators, the agent with its
     observation statistics, the loop with its reward statistics: a run stopped by SIGTERM (`kill`, or

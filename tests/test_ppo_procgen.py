@@ -198,6 +198,7 @@ def test_seeds_past_31_bits_wrap_around(procgen):
     plain.close()
 
 
+@pytest.mark.smoke
 def test_tiny_run_on_starpilot_then_evaluate(tmp_path, monkeypatch, capsys, procgen):
     result = run_script(SCRIPT, *SMALL_FLAGS, "--total-timesteps", "128", "--save-model", cwd=tmp_path,
                         env=ONE_THREAD)
@@ -249,6 +250,7 @@ def test_evaluation_plays_the_saved_weights(workdir, monkeypatch, procgen):
     assert_evaluation_plays_the_saved_weights(script, Args(total_timesteps=128, **SMALL), monkeypatch)
 
 
+@pytest.mark.smoke
 def test_interrupted_and_resumed_run_ends_exactly_like_an_unbroken_one(workdir, procgen):
     """The games' states go into the checkpoint (procgen can save them), so a run stopped by SIGTERM
     (`kill`, or Slurm) and resumed ends bit for bit where an unbroken run ends. (Ctrl-C: the compiled
