@@ -15,6 +15,8 @@ chosen by the markers declared in pyproject.toml.
 """
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import nox
@@ -22,7 +24,7 @@ import nox
 PYTHON = "3.11"  # the Python the stacks are tested on; pyproject.toml's classifiers name it
 LOCKS = Path("locks")
 # PyTorch's CPU build (PyPI's torch is the CUDA build, several GB), which uv finds in the wheel folders
-# of PIP_FIND_LINKS or UV_FIND_LINKS, or in PyTorch's own index (UV_INDEX).
+# pip is given (find_links) or in those of UV_FIND_LINKS.
 TORCH = LOCKS / "torch.txt"
 # stack: (the extra it installs, the tests it runs: a pytest marker expression, and the files to look in,
 # all of tests/ where none are named). The Procgen stack names the files that hold Procgen tests (the
@@ -45,8 +47,15 @@ nox.options.reuse_venv = "yes"
 
 
 def find_links() -> list[str]:
-    """uv does not read pip's settings: hand it the wheel folders pip is given in PIP_FIND_LINKS."""
-    return [f"--find-links={place}" for place in os.environ.get("PIP_FIND_LINKS", "").split()]
+    """uv does not read pip's settings: hand it the wheel folders pip is given (`find-links` in a
+    pip.conf, or PIP_FIND_LINKS), where a machine may keep PyTorch's CPU build."""
+    settings = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True).stdout
+    places = os.environ.get("PIP_FIND_LINKS", "").split()
+    for line in settings.splitlines():
+        key, _, value = line.partition("=")
+        if key.endswith(".find-links"):
+            places += value.strip("'\"").split()
+    return [f"--find-links={place}" for place in dict.fromkeys(places)]
 
 
 def pytest(session: nox.Session, stack: str, selection: str) -> None:
