@@ -224,6 +224,7 @@ POISONED_OPTIMIZER = textwrap.dedent("""
         return result
     torch.optim.Adam.step = poisoned_step
     sys.argv = sys.argv[1:]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(sys.argv[0])))  # as `python script.py` does
     runpy.run_path(sys.argv[0], run_name="__main__")
 """)
 
