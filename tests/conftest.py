@@ -43,6 +43,27 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(autouse=True)
+def one_torch_thread():
+    """One PyTorch thread in the test process, as script_environment gives the runs it starts:
+    pytest-xdist runs a worker per core, and workers with a thread per core each would fight over the
+    cores (PyTorch's threads wait for each other by spinning)."""
+    torch = sys.modules.get("torch")  # imported by the test's module, if it needs it
+    if torch is None or "OMP_NUM_THREADS" in os.environ:
+        yield
+        return
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+def script_environment(env: dict | None = None) -> dict:
+    """The environment of a script run from a test: the tests' own, unbuffered, with `env`, and one
+    PyTorch thread unless OMP_NUM_THREADS says otherwise (see one_torch_thread)."""
+    return {"OMP_NUM_THREADS": "1", **os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+
+
+@pytest.fixture(autouse=True)
 def signal_handlers_put_back():
     """A test that calls a script's machinery in this process (harness.run, Run) may leave its handlers
     for Ctrl-C, SIGTERM and SIGUSR1 behind, as a script's process does at its end: put them back, so
@@ -69,9 +90,8 @@ def run_script(script: str, *args: str, cwd: Path, timeout: float = 300, env: di
                check: bool = True, launcher: list[str] | None = None) -> subprocess.CompletedProcess:
     """Run `python ppo/<script> args...` in `cwd` (so runs/ and videos/ land there), as a user would;
     `launcher` replaces `python`, for example by torchrun(...)."""
-    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-    result = subprocess.run(script_command(script, args, launcher), cwd=cwd, env=full_env, capture_output=True,
-                            text=True, timeout=timeout)
+    result = subprocess.run(script_command(script, args, launcher), cwd=cwd, env=script_environment(env),
+                            capture_output=True, text=True, timeout=timeout)
     if check and result.returncode != 0:
         raise AssertionError(f"{script} {' '.join(args)} exited {result.returncode}\n"
                              f"stdout:\n{result.stdout[-3000:]}\nstderr:\n{result.stderr[-3000:]}")
@@ -131,7 +151,7 @@ def interrupt_after_first_progress_line(script: str, args: list[str], cwd: Path,
     limit (every process of the task), so that is what gets the signal here."""
     process = subprocess.Popen(script_command(script, args, launcher), cwd=cwd,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
+                               env=script_environment(), start_new_session=True)
     output = []
     for line in process.stdout:
         output.append(line)
@@ -166,7 +186,7 @@ def run_unbroken_and_interrupted(script: str, flags: list[str], tmp_path: Path, 
         unbroken.mkdir()
         with unbroken_log.open("w") as log:
             unbroken_run = subprocess.Popen(script_command(script, flags, launcher), cwd=unbroken, stdout=log,
-                                            stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                                            stderr=subprocess.STDOUT, env=script_environment(),
                                             start_new_session=True)
     try:
         code, output = interrupt_after_first_progress_line(script, [*flags, *interrupted_flags], cwd=interrupted,
