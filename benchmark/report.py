@@ -566,6 +566,30 @@ def curve_label(variant: str, row: EnvSummary) -> str:
     return label
 
 
+def seed_curves(row: EnvSummary, against_time: bool, time_scale: float = 1.0):
+    """The curve of each seed on one grid, against global steps or wall time (in units of `time_scale`
+    seconds): returns (grid, mean, min, max over the seeds)."""
+    if against_time:
+        xs = [run.return_seconds / time_scale for run in row.runs]
+        ends = [run.wall_seconds / time_scale for run in row.runs]
+    else:
+        xs = [run.return_steps.astype(np.float64) for run in row.runs]
+        ends = [float(run.last_step) for run in row.runs]
+    grid = np.linspace(0.0, max(ends), CURVE_POINTS)
+    window = CURVE_WINDOW * max(ends)
+    curves = np.array([curve_on_grid(x, run.return_values, grid, window, end)
+                       for x, run, end in zip(xs, row.runs, ends)])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN columns before the first episode
+        return grid, np.nanmean(curves, axis=0), np.nanmin(curves, axis=0), np.nanmax(curves, axis=0)
+
+
+def time_unit(rows: list[EnvSummary]) -> tuple[float, str]:
+    """Minutes when some run took over 3 minutes, else seconds: (seconds per unit, its name)."""
+    longest = max(run.wall_seconds for row in rows for run in row.runs)
+    return (60.0, "minutes") if longest > 180 else (1.0, "seconds")
+
+
 def plot_env(variant: str, row: EnvSummary, out_dir: Path) -> list[Path]:
     """Write `<env>.png` (return against global step) and `<env>-time.png` (against wall time)."""
     import matplotlib
@@ -574,23 +598,10 @@ def plot_env(variant: str, row: EnvSummary, out_dir: Path) -> list[Path]:
     import matplotlib.pyplot as plt
 
     written = []
-    for suffix, xlabel in (("", "global step"), ("-time", "wall time")):
-        if suffix:
-            ends = [run.wall_seconds for run in row.runs]
-            scale, unit = (60.0, "minutes") if max(ends) > 180 else (1.0, "seconds")
-            xs = [run.return_seconds / scale for run in row.runs]
-            ends = [end / scale for end in ends]
-            xlabel = f"wall time ({unit})"
-        else:
-            xs = [run.return_steps.astype(np.float64) for run in row.runs]
-            ends = [float(run.last_step) for run in row.runs]
-        grid = np.linspace(0.0, max(ends), CURVE_POINTS)
-        window = CURVE_WINDOW * max(ends)
-        curves = np.array([curve_on_grid(x, run.return_values, grid, window, end)
-                           for x, run, end in zip(xs, row.runs, ends)])
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN columns before the first episode
-            mean, low, high = np.nanmean(curves, axis=0), np.nanmin(curves, axis=0), np.nanmax(curves, axis=0)
+    for suffix in ("", "-time"):
+        scale, unit = time_unit([row])
+        grid, mean, low, high = seed_curves(row, against_time=bool(suffix), time_scale=scale)
+        xlabel = f"wall time ({unit})" if suffix else "global step"
 
         figure, axes = plt.subplots(figsize=(6, 4), dpi=100)
         axes.plot(grid, mean, color="tab:blue", label=curve_label(variant, row))
@@ -615,6 +626,105 @@ def plot_env(variant: str, row: EnvSummary, out_dir: Path) -> list[Path]:
         plt.close(figure)
         written.append(path)
     return written
+
+
+# ---------------------------------------------------------------------------------------------------
+# Variants side by side: an ablation's page
+# ---------------------------------------------------------------------------------------------------
+
+COLORS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown")
+
+
+def mann_whitney(first: np.ndarray, second: np.ndarray) -> tuple[float, float]:
+    """The two-sided Mann-Whitney U test of two samples: (U of `first`, p). U counts the pairs in which
+    `first` is the larger (ties count a half). p is exact, from every way of splitting the pooled
+    values into groups of those sizes, which is what a benchmark's handful of seeds needs; it is not
+    offered past 20 values in all (nan), where the enumeration grows too long."""
+    from itertools import combinations
+
+    def u_of(a, b) -> float:
+        return float(sum((x > y) + 0.5 * (x == y) for x in a for y in b))
+
+    u = u_of(first, second)
+    pooled, size = np.concatenate([first, second]), len(first)
+    if len(pooled) > 20 or size == 0 or len(second) == 0:
+        return u, math.nan
+    centre = size * len(second) / 2
+    splits = [u_of(pooled[list(chosen)], np.delete(pooled, list(chosen)))
+              for chosen in combinations(range(len(pooled)), size)]
+    p = np.mean([abs(other - centre) >= abs(u - centre) - 1e-9 for other in splits])
+    return u, float(p)
+
+
+def plot_comparison(env_id: str, rows: dict[str, EnvSummary], out_dir: Path) -> list[Path]:
+    """`comparison/<env>.png` and `<env>-time.png`: every variant's mean curve and min-max band."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    scale, unit = time_unit(list(rows.values()))
+    for suffix in ("", "-time"):
+        figure, axes = plt.subplots(figsize=(6, 4), dpi=100)
+        for color, (variant, row) in zip(COLORS, rows.items()):
+            grid, mean, low, high = seed_curves(row, against_time=bool(suffix), time_scale=scale)
+            axes.plot(grid, mean, color=color, label=curve_label(variant, row))
+            axes.fill_between(grid, low, high, color=color, alpha=0.15, linewidth=0)
+        axes.set_xlim(left=0)
+        axes.set_xlabel(f"wall time ({unit})" if suffix else "global step")
+        axes.set_ylabel("episodic return")
+        axes.set_title(f"{env_id}: mean over seeds, min–max shaded")
+        axes.grid(alpha=0.3)
+        axes.legend(fontsize="small", loc="best")
+        figure.tight_layout()
+        path = out_dir / "comparison" / f"{file_stem(env_id)}{suffix}.png"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        figure.savefig(path)
+        plt.close(figure)
+        written.append(path)
+    return written
+
+
+def comparison_markdown(report: dict[str, list[EnvSummary]], out_dir: Path) -> str | None:
+    """The page that sets the variants side by side on each environment that two or more of them ran:
+    the final returns of the seeds they share, a Mann-Whitney U test when there are two variants, and
+    both curves in one plot. None when no environment has two variants."""
+    by_env: dict[str, dict[str, EnvSummary]] = {}
+    for variant, rows in report.items():
+        for row in rows:
+            by_env.setdefault(row.env_id, {})[variant] = row
+    shared = {env_id: rows for env_id, rows in sorted(by_env.items()) if len(rows) > 1}
+    if not shared:
+        return None
+    variants = sorted({variant for rows in shared.values() for variant in rows})
+    lines = ["# Variants compared", "",
+             "Final return (the mean of the episodes in the last 10% of a run's steps), mean ± std over the "
+             "seeds that every variant of the row ran."
+             + (" U and p: two-sided Mann-Whitney U test of the first variant's seeds against the second's, "
+                "p exact." if len(variants) == 2 else ""), "",
+             "| env | seeds | " + " | ".join(variants) + (" | U | p |" if len(variants) == 2 else " |"),
+             "|---|---|" + "---|" * len(variants) + ("---|---|" if len(variants) == 2 else "")]
+    for env_id, rows in shared.items():
+        seeds = sorted(set.intersection(*({run.seed for run in row.runs} for row in rows.values())))
+        finals = {variant: np.array([value for run, (value, count, _) in zip(row.runs, row.finals)
+                                     if run.seed in seeds and count > 0]) for variant, row in rows.items()}
+        cells = [format_band(float(np.mean(finals[v])), float(np.std(finals[v]))) if v in finals and len(finals[v])
+                 else "-" for v in variants]
+        test = ""
+        if len(variants) == 2 and all(v in finals and len(finals[v]) for v in variants):
+            u, p = mann_whitney(finals[variants[0]], finals[variants[1]])
+            test = f" {u:g} | {p:.3f} |" if not math.isnan(p) else f" {u:g} | - |"
+        elif len(variants) == 2:
+            test = " - | - |"
+        lines.append(f"| {env_id} | {', '.join(map(str, seeds))} | " + " | ".join(cells) + (" |" if not test else
+                                                                                              " |" + test))
+    for env_id, rows in shared.items():
+        plot_comparison(env_id, rows, out_dir)
+        stem = file_stem(env_id)
+        lines += ["", f"## {env_id}", "", f"![{env_id}, return against steps](comparison/{stem}.png)",
+                  f"![{env_id}, return against wall time](comparison/{stem}-time.png)"]
+    return "\n".join(lines) + "\n"
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -660,6 +770,10 @@ def build_report(runs_dir: Path, out_dir: Path, baselines_path: Path = DEFAULT_B
     # their lines of the index as it was.
     lines = {variant: f"- [{variant}]({variant}.md): " + ", ".join(f"{row.env_id} {row.status}" for row in rows)
              for variant, rows in report.items()}
+    comparison = comparison_markdown(report, out_dir)
+    if comparison:
+        (out_dir / "comparison.md").write_text(comparison)
+        lines["~comparison"] = "- [the variants compared](comparison.md): the environments two or more of them ran"
     index_path = out_dir / "index.md"
     if index_path.exists():
         for line in index_path.read_text().splitlines():

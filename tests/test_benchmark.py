@@ -424,6 +424,33 @@ def record_saved_figures(monkeypatch) -> dict[str, dict]:
     return figures
 
 
+def test_mann_whitney_matches_hand_counts():
+    # Every value of the first above every value of the second: U = 3 x 3 = 9; of the 20 ways to split
+    # six values into two groups of three, two are as extreme (both directions): p = 0.1.
+    assert report.mann_whitney(np.array([4.0, 5.0, 6.0]), np.array([1.0, 2.0, 3.0])) == (9.0, pytest.approx(0.1))
+    # Interleaved: U sits at its centre, and every split is at least as extreme.
+    assert report.mann_whitney(np.array([1.0, 4.0]), np.array([2.0, 3.0])) == (2.0, pytest.approx(1.0))
+    assert math.isnan(report.mann_whitney(np.arange(11.0), np.arange(11.0))[1])  # past 20 values: no exact p
+
+
+def test_a_report_of_two_variants_on_one_env_sets_them_side_by_side(tmp_path):
+    """An ablation (the same script with a flag on and off, two exp_names): a comparison page with the
+    final returns of the seeds both ran, the U test, and one plot with both curves."""
+    runs = tmp_path / "runs"
+    for seed, (off, on) in enumerate([(10.0, 50.0), (20.0, 60.0), (30.0, 40.0)], start=1):
+        write_run(runs, "Pendulum-v1", "off", seed, 100 + seed, 1000, [(500, 0.0), (990, off)])
+        write_run(runs, "Pendulum-v1", "on", seed, 200 + seed, 1000, [(500, 0.0), (990, on)])
+    write_run(runs, "Hopper-v4", "on", 1, 300, 1000, [(990, 1.0)])  # one variant alone: no comparison row
+    out = tmp_path / "report"
+    report.build_report(runs, out, baselines_path=Path(os.devnull))
+    page = (out / "comparison.md").read_text()
+    (row,) = table_rows(page, "env")
+    assert row == {"env": "Pendulum-v1", "seeds": "1, 2, 3", "off": "20.00 ± 8.16", "on": "50.00 ± 8.16",
+                   "U": "0", "p": "0.100"}
+    assert (out / "comparison" / "Pendulum-v1.png").is_file() and (out / "comparison" / "Pendulum-v1-time.png").is_file()
+    assert "- [the variants compared](comparison.md)" in (out / "index.md").read_text()
+
+
 def test_report_uses_the_newest_complete_run_per_seed(tmp_path):
     runs = tmp_path / "runs"
     early = [(100, -500.0), (500, -300.0)]
