@@ -452,6 +452,47 @@ def test_two_pools_fill_their_own_columns_and_bootstrap_from_their_own_last_fram
     assert not np.array_equal(*(np.stack([reward for _, reward in pool.received]) for pool in pools))
 
 
+def test_a_lost_life_cuts_gae_while_the_logged_score_runs_to_game_over(workdir, monkeypatch):
+    """[Atari 4: EpisodicLifeEnv] in envpool's episodic_life: the step after a lost life begins a new
+    training episode (dones = 1 there, so GAE does not flow back across it), although the game, and
+    its logged score, go on. Recorded: the lives envpool reports at each step, and the dones GAE gets."""
+    lives, gae_dones, logged = [], [], []
+
+    class Recording:
+        def __init__(self, envs):
+            self.envs = envs
+
+        def __getattr__(self, name):
+            return getattr(self.envs, name)
+
+        def recv(self):
+            result = self.envs.recv()
+            lives.append((result[4]["lives"].copy(), result[4]["terminated"].copy()))
+            return result
+
+    def recording_gae(rewards, values, dones, *rest):
+        gae_dones.append(dones.copy())
+        return compute_gae(rewards, values, dones, *rest)
+
+    make, compute_gae = script.make_envs, script.compute_gae
+    monkeypatch.setattr(script, "make_envs", lambda *args, **kwargs: Recording(make(*args, **kwargs)))
+    monkeypatch.setattr(script, "compute_gae", recording_gae)
+    main(Args(env_id="Breakout-v5", total_timesteps=1024, seed=5, **TINY_ARGS))
+
+    # Step t of the rollout (t >= 1) begins an episode exactly where the step before lost a life
+    # or ended the game; the first step continues the previous rollout's last.
+    received = np.stack([alive for alive, _ in lives])  # lives after each step, all games
+    game_over = np.stack([ended for _, ended in lives]).astype(bool)
+    before = np.vstack([np.full((1, received.shape[1]), 5), received[:-1]])
+    life_lost = (received < before) & ~game_over
+    ended = life_lost | game_over
+    dones = np.concatenate(gae_dones)  # (iterations x num_steps, num_envs): step t is after recv t - 1
+    np.testing.assert_array_equal(dones[1:].astype(bool), ended[:len(dones) - 1])
+    assert life_lost.any() and not game_over[life_lost].any()  # some lives were lost inside games
+    # The score the run logged is a game's, not a life's: fewer scores than training episodes.
+    assert ended.sum() > len(read_scalars(only_run_dir(workdir))["charts/episodic_return"])
+
+
 def test_anneal_clip_lowers_the_clipping_coefficient_with_each_iteration(workdir, monkeypatch):
     assert_anneal_clip_lowers_the_clipping_coefficient(script, Args(total_timesteps=96, **TINY_ARGS), monkeypatch)
 
