@@ -839,7 +839,7 @@ with open("calls.txt", "a") as calls:
 print(f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}")
 if os.path.exists(f"fail-seed-{args.seed}"):
     print("failing on purpose", file=sys.stderr)
-    sys.exit(3)
+    sys.exit(4)  # a crash's code of its own: 3 is a run that diverged, which the runner does not retry
 """
 
 
