@@ -195,16 +195,17 @@ def test_every_script_claims_its_run_folder_through_the_harness(workdir, monkeyp
 # ---------------------------------------------------------------------------------------------------
 
 DIVERGED = 3
-TINY = {  # flags of a tiny run of each script, and what it needs installed
-    "ppo.py": (["--total-timesteps", "512", "--num-steps", "32"], ()),
-    "ppo_continuous_action.py": (["--env-id", "Pendulum-v1", "--total-timesteps", "512", "--num-steps", "64",
+TINY = {  # flags of a tiny run of each script, and what it needs installed (by the names the
+    # Procgen stack recognizes: tests/conftest.py marks the ppo_procgen case `procgen`)
+    "ppo": (["--total-timesteps", "512", "--num-steps", "32"], ()),
+    "ppo_continuous_action": (["--env-id", "Pendulum-v1", "--total-timesteps", "512", "--num-steps", "64",
                                   "--num-minibatches", "2"], ()),
     **{script: (["--total-timesteps", "128", "--num-envs", "2", "--num-steps", "16", "--num-minibatches", "2",
                  "--update-epochs", "1"], ("ale_py", "cv2"))
-       for script in ("ppo_atari.py", "ppo_atari_lstm.py", "ppo_atari_multigpu.py")},
-    "ppo_atari_envpool.py": (["--env-id", "Breakout-v5", "--total-timesteps", "128", "--num-envs", "2",
+       for script in ("ppo_atari", "ppo_atari_lstm", "ppo_atari_multigpu")},
+    "ppo_atari_envpool": (["--env-id", "Breakout-v5", "--total-timesteps", "128", "--num-envs", "2",
                               "--num-steps", "16", "--num-minibatches", "2", "--update-epochs", "1"], ("envpool",)),
-    "ppo_procgen.py": (["--total-timesteps", "256", "--num-envs", "4", "--num-steps", "16", "--num-minibatches", "2",
+    "ppo_procgen": (["--total-timesteps", "256", "--num-envs", "4", "--num-steps", "16", "--num-minibatches", "2",
                         "--update-epochs", "1"], ("procgen",)),
 }
 
@@ -233,7 +234,7 @@ def diverged_line(result: subprocess.CompletedProcess, script: str) -> str:
     assert result.returncode == DIVERGED, (result.returncode, result.stdout[-2000:], result.stderr[-2000:])
     assert "Traceback" not in result.stderr, result.stderr
     lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith(f"{script}: diverged: at step "), lines
+    assert len(lines) == 1 and lines[0].startswith(f"{script}.py: diverged: at step "), lines
     return lines[0]
 
 
@@ -242,7 +243,7 @@ def test_a_learning_rate_that_diverges_stops_the_run_in_one_line(script, tmp_pat
     flags, needs = TINY[script]
     for package in needs:
         pytest.importorskip(package)
-    result = run_script(script, *flags, "--no-cuda", "--learning-rate", "1e30", "--save-model", cwd=tmp_path,
+    result = run_script(f"{script}.py", *flags, "--no-cuda", "--learning-rate", "1e30", "--save-model", cwd=tmp_path,
                         check=False)
     line = diverged_line(result, script)
     assert "became nan" in line or "became inf" in line or "weights became non-finite" in line, line
@@ -254,14 +255,14 @@ def test_a_learning_rate_that_diverges_stops_the_run_in_one_line(script, tmp_pat
     assert "losses/policy_loss" not in read_scalars(run_dir)
 
 
-@pytest.mark.parametrize("script", ["ppo.py", "ppo_continuous_action.py"])
+@pytest.mark.parametrize("script", ["ppo", "ppo_continuous_action"])
 def test_a_late_divergence_keeps_the_last_good_checkpoint_and_logs(script, tmp_path):
     """NaN from the third optimizer step on (the second iteration, with 2 minibatches and 1 epoch): the
     first iteration's checkpoint stays on disk, finite, the line names it, and TensorBoard holds the
     first iteration's scalars (flushed), none of the diverged one's."""
     flags, _ = TINY[script]
     launcher = [sys.executable, "-c", POISONED_OPTIMIZER]
-    result = run_script(script, *flags, "--no-cuda", "--update-epochs", "1", "--num-minibatches", "2",
+    result = run_script(f"{script}.py", *flags, "--no-cuda", "--update-epochs", "1", "--num-minibatches", "2",
                         "--save-model", "--save-interval", "1", cwd=tmp_path, check=False, launcher=launcher,
                         env={"POISON_AT": "3"})
     line = diverged_line(result, script)
@@ -280,12 +281,13 @@ def test_a_late_divergence_keeps_the_last_good_checkpoint_and_logs(script, tmp_p
     checkpoint["model"] = {key: value.fill_(float("nan")) if key.endswith("weight") else value
                            for key, value in checkpoint["model"].items()}
     torch.save(checkpoint, tmp_path / "nan.pt")
-    refused = run_script(script, "--evaluate", str(tmp_path / "nan.pt"), "--no-cuda", cwd=tmp_path, check=False)
+    refused = run_script(f"{script}.py", "--evaluate", str(tmp_path / "nan.pt"), "--no-cuda", cwd=tmp_path,
+                         check=False)
     assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
-    assert refused.stderr.strip().splitlines() == [f"{script}: error: '{tmp_path / 'nan.pt'}' holds non-finite "
+    assert refused.stderr.strip().splitlines() == [f"{script}.py: error: '{tmp_path / 'nan.pt'}' holds non-finite "
                                                    "weights (NaN or infinite: the run diverged): evaluate a checkpoint "
                                                    "saved before it diverged"]
-    run_script(script, "--evaluate", str(run_dir / "checkpoint.pt"), "--eval-episodes", "1", "--no-cuda",
+    run_script(f"{script}.py", "--evaluate", str(run_dir / "checkpoint.pt"), "--eval-episodes", "1", "--no-cuda",
                cwd=tmp_path)
 
 
