@@ -2,6 +2,7 @@
 
     python benchmark/report.py                                    # benchmark/runs/ -> docs/results/
     python benchmark/report.py --runs-dir /data/runs --out-dir /tmp/results --variants ppo
+    python benchmark/report.py --runs-dir benchmark/ablations/X --out-dir /tmp/X --compare   # an ablation
 
 For every variant (a run's exp_name) it writes `<out-dir>/<variant>.md`: one row per environment with
 the final return over seeds, throughput, wall time, the published numbers of
@@ -733,9 +734,11 @@ def comparison_markdown(report: dict[str, list[EnvSummary]], out_dir: Path) -> s
 
 
 def build_report(runs_dir: Path, out_dir: Path, baselines_path: Path = DEFAULT_BASELINES,
-                 variants: list[str] | None = None, include_incomplete: bool = False) -> dict[str, list[EnvSummary]]:
-    """Read every run under runs_dir and write the markdown pages and plots to out_dir.
-    Returns the table rows per variant; without a run to report, nothing is written and it is empty."""
+                 variants: list[str] | None = None, include_incomplete: bool = False,
+                 compare: bool = False) -> dict[str, list[EnvSummary]]:
+    """Read every run under runs_dir and write the markdown pages and plots to out_dir (with `compare`,
+    also the page that sets the variants side by side, `comparison_markdown`). Returns the table rows
+    per variant; without a run to report, nothing is written and it is empty."""
     # Wrong input is refused before the runs, which may be many, are read.
     if out_dir.exists() and not out_dir.is_dir():
         fail(f"--out-dir {out_dir} is a file: give a directory (it is made if it does not exist)")
@@ -770,7 +773,7 @@ def build_report(runs_dir: Path, out_dir: Path, baselines_path: Path = DEFAULT_B
     # their lines of the index as it was.
     lines = {variant: f"- [{variant}]({variant}.md): " + ", ".join(f"{row.env_id} {row.status}" for row in rows)
              for variant, rows in report.items()}
-    comparison = comparison_markdown(report, out_dir)
+    comparison = comparison_markdown(report, out_dir) if compare else None
     if comparison:
         (out_dir / "comparison.md").write_text(comparison)
         lines["~comparison"] = "- [the variants compared](comparison.md): the environments two or more of them ran"
@@ -792,6 +795,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="where the markdown and plots go (default docs/results/)")
     parser.add_argument("--baselines", type=Path, default=DEFAULT_BASELINES, help="published numbers (TOML)")
     parser.add_argument("--variants", nargs="+", metavar="NAME", help="only these variants (exp_name)")
+    parser.add_argument("--compare", action="store_true",
+                        help="also write comparison.md: the variants side by side on each env that two or more "
+                             "of them ran (an ablation's flag on and off), with a Mann-Whitney U test and both "
+                             "curves in one plot")
     parser.add_argument("--include-incomplete", action="store_true",
                         help="also use runs that stopped before their budget "
                              "(per seed, the largest budget, then the newest)")
@@ -807,7 +814,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.runs_dir.is_dir():
         fail(f"no runs directory {args.runs_dir}: give the directory the runs wrote their TensorBoard logs "
              "to (--runs-dir)")
-    report = build_report(args.runs_dir, args.out_dir, args.baselines, args.variants, args.include_incomplete)
+    report = build_report(args.runs_dir, args.out_dir, args.baselines, args.variants, args.include_incomplete,
+                          args.compare)
     if not report:
         fail(f"no complete runs{' of ' + ', '.join(args.variants) if args.variants else ''} under "
              f"{args.runs_dir}, nothing written"

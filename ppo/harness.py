@@ -688,16 +688,22 @@ def claim_run_folder(name: str, variant: str) -> str:
     """Make runs/<name> and return the name. os.mkdir is atomic: of two runs started in the same second
     with the same settings (a tuner's workers, a shell loop), one makes the folder and the other finds
     it taken, and takes <name>-2 (or -3, ...) instead, and says so: two runs never share a folder."""
+    def cannot_write(error: OSError) -> NoReturn:  # `runs` is a file, or a folder this user may not write to
+        fail(variant, f"cannot write the run's logs to {os.path.join('runs', name)!r} ({error.strerror}): start "
+                      "the run in a folder where it can create runs/, or remove what is in the way")
+
+    try:
+        os.makedirs("runs", exist_ok=True)
+    except OSError as error:
+        cannot_write(error)
     for attempt in range(1, 1000):
         candidate = name if attempt == 1 else f"{name}-{attempt}"
         try:
-            os.makedirs("runs", exist_ok=True)
             os.mkdir(os.path.join("runs", candidate))
         except FileExistsError:
             continue
-        except OSError as error:  # `runs` is a file, or a folder this user may not write to
-            fail(variant, f"cannot make the run's folder runs/{candidate} ({error.strerror}): start the run in a "
-                          "folder where it can create runs/, or remove what is in the way")
+        except OSError as error:
+            cannot_write(error)
         UNUSED_RUN_FOLDERS.append(os.path.join("runs", candidate))
         if attempt > 1:
             print(f"runs/{name} is another run's (started in the same second): this run is {candidate}", flush=True)

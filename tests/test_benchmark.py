@@ -443,6 +443,8 @@ def test_a_report_of_two_variants_on_one_env_sets_them_side_by_side(tmp_path):
     write_run(runs, "Hopper-v4", "on", 1, 300, 1000, [(990, 1.0)])  # one variant alone: no comparison row
     out = tmp_path / "report"
     report.build_report(runs, out, baselines_path=Path(os.devnull))
+    assert not (out / "comparison.md").exists()  # only when asked for
+    report.build_report(runs, out, baselines_path=Path(os.devnull), compare=True)
     page = (out / "comparison.md").read_text()
     (row,) = table_rows(page, "env")
     assert row == {"env": "Pendulum-v1", "seeds": "1, 2, 3", "off": "20.00 ± 8.16", "on": "50.00 ± 8.16",

@@ -87,8 +87,9 @@ TRAINS = [  # (script, env id, flags of a tiny run, what it needs installed)
     ("ppo.py", "myenvs:MyCartPole-v0", ["--total-timesteps", "256", "--num-steps", "32"], ()),
     ("ppo_continuous_action.py", "myenvs:MyPendulum-v0", ["--total-timesteps", "128", "--num-steps", "64",
                                                           "--num-minibatches", "2"], ()),
-    ("ppo_atari.py", "myenvs:MyBreakout-v0", ["--total-timesteps", "64", "--num-envs", "2", "--num-steps", "16",
-                                              "--num-minibatches", "2", "--update-epochs", "1"], ("ale_py", "cv2")),
+    *((script, "myenvs:MyBreakout-v0", ["--total-timesteps", "64", "--num-envs", "2", "--num-steps", "16",
+                                        "--num-minibatches", "2", "--update-epochs", "1"], ("ale_py", "cv2"))
+      for script in ("ppo_atari.py", "ppo_atari_lstm.py", "ppo_atari_multigpu.py")),
 ]
 
 
