@@ -60,9 +60,9 @@ QUICK_ENV_IDS = ["CartPole-v1", "Acrobot-v1"]
 QUICK_SEEDS = 2
 QUICK_ARGS = ["--total-timesteps", "2048", "--num-steps", "64"]
 # The exit code of a runner (and of a run) that stopped because it was asked to, before its runs
-# finished: the same command continues them. The PPO scripts exit with it too (harness.STOPPED).
+# finished: the same command continues them. The PPO scripts exit with it too (exits.STOPPED in ppo/exits.py).
 STOPPED = 130
-# The exit code of a PPO script whose network became non-finite (harness.DIVERGED). Such a run is
+# The exit code of a PPO script whose network became non-finite (exits.DIVERGED in ppo/exits.py). Such a run is
 # over: its checkpoint is the last good one, and continuing from it with the same settings would
 # diverge again, so it gets a marker as a finished run does and is not started again.
 DIVERGED = 3
@@ -218,7 +218,7 @@ def plan_runs(command: str, env_ids: list[str], seeds: list[int], log_dir: Path,
     return runs
 
 
-# The line of a PPO script's start that says where its checkpoint goes (ppo/harness.py, Run.start).
+# The line of a PPO script's start that says where its checkpoint goes (ppo/run_life.py, Run.start).
 CHECKPOINT_LINE = re.compile(r"^  logs in .*, checkpoint: (.+)$")
 
 

@@ -109,13 +109,13 @@ def raw_env_speed(script, env_id: str, num_envs: int, seconds: float) -> tuple[f
 def training_speed(script, args, warmup_iterations: int) -> tuple[float, float, int]:
     """(wall, CPU) environment steps per second of `script.main(args)` from the end of iteration
     `warmup_iterations` (0: the start of training) to the end of the run, and the number of steps
-    measured. The clocks are read when the script opens its writer (ppo/harness.py's Run.open_logs) and
+    measured. The clocks are read when the script opens its writer (ppo/run_life.py's Run.open_logs) and
     whenever it logs charts/SPS, which every script does once per iteration."""
-    import harness  # the scripts' run machinery, importable once a script is
+    import run_life  # the scripts' run machinery, importable once a script is
 
     marks = []  # (global_step, wall, CPU): at the start of training, then at the end of each iteration
 
-    class ClockedWriter(harness.SummaryWriter):
+    class ClockedWriter(run_life.SummaryWriter):
         def __init__(self, *options, **named_options):
             super().__init__(*options, **named_options)
             marks.append((0, time.perf_counter(), time.process_time()))
@@ -125,14 +125,14 @@ def training_speed(script, args, warmup_iterations: int) -> tuple[float, float, 
                 marks.append((global_step, time.perf_counter(), time.process_time()))
             return super().add_scalar(tag, value, global_step, *rest, **options)
 
-    previous_directory, previous_writer = os.getcwd(), harness.SummaryWriter
+    previous_directory, previous_writer = os.getcwd(), run_life.SummaryWriter
     with tempfile.TemporaryDirectory() as workdir:
         os.chdir(workdir)
-        harness.SummaryWriter = ClockedWriter
+        run_life.SummaryWriter = ClockedWriter
         try:
             script.main(args)
         finally:
-            harness.SummaryWriter = previous_writer
+            run_life.SummaryWriter = previous_writer
             os.chdir(previous_directory)
     iterations = len(marks) - 1
     if iterations <= warmup_iterations:

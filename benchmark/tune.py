@@ -67,7 +67,7 @@ from benchmark import report, run  # noqa: E402  (the report's metric, the runne
 TUNER = Path(__file__).resolve()
 # What the tuner gives every run itself; the command and the space may not set them.
 RESERVED_FLAGS = {"env-id", "seed", "total-timesteps", "save-model", "save-minutes", "resume", "evaluate"}
-# The scripts' exit codes (ppo/harness.py): wrong input, diverged (its guard), stopped with a checkpoint.
+# The scripts' exit codes (ppo/exits.py): wrong input, diverged (its guard), stopped with a checkpoint.
 WRONG_INPUT, DIVERGED, STOPPED = 2, 3, run.STOPPED
 
 

@@ -1,18 +1,19 @@
-"""PPO for Atari 2600 games through envpool, the fast variant: Breakout-v5, Pong-v5, BeamRider-v5, ...
+"""PPO for Atari 2600 games through envpool, the fast variant: Breakout-v5, Pong-v5, BeamRider-v5.
 
     python ppo/ppo_atari_envpool.py --env-id Breakout-v5             # train (10M steps)
     python ppo/ppo_atari_envpool.py --save-model                      # ... and keep a checkpoint
-    python ppo/ppo_atari_envpool.py --resume runs/<run>/checkpoint.pt # carry on after Ctrl-C or a crash
+    python ppo/ppo_atari_envpool.py --resume runs/<run>/checkpoint.pt # go on after Ctrl-C, a crash
     python ppo/ppo_atari_envpool.py --evaluate runs/<run>/checkpoint.pt
 
 ppo/ppo_atari.py with the games run by envpool: its C++ thread pool steps all environments and does
 the whole Atari preprocessing, so the Python side is one call per step. The agent, the loss and the
 settings are ppo_atari.py's. What changes is how episodes end: envpool resets a finished environment
 on the *next* step, which it spends on the reset and whose action it ignores; those steps are kept
-out of training. The 13 core details are marked `[Core N: ...]`, the 9 Atari details
-`[Atari N: ...]`; docs/ppo_atari_envpool.md lists them all. Works with envpool 1.0.x and 1.2.x. What
-a run needs beyond PPO (the command line, checkpoints, logs, Ctrl-C) comes from ppo/harness.py,
-called as `harness.*`: copy that file along with this one.
+out of training. The 13 core details are marked `[Core N: ...]`, the 9 Atari details `[Atari N:
+...]`; docs/ppo_atari_envpool.md lists them all. Works with envpool 1.0.x and 1.2.x. What a run
+needs beyond PPO comes from four modules beside this file, one concern each: command_line (flags,
+--resume and --evaluate), checkpoints, run_life (logs, progress, stop signals, speed options,
+evaluation) and exits (exit codes): copy them along with it.
 """
 
 import contextlib
@@ -27,62 +28,27 @@ import torch.nn as nn
 import torch.optim as optim
 from torch.distributions.categorical import Categorical
 
-import harness  # the run machinery, beside this file
+# The run machinery, beside this file: what a run needs that is not PPO.
+import command_line
+import exits
+import run_life
 
 try:
-    # envpool 1.0 imports the retired `gym` package where it is installed (Procgen's extra brings it),
-    # and gym prints a notice about itself on import; it concerns neither this script nor its user.
+    # envpool 1.0 imports the retired `gym` package where it is installed (Procgen's extra brings
+    # it), and gym prints a notice about itself on import; it concerns neither this script nor its
+    # user.
     with contextlib.redirect_stderr(io.StringIO()):
         import envpool
 except ImportError:  # reported with the command that installs it when an environment is made
     envpool = None
 
-VARIANT = "ppo_atari_envpool"  # written into checkpoints, so another variant's checkpoint is refused
+# written into checkpoints, so another variant's checkpoint is refused
+VARIANT = "ppo_atari_envpool"
 
 
 @dataclass
 class Args:
-    # Experiment
-    exp_name: str = VARIANT
-    """the name of this experiment, part of the run name"""
-    seed: int = 1
-    """seed of the experiment (Python, NumPy, PyTorch and the environments)"""
-    torch_deterministic: bool = True
-    """if toggled, sets `torch.backends.cudnn.deterministic`"""
-    cuda: bool = True
-    """if toggled, use CUDA when it is available"""
-    track: bool = False
-    """if toggled, log the run to Weights & Biases (set WANDB_MODE=offline to work without a network)"""
-    wandb_project_name: str = "ppo-scripts"
-    """the Weights & Biases project"""
-    wandb_entity: str | None = None
-    """the Weights & Biases entity (team); None uses your default"""
-    capture_video: bool = False
-    """if toggled, record videos of the first environment's games 0, 1, 8, 27, ... to `videos/<run_name>/`"""
-    save_model: bool = False
-    """if toggled, write `runs/<run_name>/checkpoint.pt` at the end, every `save_interval` iterations or `save_minutes` minutes, and when stopped by Ctrl-C, SIGTERM or SIGUSR1"""
-    save_interval: int = 100
-    """with --save-model, also write the checkpoint every this many iterations (0: only at the end)"""
-    save_minutes: float = 0.0
-    """with --save-model, also write the checkpoint when this many minutes have passed since the last one (0: never by the clock): a crash or `kill -9` then loses at most that much work"""
-    resume: str | None = None
-    """path of a checkpoint to continue training from; the run keeps the checkpoint's settings"""
-    trust_old_checkpoint: bool = False
-    """if toggled, --resume also reads the older checkpoint format, whose environments are pickles that can run any code: only for files you wrote yourself"""
-    evaluate: str | None = None
-    """path of a checkpoint to evaluate instead of training"""
-    eval_episodes: int = 10
-    """number of games to play with --evaluate"""
-
-    # Speed: how fast the run goes, never what it learns
-    async_envs: bool = False
-    """if toggled, split the games into two envpools: one plays its step while the network picks the other's actions"""
-    compile: bool = False
-    """if toggled, compile the policy step and the minibatch loss with torch.compile (pays on a GPU; the first iterations are slow while it compiles)"""
-    cudagraphs: bool = False
-    """if toggled, compile as --compile does and replay the policy step and minibatch loss as CUDA graphs (needs CUDA)"""
-
-    # Algorithm
+    # The algorithm
     env_id: str = "Breakout-v5"
     """the id of the environment: an envpool Atari game, `<Game>-v5`"""
     total_timesteps: int = 10000000
@@ -108,7 +74,7 @@ class Args:
     clip_coef: float = 0.1
     """the surrogate clipping coefficient"""
     anneal_clip: bool = False
-    """if toggled, anneal the clipping coefficient linearly to zero, as the PPO paper does for Atari"""
+    """if toggled, anneal the clip coefficient linearly to zero, as the PPO paper does for Atari"""
     clip_vloss: bool = True
     """if toggled, clip the value loss as the original PPO code does"""
     ent_coef: float = 0.01
@@ -120,12 +86,52 @@ class Args:
     target_kl: float | None = None
     """if set, stop the update epochs early once the approximate KL exceeds it"""
     bootstrap_truncated: bool = False
-    """if toggled, an episode cut off by its time limit is valued as going on: its last reward gets gamma x the value of its final observation (off by default, as in the published runs)"""
+    """if toggled, a time limit is no death: its last reward gets + gamma x V(final observation)"""
+
+    # The run: its name, seed and device, logs, checkpoints and evaluation
+    exp_name: str = VARIANT
+    """the name of this experiment, part of the run name"""
+    seed: int = 1
+    """seed of the experiment (Python, NumPy, PyTorch and the environments)"""
+    torch_deterministic: bool = True
+    """if toggled, sets `torch.backends.cudnn.deterministic`"""
+    cuda: bool = True
+    """if toggled, use CUDA when it is available"""
+    track: bool = False
+    """if toggled, log the run to Weights & Biases (WANDB_MODE=offline works without a network)"""
+    wandb_project_name: str = "ppo-scripts"
+    """the Weights & Biases project"""
+    wandb_entity: str | None = None
+    """the Weights & Biases entity (team); None uses your default"""
+    capture_video: bool = False
+    """if toggled, film the first environment's games 0, 1, 8, 27, ... into videos/<run_name>/"""
+    save_model: bool = False
+    """if toggled, save runs/<run_name>/checkpoint.pt at the end and when a signal stops the run"""
+    save_interval: int = 100
+    """with --save-model, also save every this many iterations (0: only at the end)"""
+    save_minutes: float = 0.0
+    """with --save-model, also save after this many minutes (0: never): what a crash can lose"""
+    resume: str | None = None
+    """path of a checkpoint to continue training from; the run keeps the checkpoint's settings"""
+    trust_old_checkpoint: bool = False
+    """if toggled, --resume reads old-format checkpoints, which can run code: only your own files"""
+    evaluate: str | None = None
+    """path of a checkpoint to evaluate instead of training"""
+    eval_episodes: int = 10
+    """number of games to play with --evaluate"""
+
+    # Speed: how fast the run goes, never what it learns
+    async_envs: bool = False
+    """if toggled, two envpools: one plays its step while the network picks the other's actions"""
+    compile: bool = False
+    """if toggled, torch.compile the policy step and minibatch loss (pays on a GPU, slow start)"""
+    cudagraphs: bool = False
+    """if toggled, compile as --compile does and replay both as CUDA graphs (needs CUDA)"""
 
 
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Environments: envpool does the Atari preprocessing
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 
 def make_envs(env_id: str, num_envs: int, seed: int = 0, capture_video: bool = False):
@@ -144,15 +150,20 @@ def make_envs(env_id: str, num_envs: int, seed: int = 0, capture_video: bool = F
         env_id,
         env_type="gymnasium",
         num_envs=num_envs,
-        seed=seed % 2**31,  # a 32-bit seed; a resumed run's or an evaluation's (--seed + offset) may pass 2**31
-        noop_max=30,  # [Atari 1: NoopResetEnv] 1-30 random no-ops at a reset (FIRE games: 0-29, then FIRE)
-        frame_skip=4,  # [Atari 2: MaxAndSkipEnv] each action for 4 frames; the last two are max-pooled
+        # a 32-bit seed; a resumed run's or an evaluation's (--seed + offset) may pass 2**31
+        seed=seed % 2**31,
+        # [Atari 1: NoopResetEnv] 1-30 random no-ops at a reset (FIRE games: 0-29, then FIRE)
+        noop_max=30,
+        # [Atari 2: MaxAndSkipEnv] each action for 4 frames; the last two are max-pooled
+        frame_skip=4,
         episodic_life=True,  # [Atari 3: EpisodicLifeEnv] a lost life ends the episode, not the game
-        use_fire_reset=True,  # [Atari 4: FireResetEnv] FIRE after a reset, for games that wait for it
+        # [Atari 4: FireResetEnv] FIRE after a reset, for games that wait for it
+        use_fire_reset=True,
         img_height=84,  # [Atari 5: WarpFrame] 84x84 grayscale, resized with area interpolation
         img_width=84,
         gray_scale=True,
-        reward_clip=True,  # [Atari 6: ClipRewardEnv] the reward's sign; info["reward"] keeps the real one
+        reward_clip=True,
+        # [Atari 6: ClipRewardEnv] the reward's sign; info["reward"] keeps the acted_steps one
         stack_num=4,  # [Atari 7: FrameStack] the last 4 frames as one (4, 84, 84) observation
         repeat_action_probability=0.0,  # no sticky actions, as in the NoFrameskip-v4 games
         max_episode_steps=27000,  # 108,000 frames, as ALE's v4 and v5 games
@@ -183,9 +194,9 @@ class VideoRecorder:
             self.game, self.frames = self.game + 1, []
 
 
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Agent
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 
 def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Module:
@@ -198,14 +209,16 @@ def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.
 
 
 class Agent(nn.Module):
-    """[Atari 8: Shared Nature-CNN] One convolutional trunk (Mnih et al., 2015) feeds both heads: the
-    image features are what both the policy and the value function need, and learning them once is
-    cheaper. This replaces [Core 13: Separate MLP networks for policy and value functions] of ppo.py."""
+    """[Atari 8: Shared Nature-CNN] One convolutional trunk (Mnih et al., 2015) feeds both heads:
+    the image features are what both the policy and the value function need, and learning them once
+    is cheaper. This replaces [Core 13: Separate MLP networks for policy and value functions] of
+    ppo.py."""
 
     def __init__(self, num_actions: int):
         super().__init__()
         self.network = nn.Sequential(
-            layer_init(nn.Conv2d(4, 32, kernel_size=8, stride=4)),  # 4 stacked 84x84 frames -> 20x20
+            # 4 stacked 84x84 frames -> 20x20
+            layer_init(nn.Conv2d(4, 32, kernel_size=8, stride=4)),
             nn.ReLU(),
             layer_init(nn.Conv2d(32, 64, kernel_size=4, stride=2)),  # -> 9x9
             nn.ReLU(),
@@ -222,8 +235,8 @@ class Agent(nn.Module):
         self.critic = layer_init(nn.Linear(512, 1), std=1.0)
 
     def features(self, obs: torch.Tensor) -> torch.Tensor:
-        # [Atari 9: Scaling the images to [0, 1]] frames are stored as uint8 (a quarter of the memory
-        # of float32) and scaled here, inside the network.
+        # [Atari 9: Scaling the images to [0, 1]] frames are stored as uint8 (a quarter of the
+        # memory of float32) and scaled here, inside the network.
         return self.network(obs.float() / 255.0)
 
     def get_value(self, obs: torch.Tensor) -> torch.Tensor:
@@ -239,20 +252,21 @@ class Agent(nn.Module):
         return action, distribution.log_prob(action), distribution.entropy(), self.critic(hidden)
 
 
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Generalized advantage estimation and the PPO loss
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 
 def compute_gae(rewards: np.ndarray, values: np.ndarray, dones: np.ndarray, next_value: np.ndarray,
-                next_done: np.ndarray, gamma: float, gae_lambda: float) -> tuple[np.ndarray, np.ndarray]:
+                next_done: np.ndarray, gamma: float,
+                gae_lambda: float) -> tuple[np.ndarray, np.ndarray]:
     """[Core 5: Generalized Advantage Estimation] Advantages and value targets of one rollout.
 
-    All arrays are (num_steps, num_envs) except next_value and next_done, (num_envs,), which describe
-    the observation after the last step. dones[t] is 1 when the step before t ended an episode (here:
-    a life): nothing flows back across t. With envpool's autoreset, obs[t] is then still the ended
-    episode's last observation and step t is the reset step that main() leaves out of the batch.
-    """
+    All arrays are (num_steps, num_envs) except next_value and next_done, (num_envs,), which
+    describe the observation after the last step. dones[t] is 1 when the step before t ended an
+    episode (here: a life): nothing flows back across t. With envpool's autoreset, obs[t] is then
+    still the ended episode's last observation and step t is the reset step that main() leaves out
+    of the batch."""
     num_steps = rewards.shape[0]
     advantages = np.zeros_like(rewards)
     last_advantage = np.zeros_like(next_value)
@@ -270,14 +284,15 @@ def compute_gae(rewards: np.ndarray, values: np.ndarray, dones: np.ndarray, next
 
 def ppo_loss(new_logprob: torch.Tensor, entropy: torch.Tensor, new_value: torch.Tensor,
              old_logprob: torch.Tensor, old_value: torch.Tensor, advantages: torch.Tensor,
-             returns: torch.Tensor, clip_coef: float, args: Args) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+             returns: torch.Tensor, clip_coef: float,
+             args: Args) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The PPO objective on one minibatch, with the clipping coefficient of this update; returns the
     loss to minimize and detached statistics."""
     logratio = new_logprob - old_logprob
     ratio = logratio.exp()
 
-    # (With the reset steps left out, a minibatch of the smallest sizes may keep a single transition,
-    # which has no spread to divide by: it is left as it is.)
+    # (With the reset steps left out, a minibatch of the smallest sizes may keep a single
+    # transition, which has no spread to divide by: it is left as it is.)
     if args.norm_adv and len(advantages) > 1:
         # [Core 7: Normalization of advantages] per minibatch, not per batch.
         advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
@@ -307,62 +322,70 @@ def ppo_loss(new_logprob: torch.Tensor, entropy: torch.Tensor, new_value: torch.
         old_approx_kl = (-logratio).mean()
         approx_kl = ((ratio - 1) - logratio).mean()
         clipfrac = ((ratio - 1.0).abs() > clip_coef).float().mean()
-    stats = {"policy_loss": pg_loss.detach(), "value_loss": v_loss.detach(), "entropy": entropy_mean.detach(),
+    stats = {"policy_loss": pg_loss.detach(), "value_loss": v_loss.detach(),
+             "entropy": entropy_mean.detach(),
              "old_approx_kl": old_approx_kl, "approx_kl": approx_kl, "clipfrac": clipfrac}
     return loss, stats
 
 
-def minibatch_loss(agent: Agent, obs: torch.Tensor, actions: torch.Tensor, old_logprob: torch.Tensor,
-                   old_value: torch.Tensor, advantages: torch.Tensor, returns: torch.Tensor, clip_coef: float,
-                   args: Args) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def minibatch_loss(agent: Agent, obs: torch.Tensor, actions: torch.Tensor,
+                   old_logprob: torch.Tensor,
+                   old_value: torch.Tensor, advantages: torch.Tensor, returns: torch.Tensor,
+                   clip_coef: float, args: Args) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The network on one minibatch, then the PPO loss: the unit --compile compiles."""
     _, new_logprob, entropy, new_value = agent.get_action_and_value(obs, actions)
-    return ppo_loss(new_logprob, entropy, new_value.flatten(), old_logprob, old_value, advantages, returns,
-                    clip_coef, args)
+    return ppo_loss(new_logprob, entropy, new_value.flatten(), old_logprob, old_value, advantages,
+                    returns, clip_coef, args)
 
 
-def truncated_values(values: np.ndarray, next_value: np.ndarray, time_limit_cuts: np.ndarray) -> np.ndarray:
+def truncated_values(values: np.ndarray, next_value: np.ndarray,
+                     time_limit_cuts: np.ndarray) -> np.ndarray:
     """[Truncation: bootstrap the value of a time limit's final observation] (--bootstrap-truncated)
     V(final observation) at each step (num_steps, num_envs) after which the time limit cut the game
     off, 0 elsewhere.
 
-    envpool resets a game on the step after it ended, not within it: the step that ends a game returns
-    the game's final observation (its frames stacked, as the agent sees them) as the next observation,
-    and the rollout runs the network on it at the next step, the reset step, whose action envpool
-    ignores. So V(s_final) is already there, recorded as the reset step's value: values[t + 1], or
-    next_value when the cut came at the rollout's last step. The caller adds gamma x this value to the
-    step's (clipped) reward, so that its target is r + gamma V(s_final)."""
+    envpool resets a game on the step after it ended, not within it: the step that ends a game
+    returns the game's final observation (its frames stacked, as the agent sees them) as the next
+    observation, and the rollout runs the network on it at the next step, the reset step, whose
+    action envpool ignores. So V(s_final) is already there, recorded as the reset step's value:
+    values[t + 1], or next_value when the cut came at the rollout's last step. The caller adds gamma
+    x this value to the step's (clipped) reward, so that its target is r + gamma V(s_final)."""
     following_values = np.concatenate([values[1:], next_value[None]])
     return np.where(time_limit_cuts, following_values, 0.0).astype(np.float32)
 
 
 def explained_variance(predicted: np.ndarray, target: np.ndarray) -> float:
     """[Core 12: Debug variables] 1 - Var[target - predicted] / Var[target]: 1 is a perfect value
-    function, 0 no better than a constant, negative worse than one; nan when the targets do not vary."""
+    function, 0 no better than a constant, negative worse than one; nan when the targets do not
+    vary."""
     target_variance = np.var(target)
-    return np.nan if target_variance == 0 else float(1 - np.var(target - predicted) / target_variance)
+    if target_variance == 0:
+        return np.nan
+    return float(1 - np.var(target - predicted) / target_variance)
 
 
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Training
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 
 def main(args: Args, checkpoint: dict | None = None) -> dict:
-    """Train as `args` says, from `checkpoint` (read by parse_args) with --resume; returns a summary of
-    the run for callers such as tests."""
+    """Train as `args` says, from `checkpoint` (read by parse_args) with --resume; returns a summary
+    of the run for callers such as tests."""
     check_args(args)
     batch_size = args.num_envs * args.num_steps
     num_iterations = args.total_timesteps // batch_size
-    run = harness.Run(args, VARIANT, checkpoint, num_iterations)  # its name and folder, device, seeds
+    # The run: its name and folder, device and seeds, and the releases it records.
+    run = run_life.Run(args, VARIANT, checkpoint, num_iterations, env_package="envpool")
     device = run.device
 
-    # envpool is seeded when it is made, and its games cannot be saved: a resumed run starts new games,
-    # on seeds that depend on where it resumes so that it does not replay the games it began with.
+    # envpool is seeded when it is made, and its games cannot be saved: a resumed run starts new
+    # games, on seeds that depend on where it resumes so that it does not replay the games it began
+    # with.
     resumed_at = checkpoint["global_step"] if checkpoint else 0
     # [Speed: asynchronous environments] With --async-envs the games are split into two envpools,
-    # each stepping on its own threads: while one pool plays a step, the network picks the actions of
-    # the other, so neither the games nor the network wait for each other. Pool k holds the games
+    # each stepping on its own threads: while one pool plays a step, the network picks the actions
+    # of the other, so neither the games nor the network wait for each other. Pool k holds the games
     # `pool_games[k]` of the rollout; environment i is seeded seed + i either way.
     num_pools = 2 if args.async_envs else 1
     pool_size = args.num_envs // num_pools
@@ -371,17 +394,19 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
     pool_games = [slice(k * pool_size, (k + 1) * pool_size) for k in range(num_pools)]
     obs_shape = pools[0].observation_space.shape  # one game's: (4, 84, 84)
     agent = Agent(pools[0].action_space.n).to(device)
-    # [Core 3: The Adam optimizer's epsilon parameter] 1e-5 as in the original code, not PyTorch's 1e-8.
-    # Adam divides each step by sqrt(v) + eps: the larger eps damps the steps of weights whose
-    # gradients are tiny, which Adam would otherwise scale up to full size.
-    # fused=True: the same Adam, in one kernel for all parameters instead of a dozen small ops each.
+    # [Core 3: The Adam optimizer's epsilon parameter] 1e-5 as in the original code, not PyTorch's
+    # 1e-8. Adam divides each step by sqrt(v) + eps: the larger eps damps the steps of weights whose
+    # gradients are tiny, which Adam would otherwise scale up to full size. fused=True: the same
+    # Adam, in one kernel for all parameters instead of a dozen small ops each.
     optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
-    # [Speed: torch.compile] the policy step and the minibatch loss compiled into fused kernels, so a GPU
-    # runs a few large kernels instead of waiting for Python to launch many small ones.
-    policy_step, loss_on_minibatch = harness.compiled(args, agent.get_action_and_value, minibatch_loss)
+    # [Speed: torch.compile] the policy step and the minibatch loss compiled into fused kernels, so
+    # a GPU runs a few large kernels instead of waiting for Python to launch many small ones.
+    policy_step, loss_on_minibatch = run_life.compiled(args, agent.get_action_and_value,
+                                                       minibatch_loss)
     writer = run.open_logs(batch_size=batch_size, minibatch_size=batch_size // args.num_minibatches,
                            num_iterations=num_iterations)
-    recorder = VideoRecorder(run.video_folder) if args.capture_video else None  # the first game of pools[0]
+    # the first game of pools[0]
+    recorder = VideoRecorder(run.video_folder) if args.capture_video else None
 
     # Rollout storage, (num_steps, num_envs, ...), allocated once and refilled every iteration.
     # [Speed: one host transfer per step] What the network reads and writes lives on its device: the
@@ -394,7 +419,8 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
     values = torch.zeros((args.num_steps, args.num_envs), device=device)
     rewards = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
     dones = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
-    time_limit_cuts = np.zeros((args.num_steps, args.num_envs), dtype=bool)  # for --bootstrap-truncated
+    # for --bootstrap-truncated
+    time_limit_cuts = np.zeros((args.num_steps, args.num_envs), dtype=bool)
 
     # Where the games stand: the running score (the sum of the unclipped rewards, over all lives) of
     # each environment's current game, kept here from envpool's info for all games at once, and the
@@ -404,39 +430,42 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
     recent_returns = deque(checkpoint["recent_returns"] if checkpoint else [], maxlen=20)
     # The games' latest observations, waiting for the network. On a GPU machine they are kept in
     # page-locked ("pinned") memory, which the GPU copies from directly and without blocking.
-    next_obs_pinned = torch.zeros((args.num_envs,) + obs_shape, dtype=torch.uint8, pin_memory=device.type == "cuda")
+    next_obs_pinned = torch.zeros((args.num_envs,) + obs_shape, dtype=torch.uint8,
+                                  pin_memory=device.type == "cuda")
     next_obs = next_obs_pinned.numpy()  # the same memory, for NumPy
     next_obs[:] = np.concatenate([pool.reset()[0] for pool in pools])
     next_done = np.zeros(args.num_envs, dtype=bool)
 
     for iteration in range(start_iteration + 1, num_iterations + 1):
-        # [Core 4: Adam learning rate annealing] linearly from learning_rate toward 0, which the end of
-        # the run would reach: the last iteration uses learning_rate / num_iterations. --anneal-clip
-        # lowers the clipping coefficient alike.
-        frac = 1.0 - (iteration - 1.0) / num_iterations
+        # [Core 4: Adam learning rate annealing] linearly from learning_rate toward 0, which the end
+        # of the run would reach: the last iteration uses learning_rate / num_iterations.
+        # --anneal-clip lowers the clipping coefficient alike.
+        fraction_left = 1.0 - (iteration - 1.0) / num_iterations
         if args.anneal_lr:
-            optimizer.param_groups[0]["lr"] = frac * args.learning_rate
-        clip_coef = frac * args.clip_coef if args.anneal_clip else args.clip_coef
+            optimizer.param_groups[0]["lr"] = fraction_left * args.learning_rate
+        clip_coef = fraction_left * args.clip_coef if args.anneal_clip else args.clip_coef
 
-        # Rollout: num_steps steps in every environment with the current policy. Each pool is sent its
-        # actions and plays the step on envpool's threads; its results are received on its next turn,
-        # just before the network needs its observations again (the last step's, in the extra turn
-        # that ends the rollout). Nothing here loops over the games: envpool steps a whole pool in one
-        # call, and the game statistics are kept with whole-array operations.
+        # Rollout: num_steps steps in every environment with the current policy. Each pool is sent
+        # its actions and plays the step on envpool's threads; its results are received on its next
+        # turn, just before the network needs its observations again (the last step's, in the extra
+        # turn that ends the rollout). Nothing here loops over the games: envpool steps a whole pool
+        # in one call, and the game statistics are kept with whole-array operations.
         for step in range(args.num_steps + 1):
             for pool, games in zip(pools, pool_games):
                 if step > 0:  # what the pool returns for its step `step - 1`
                     pool_obs, reward, terminations, truncations, info = pool.recv()
                     global_step += len(reward)
                     next_obs[games] = pool_obs
-                    # A lost life (episodic_life) or a time-limit truncation ends the episode like a termination
-                    # (unless --bootstrap-truncated values what the time limit cut off: see after the rollout).
+                    # A lost life (episodic_life) or a time-limit truncation ends the episode like a
+                    # termination (unless --bootstrap-truncated values what the time limit cut off:
+                    # see after the rollout).
                     next_done[games] = terminations | truncations
                     rewards[step - 1, games] = reward  # clipped
                     time_limit_cuts[step - 1, games] = truncations & ~terminations
 
-                    # The game is over when envpool says the game itself ended (info["terminated"], not a
-                    # lost life) or the time limit cut it. envpool's reset steps add reward 0: they do not count.
+                    # The game is over when envpool says the game itself ended (info["terminated"],
+                    # not a lost life) or the time limit cut it. envpool's reset steps add reward 0:
+                    # they do not count.
                     scores = game_score[games]  # a view: updating it updates game_score
                     scores += info["reward"]
                     game_over = info["terminated"].astype(bool) | truncations
@@ -444,22 +473,26 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
                         recorder.step(pool, game_over[0])
                     for i in np.flatnonzero(game_over):
                         writer.add_scalar("charts/episodic_return", scores[i], global_step)
-                        writer.add_scalar("charts/episodic_length", info["elapsed_step"][i], global_step)
+                        writer.add_scalar("charts/episodic_length", info["elapsed_step"][i],
+                                          global_step)
                         recent_returns.append(scores[i])
                     scores[game_over] = 0.0
-                    run.print_progress(global_step, recent_returns)  # within a long rollout too, every few seconds
+                    # within a long rollout too, every few seconds
+                    run.print_progress(global_step, recent_returns)
                 if step == args.num_steps:
-                    continue  # every pool has played the rollout's last step: the rollout is complete
+                    # every pool has played the rollout's last step: the rollout is complete
+                    continue
 
-                # non_blocking: the copy may overlap the network's start; it is done once action.cpu()
-                # below returns, before the next recv() overwrites next_obs.
+                # non_blocking: the copy may overlap the network's start; it is done once
+                # action.cpu() below returns, before the next recv() overwrites next_obs.
                 obs[step, games].copy_(next_obs_pinned[games], non_blocking=True)
                 dones[step, games] = next_done[games]
                 if args.cudagraphs:  # the previous replay's outputs are in storage by now
                     torch.compiler.cudagraph_mark_step_begin()
                 with torch.inference_mode():
                     action, logprob, _, value = policy_step(obs[step, games])
-                actions[step, games], logprobs[step, games], values[step, games] = action, logprob, value.flatten()
+                actions[step, games], logprobs[step, games] = action, logprob
+                values[step, games] = value.flatten()
                 pool.send(action.cpu().numpy())  # the one copy to the host
 
         with torch.no_grad():
@@ -467,63 +500,78 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
         # GAE runs on the host, in NumPy: one transfer of the rollout's values per iteration.
         host_values = values.cpu().numpy()
         if args.bootstrap_truncated:
-            rewards += args.gamma * truncated_values(host_values, next_value.cpu().numpy().flatten(), time_limit_cuts)
-        advantages, returns = compute_gae(rewards, host_values, dones, next_value.cpu().numpy().flatten(), next_done,
+            rewards += args.gamma * truncated_values(host_values,
+                                                     next_value.cpu().numpy().flatten(),
+                                                     time_limit_cuts)
+        advantages, returns = compute_gae(rewards, host_values, dones,
+                                          next_value.cpu().numpy().flatten(), next_done,
                                           args.gamma, args.gae_lambda)
 
         # envpool's autoreset: the step after an episode ended (a lost life or the game's end) only
         # resets that environment; envpool ignores the action it is given and returns the first
-        # observation of the next episode with reward 0. Those are exactly the steps whose dones[t] is
-        # 1, and they are left out of the batch: no action was taken there. GAE needs nothing more:
-        # dones[t] = 1 already stops the step before it from bootstrapping, as at any episode's end.
-        real = np.flatnonzero(dones.reshape(-1) == 0)
-        real_on_device = torch.as_tensor(real, device=device)
-        b_obs = obs.reshape((-1,) + obs_shape)[real_on_device]
-        b_actions = actions.reshape(-1)[real_on_device]
-        b_logprobs = logprobs.reshape(-1)[real_on_device]
-        b_values = values.reshape(-1)[real_on_device]
-        b_advantages = torch.as_tensor(advantages.reshape(-1)[real], device=device)
-        b_returns = torch.as_tensor(returns.reshape(-1)[real], device=device)
+        # observation of the next episode with reward 0. Those are exactly the steps whose dones[t]
+        # is 1, and they are left out of the batch: no action was taken there. GAE needs nothing
+        # more: dones[t] = 1 already stops the step before it from bootstrapping, as at any
+        # episode's end.
+        acted_steps = np.flatnonzero(dones.reshape(-1) == 0)
+        acted_steps_on_device = torch.as_tensor(acted_steps, device=device)
+        # b_ names an array of the whole batch, mb_ one of a minibatch.
+        b_obs = obs.reshape((-1,) + obs_shape)[acted_steps_on_device]
+        b_actions = actions.reshape(-1)[acted_steps_on_device]
+        b_logprobs = logprobs.reshape(-1)[acted_steps_on_device]
+        b_values = values.reshape(-1)[acted_steps_on_device]
+        b_advantages = torch.as_tensor(advantages.reshape(-1)[acted_steps], device=device)
+        b_returns = torch.as_tensor(returns.reshape(-1)[acted_steps], device=device)
 
-        # [Core 6: Mini-batch updates] several epochs over shuffled minibatches of the batch; with the
-        # reset steps left out, the minibatches differ in size by one at most (and, where minibatches
-        # are tiny, there are fewer of them rather than empty ones).
-        b_inds = np.arange(len(real))
-        num_minibatches = min(args.num_minibatches, len(real))
+        # [Core 6: Mini-batch updates] several epochs over shuffled minibatches of the batch; with
+        # the reset steps left out, the minibatches differ in size by one at most (and, where
+        # minibatches are tiny, there are fewer of them rather than empty ones).
+        b_inds = np.arange(len(acted_steps))
+        num_minibatches = min(args.num_minibatches, len(acted_steps))
         minibatch_stats = []
         for epoch in range(args.update_epochs):
             np.random.shuffle(b_inds)
             for mb_inds in torch.tensor_split(torch.from_numpy(b_inds).to(device), num_minibatches):
                 if args.cudagraphs:
                     torch.compiler.cudagraph_mark_step_begin()
-                loss, stats = loss_on_minibatch(agent, b_obs[mb_inds], b_actions[mb_inds], b_logprobs[mb_inds],
-                                                b_values[mb_inds], b_advantages[mb_inds], b_returns[mb_inds],
-                                                clip_coef, args)
+                loss, stats = loss_on_minibatch(agent, b_obs[mb_inds], b_actions[mb_inds],
+                                                b_logprobs[mb_inds],
+                                                b_values[mb_inds], b_advantages[mb_inds],
+                                                b_returns[mb_inds], clip_coef, args)
                 optimizer.zero_grad()
                 loss.backward()
-                # [Core 11: Global gradient clipping] when the norm of all gradients together exceeds
-                # max_grad_norm, all are scaled down alike: one minibatch of extreme advantages or value
-                # errors cannot throw the weights far, and the gradient keeps its direction.
-                grad_norm = nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm, foreach=True)
+                # [Core 11: Global gradient clipping] when the norm of all gradients together
+                # exceeds max_grad_norm, all are scaled down alike: one minibatch of extreme
+                # advantages or value errors cannot throw the weights far, and the gradient keeps
+                # its direction.
+                grad_norm = nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm,
+                                                     foreach=True)
                 optimizer.step()
-                # [Speed: CUDA graphs] copies, kept to the end: a graph's next replay overwrites its outputs.
-                minibatch_stats.append({**{key: value.clone() for key, value in stats.items()}, "grad_norm": grad_norm})
+                # [Speed: CUDA graphs] copies, kept to the end: a graph's next replay overwrites its
+                # outputs.
+                minibatch_stats.append({**{key: value.clone() for key, value in stats.items()},
+                                        "grad_norm": grad_norm})
             if args.target_kl is not None and minibatch_stats[-1]["approx_kl"] > args.target_kl:
                 break
 
         # [Core 12: Debug variables] averaged over every minibatch of this update.
-        means = {key: torch.stack([s[key] for s in minibatch_stats]).mean().item() for key in minibatch_stats[0]}
-        run.stop_if_diverged(global_step, means, agent)  # a NaN or infinity ends the run here, in one line
+        means = {key: torch.stack([s[key] for s in minibatch_stats]).mean().item()
+                 for key in minibatch_stats[0]}
+        # a NaN or infinity ends the run here, in one line
+        run.stop_if_diverged(global_step, means, agent)
         writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
-        for key in ("value_loss", "policy_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac"):
+        for key in ("value_loss", "policy_loss", "entropy", "old_approx_kl", "approx_kl",
+                    "clipfrac"):
             writer.add_scalar(f"losses/{key}", means[key], global_step)
         writer.add_scalar("losses/explained_variance",
-                          explained_variance(host_values.reshape(-1)[real], returns.reshape(-1)[real]), global_step)
+                          explained_variance(host_values.reshape(-1)[acted_steps],
+                                             returns.reshape(-1)[acted_steps]), global_step)
         writer.add_scalar("charts/SPS", run.steps_per_second(global_step), global_step)
         run.print_progress(global_step, recent_returns, iteration)
 
         if run.checkpoint_due(iteration):
-            run.save_checkpoint(iteration, global_step, agent, optimizer, recent_returns=list(recent_returns))
+            run.save_checkpoint(iteration, global_step, agent, optimizer,
+                                recent_returns=list(recent_returns))
         if run.stopping:  # Ctrl-C, kill or Slurm: this iteration was finished, logged and saved
             break
 
@@ -535,11 +583,12 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
 
 
 def evaluate(args: Args, checkpoint: dict) -> list[float]:
-    """--evaluate: play games with the saved agent, its actions sampled as in training, and score them
-    as the sums of envpool's unclipped rewards over all the lives of a game, in the same environment
-    as training."""
+    """--evaluate: play games with the saved agent, its actions sampled as in training, and score
+    them as the sums of envpool's unclipped rewards over all the lives of a game, in the same
+    environment as training."""
     check_args(args)
-    evaluation = harness.Evaluation(args, VARIANT, checkpoint)  # the device and seeds; prints the scores
+    # the device and seeds; prints the scores
+    evaluation = run_life.Evaluation(args, VARIANT, checkpoint)
     envs = make_envs(args.env_id, 1, seed=evaluation.seed, capture_video=args.capture_video)
     agent = evaluation.load(Agent(envs.action_space.n))
     recorder = VideoRecorder(evaluation.video_folder) if args.capture_video else None
@@ -547,7 +596,8 @@ def evaluate(args: Args, checkpoint: dict) -> list[float]:
     score = 0.0
     while evaluation.playing:
         with torch.inference_mode():
-            action, _, _, _ = agent.get_action_and_value(torch.as_tensor(obs, device=evaluation.device))
+            action, _, _, _ = agent.get_action_and_value(torch.as_tensor(obs,
+                                                                         device=evaluation.device))
         obs, _, _, truncated, info = envs.step(action.cpu().numpy())
         score += float(info["reward"][0])
         game_over = bool(info["terminated"][0] or truncated[0])
@@ -559,81 +609,94 @@ def evaluate(args: Args, checkpoint: dict) -> list[float]:
     envs.close()
     return evaluation.report()
 
-# ---------------------------------------------------------------------------------------------------
-# The command line: which settings a resumed run may change, and which settings and environments make
-# no run at all
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
+# The command line: which settings a resumed run may change, and which settings and environments
+# make no run at all
+# --------------------------------------------------------------------------------------------------
 
 # Settings that may differ between a run and its resumption; every other field must stay the same.
-RUNTIME_FIELDS = {"cuda", "track", "wandb_project_name", "wandb_entity", "capture_video", "save_model",
-                  "save_interval", "save_minutes", "resume", "evaluate", "eval_episodes", "async_envs", "compile",
-                  "cudagraphs"}
+RUNTIME_FIELDS = {"cuda", "track", "wandb_project_name", "wandb_entity", "capture_video",
+                  "save_model",
+                  "save_interval", "save_minutes", "resume", "evaluate", "eval_episodes",
+                  "async_envs", "compile", "cudagraphs"}
 # The training setting an evaluation also reads and may change: the seed of its games.
 EVALUATION_FIELDS = {"seed"}
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[Args, dict | None]:
     """The settings of the command line, and the checkpoint that --resume or --evaluate names."""
-    return harness.parse_args(Args, VARIANT, RUNTIME_FIELDS, EVALUATION_FIELDS, argv, doc=__doc__)
+    return command_line.parse_args(Args, VARIANT, RUNTIME_FIELDS, EVALUATION_FIELDS, argv,
+                                   doc=__doc__)
 
 
 def check_args(args: Args) -> None:
-    """Refuse settings that cannot make a valid run, before any environment is built: first each flag
-    on its own, then the sizes that must fit together."""
-    harness.check_rules(args, VARIANT, [  # (flags, what each must be, which values are allowed)
+    """Refuse settings that cannot make a valid run, before any environment is built: first each
+    flag on its own, then the sizes that must fit together."""
+    # (flags, what each must be, which values are allowed)
+    command_line.check_rules(args, VARIANT, [
         ("env_id", "an envpool Atari id such as Breakout-v5", lambda value: value.strip() != ""),
         ("seed", "a whole number from 0 to 2**31 - 1", lambda value: 0 <= value < 2**31),
         ("save_interval", "0 (save only at the end) or more", lambda value: value >= 0),
         ("save_minutes", "0 (never save by the clock) or more", lambda value: 0 <= value < np.inf),
-        ("eval_episodes total_timesteps num_envs num_steps num_minibatches update_epochs", "at least 1",
+        ("eval_episodes total_timesteps num_envs num_steps num_minibatches update_epochs", "at "
+                                                                                           "least "
+                                                                                           "1",
          lambda value: value >= 1),
         ("learning_rate", "a finite number above 0", lambda value: 0 < value < np.inf),
         ("gamma gae_lambda", "between 0 and 1", lambda value: 0 <= value <= 1),
         ("clip_coef max_grad_norm", "above 0", lambda value: value > 0),
         ("ent_coef vf_coef", "0 or more", lambda value: value >= 0),
-        ("target_kl", "above 0 (leave it out to never stop early)", lambda value: value is None or value > 0),
+        ("target_kl", "above 0 (leave it out to never stop early)",
+         lambda value: value is None or value > 0),
     ])
     batch_size = args.num_envs * args.num_steps
     if batch_size % args.num_minibatches != 0:
-        harness.fail(VARIANT, f"--num-envs x --num-steps = {batch_size} does not divide into --num-minibatches "
-                              f"{args.num_minibatches} equal minibatches: pick sizes whose product is a multiple of it")
+        exits.fail(VARIANT, f"--num-envs x --num-steps = {batch_size} does not divide into "
+                            f"--num-minibatches {args.num_minibatches} equal minibatches: pick "
+                            "sizes whose product is a multiple of it")
     if args.norm_adv and batch_size // args.num_minibatches < 2:
-        harness.fail(VARIANT, f"minibatches of {batch_size // args.num_minibatches} transition cannot be normalized "
-                              "(--norm-adv divides by their standard deviation): use fewer --num-minibatches or a "
-                              "larger batch")
+        exits.fail(VARIANT, f"minibatches of {batch_size // args.num_minibatches} transition "
+                            "cannot be normalized (--norm-adv divides by their standard "
+                            "deviation): use fewer --num-minibatches or a larger batch")
     if args.total_timesteps < batch_size:
-        harness.fail(VARIANT, f"--total-timesteps {args.total_timesteps} is smaller than one batch "
-                              f"(--num-envs x --num-steps = {batch_size}): raise it or shrink the batch")
+        exits.fail(VARIANT, f"--total-timesteps {args.total_timesteps} is smaller than one batch "
+                            f"(--num-envs x --num-steps = {batch_size}): raise it or shrink the "
+                            "batch")
     if args.async_envs and args.num_envs % 2 != 0:
-        harness.fail(VARIANT, f"--async-envs splits the games into two equal envpools, so --num-envs must be even, "
-                              f"not {args.num_envs}")
+        exits.fail(VARIANT, "--async-envs splits the games into two equal envpools, so --num-envs "
+                            f"must be even, not {args.num_envs}")
 
 
 
 def check_env_id(env_id: str) -> None:
     """Refuse, with the script to use instead, an id that is not one of envpool's Atari games."""
     if envpool is None:
-        harness.fail(VARIANT, f"{VARIANT}.py needs envpool: pip install -e '.[envpool]'")
+        exits.fail(VARIANT, f"{VARIANT}.py needs envpool: pip install -e '.[envpool]'")
     if env_id not in envpool.list_all_envs():
         hint = ""
         if env_id.endswith("NoFrameskip-v4") or env_id.startswith("ALE/"):
             game = env_id.removeprefix("ALE/").removesuffix("NoFrameskip-v4").removesuffix("-v5")
-            hint = f" (envpool names the game {game}-v5; ale-py ids such as {env_id} need ppo/ppo_atari.py)"
-        harness.fail(VARIANT, f"unknown env id {env_id!r}{hint}: envpool's Atari games are named like Breakout-v5")
+            hint = (f" (envpool names the game {game}-v5; ale-py ids such as {env_id} need "
+                    "ppo/ppo_atari.py)")
+        exits.fail(VARIANT, f"unknown env id {env_id!r}{hint}: envpool's Atari games are named "
+                            "like Breakout-v5")
     kind = type(envpool.make_spec(env_id)).__name__
     if kind != "AtariEnvSpec":
-        harness.fail(VARIANT, f"{env_id} is not an Atari game ({kind}): {VARIANT}.py trains on Atari frames only; "
-                              "use ppo/ppo.py for vector observations and ppo/ppo_continuous_action.py for Box actions")
+        exits.fail(VARIANT, f"{env_id} is not an Atari game ({kind}): {VARIANT}.py trains on Atari "
+                            "frames only; use ppo/ppo.py for vector observations and "
+                            "ppo/ppo_continuous_action.py for Box actions")
 
 
 def check_spaces(env_id: str, envs) -> None:
-    """Refuse a game whose actions this script cannot take. (envpool's action_space is one game's, where
-    a gymnasium vector env's would be the batch's.)"""
+    """Refuse a game whose actions this script cannot take. (envpool's action_space is one game's,
+    where a gymnasium vector env's would be the batch's.)"""
     if not isinstance(envs.action_space, gym.spaces.Discrete):
-        harness.fail(VARIANT, f"{env_id} has a {type(envs.action_space).__name__} action space but "
-                              f"{VARIANT}.py needs Discrete actions: use ppo/ppo_continuous_action.py for Box actions")
+        exits.fail(VARIANT, f"{env_id} has a {type(envs.action_space).__name__} action space but "
+                            f"{VARIANT}.py needs Discrete actions: use "
+                            "ppo/ppo_continuous_action.py for Box actions")
 
 
 if __name__ == "__main__":
     args, checkpoint = parse_args()
-    harness.run(evaluate if args.evaluate else main, args, checkpoint, VARIANT, extra="envpool")
+    exits.run_and_exit(evaluate if args.evaluate else main, args, checkpoint, VARIANT,
+                       pip_extra="envpool")

@@ -1,9 +1,9 @@
 """PPO for Atari trained by several processes at once: data parallelism with torch.distributed.
 
-    torchrun --standalone --nproc-per-node 2 ppo/ppo_atari_multigpu.py --env-id BreakoutNoFrameskip-v4
-    torchrun --standalone --nproc-per-node 2 ppo/ppo_atari_multigpu.py --backend nccl     # one GPU each
+    torchrun --standalone --nproc-per-node 2 ppo/ppo_atari_multigpu.py --env-id Breakout...-v4
+    torchrun --standalone --nproc-per-node 2 ppo/ppo_atari_multigpu.py --backend nccl  # a GPU each
     torchrun --standalone --nproc-per-node 4 ppo/ppo_atari_multigpu.py --device-ids 0 0 1 1
-    torchrun --standalone --nproc-per-node 2 ppo/ppo_atari_multigpu.py --resume runs/<run>/checkpoint.pt
+    torchrun --standalone --nproc-per-node 2 ppo/ppo_atari_multigpu.py --resume runs/<run>/...pt
     python ppo/ppo_atari_multigpu.py --evaluate runs/<run>/checkpoint.pt  # one process is enough
 
 The same PPO as ppo/ppo_atari.py, the same preprocessing and network, but the environments are split
@@ -13,10 +13,11 @@ so every rank applies the same update to the same weights and the world trains o
 process with all the environments and the full minibatches would. Started without torchrun, the
 script runs as a world of one process.
 
-The 13 core details are marked `[Core N: ...]`, the 9 Atari details `[Atari N: ...]` and the 3
-data-parallel ones `[Multi-GPU N: ...]`; docs/ppo_atari_multigpu.md lists them all. What a run needs
-beyond PPO (the command line, checkpoints, logs, Ctrl-C) comes from ppo/harness.py, called as
-`harness.*`: copy that file along with this one.
+The 13 core details are marked `[Core N: ...]`, the 9 Atari details `[Atari N: ...]` and the 3 data-
+parallel ones `[Multi-GPU N: ...]`; docs/ppo_atari_multigpu.md lists them all. What a run needs
+beyond PPO comes from four modules beside this file, one concern each: command_line (flags, --resume
+and --evaluate), checkpoints, run_life (logs, progress, stop signals, speed options, evaluation) and
+exits (exit codes): copy them along with it.
 """
 
 import os
@@ -32,67 +33,24 @@ import torch.nn as nn
 import torch.optim as optim
 from torch.distributions.categorical import Categorical
 
-import harness  # the run machinery, beside this file
+# The run machinery, beside this file: what a run needs that is not PPO.
+import checkpoints
+import command_line
+import exits
+import run_life
 
 try:
     import ale_py
 except ImportError:  # reported with the command that installs it when an environment is made
     ale_py = None
 
-VARIANT = "ppo_atari_multigpu"  # written into checkpoints, so another variant's checkpoint is refused
+# written into checkpoints, so another variant's checkpoint is refused
+VARIANT = "ppo_atari_multigpu"
 
 
 @dataclass
 class Args:
-    # Experiment
-    exp_name: str = VARIANT
-    """the name of this experiment, part of the run name"""
-    seed: int = 1
-    """seed of the experiment; rank r seeds Python, NumPy and its environments from seed + r"""
-    torch_deterministic: bool = True
-    """if toggled, sets `torch.backends.cudnn.deterministic`"""
-    cuda: bool = True
-    """if toggled, use CUDA when it is available"""
-    track: bool = False
-    """if toggled, log the run to Weights & Biases (set WANDB_MODE=offline to work without a network)"""
-    wandb_project_name: str = "ppo-scripts"
-    """the Weights & Biases project"""
-    wandb_entity: str | None = None
-    """the Weights & Biases entity (team); None uses your default"""
-    capture_video: bool = False
-    """if toggled, record videos of rank 0's first environment to `videos/<run_name>/`"""
-    save_model: bool = False
-    """if toggled, write `runs/<run_name>/checkpoint.pt` at the end, every `save_interval` iterations or `save_minutes` minutes, and when stopped by Ctrl-C, SIGTERM or SIGUSR1"""
-    save_interval: int = 100
-    """with --save-model, also write the checkpoint every this many iterations (0: only at the end)"""
-    save_minutes: float = 0.0
-    """with --save-model, also write the checkpoint when this many minutes have passed since the last one (0: never by the clock): a crash or `kill -9` then loses at most that much work"""
-    resume: str | None = None
-    """path of a checkpoint to continue training from (the same path on every node); the run keeps
-    the checkpoint's settings and needs as many processes as wrote it"""
-    trust_old_checkpoint: bool = False
-    """if toggled, --resume also reads the older checkpoint format, whose environments are pickles that can run any code: only for files you wrote yourself"""
-    evaluate: str | None = None
-    """path of a checkpoint to evaluate instead of training (in one process, started with python)"""
-    eval_episodes: int = 10
-    """number of games to play with --evaluate"""
-
-    # Speed: how fast the run goes, never what it learns
-    compile: bool = False
-    """if toggled, compile the policy step and the minibatch loss with torch.compile (pays on a GPU; the first iterations are slow while it compiles)"""
-    cudagraphs: bool = False
-    """if toggled, compile as --compile does and replay the policy step and minibatch loss as CUDA graphs (needs CUDA)"""
-    async_envs: bool = False
-    """if toggled, each process steps each of its games in a worker process of its own, all at once, instead of one after another"""
-
-    # Distributed training
-    backend: Literal["gloo", "nccl"] = "gloo"
-    """the torch.distributed backend: gloo works on CPUs and GPUs, nccl needs one GPU per process"""
-    device_ids: list[int] = field(default_factory=list)
-    """the GPU of each process on a node, in local-rank order (`0 0 1 1`: two processes per GPU);
-    empty: process i uses GPU i, modulo the number of GPUs"""
-
-    # Algorithm
+    # The algorithm
     env_id: str = "BreakoutNoFrameskip-v4"
     """the id of the environment: an ale-py game, `<Game>NoFrameskip-v4` or `ALE/<Game>-v5`"""
     total_timesteps: int = 10000000
@@ -101,9 +59,9 @@ class Args:
     """the learning rate of the optimizer"""
     num_envs: int = 8
     """the number of parallel environments over ALL processes (as CleanRL's 2022 PPO docs read it;
-    its current script counts them per process): each of N processes steps num_envs / N, so a batch is
-    num_envs x num_steps for any N (1024 by default: 8 x 128 in 1 process, 4 x 128 in each of 2, 2 x
-    128 in each of 4)"""
+    its current script counts them per process): each of N processes steps num_envs / N, so a batch
+    is num_envs x num_steps for any N (1024 by default: 8 x 128 in 1 process, 4 x 128 in each of 2,
+    2 x 128 in each of 4)"""
     num_steps: int = 128
     """the number of steps to run in each environment per rollout"""
     anneal_lr: bool = True
@@ -121,7 +79,7 @@ class Args:
     clip_coef: float = 0.1
     """the surrogate clipping coefficient"""
     anneal_clip: bool = False
-    """if toggled, anneal the clipping coefficient linearly to zero, as the PPO paper does for Atari"""
+    """if toggled, anneal the clip coefficient linearly to zero, as the PPO paper does for Atari"""
     clip_vloss: bool = True
     """if toggled, clip the value loss as the original PPO code does"""
     ent_coef: float = 0.01
@@ -133,19 +91,67 @@ class Args:
     target_kl: float | None = None
     """if set, stop the update epochs early once the approximate KL exceeds it"""
     bootstrap_truncated: bool = False
-    """if toggled, an episode cut off by its time limit is valued as going on: its last reward gets gamma x the value of its final observation (off by default, as in the published runs)"""
+    """if toggled, a time limit is no death: its last reward gets + gamma x V(final observation)"""
+
+    # Distributed training
+    backend: Literal["gloo", "nccl"] = "gloo"
+    """the torch.distributed backend: gloo works on CPUs and GPUs, nccl needs one GPU per process"""
+    device_ids: list[int] = field(default_factory=list)
+    """the GPU of each process on a node, in local-rank order (`0 0 1 1`: two processes per GPU);
+    empty: process i uses GPU i, modulo the number of GPUs"""
+
+    # The run: its name, seed and device, logs, checkpoints and evaluation
+    exp_name: str = VARIANT
+    """the name of this experiment, part of the run name"""
+    seed: int = 1
+    """seed of the experiment; rank r seeds Python, NumPy and its environments from seed + r"""
+    torch_deterministic: bool = True
+    """if toggled, sets `torch.backends.cudnn.deterministic`"""
+    cuda: bool = True
+    """if toggled, use CUDA when it is available"""
+    track: bool = False
+    """if toggled, log the run to Weights & Biases (WANDB_MODE=offline works without a network)"""
+    wandb_project_name: str = "ppo-scripts"
+    """the Weights & Biases project"""
+    wandb_entity: str | None = None
+    """the Weights & Biases entity (team); None uses your default"""
+    capture_video: bool = False
+    """if toggled, record videos of rank 0's first environment to `videos/<run_name>/`"""
+    save_model: bool = False
+    """if toggled, save runs/<run_name>/checkpoint.pt at the end and when a signal stops the run"""
+    save_interval: int = 100
+    """with --save-model, also save every this many iterations (0: only at the end)"""
+    save_minutes: float = 0.0
+    """with --save-model, also save after this many minutes (0: never): what a crash can lose"""
+    resume: str | None = None
+    """path of a checkpoint to continue training from (the same path on every node); the run keeps
+    the checkpoint's settings and needs as many processes as wrote it"""
+    trust_old_checkpoint: bool = False
+    """if toggled, --resume reads old-format checkpoints, which can run code: only your own files"""
+    evaluate: str | None = None
+    """path of a checkpoint to evaluate instead of training (in one process, started with python)"""
+    eval_episodes: int = 10
+    """number of games to play with --evaluate"""
+
+    # Speed: how fast the run goes, never what it learns
+    compile: bool = False
+    """if toggled, torch.compile the policy step and minibatch loss (pays on a GPU, slow start)"""
+    cudagraphs: bool = False
+    """if toggled, compile as --compile does and replay both as CUDA graphs (needs CUDA)"""
+    async_envs: bool = False
+    """if toggled, each process steps its games in worker processes of their own, all at once"""
 
 
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Environments: the Atari preprocessing
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 
 class EpisodicLife(gym.Wrapper):
     """[Atari 3: EpisodicLifeEnv] Losing a life ends the episode for training (terminated=True), so
-    the value of the state before a lost life is not bootstrapped from the next life. The game itself
-    goes on: after a lost life, reset() takes one no-op step instead of restarting the game, and only
-    a game that is really over is reset.
+    the value of the state before a lost life is not bootstrapped from the next life. The game
+    itself goes on: after a lost life, reset() takes one no-op step instead of restarting the game,
+    and only a game that is really over is reset.
 
     gymnasium's AtariPreprocessing(terminal_on_life_loss=True) is not the same: its environment is
     then reset by the vector env, so every life would start a new game and the agent would never see
@@ -205,24 +211,29 @@ def make_env(env_id: str, idx: int, capture_video: bool, video_folder: str,
         # otherwise skip 4 frames per step on its own, and with the 4 below each step would span 16
         # frames. v5's sticky actions (repeat_action_probability=0.25) are kept: they are what the
         # v5 ids stand for. For the published setting use <Game>NoFrameskip-v4, which has none.
-        env = gym.make(env_id, frameskip=1, render_mode="rgb_array" if capture_video and idx == 0 else None)
+        env = gym.make(env_id, frameskip=1,
+                       render_mode="rgb_array" if capture_video and idx == 0 else None)
         if capture_video and idx == 0:
-            env = harness.record_video(env, video_folder, video_episodes)
-        # gymnasium's AtariPreprocessing carries out three of the details as the original wrappers do,
-        # with one difference: it max-pools two grayscale frames where the original max-pools two color
-        # frames and then converts them. Breakout's observations come out identical; in Pong 0.2% of
-        # the pixels differ (tests/test_ppo_atari.py, docs/ppo_atari.md).
+            env = run_life.record_video(env, video_folder, video_episodes)
+        # gymnasium's AtariPreprocessing carries out three of the details as the original wrappers
+        # do, with one difference: it max-pools two grayscale frames where the original max-pools
+        # two color frames and then converts them. Breakout's observations come out identical; in
+        # Pong 0.2% of the pixels differ (tests/test_ppo_atari.py, docs/ppo_atari.md).
         env = gym.wrappers.AtariPreprocessing(
             env,
-            noop_max=30,  # [Atari 1: NoopResetEnv] 1 to 30 no-op frames (random) at the start of each game
-            frame_skip=4,  # [Atari 2: MaxAndSkipEnv] repeat each action for 4 frames, sum their rewards
+            # [Atari 1: NoopResetEnv] 1 to 30 no-op frames (random) at the start of each game
+            noop_max=30,
+            # [Atari 2: MaxAndSkipEnv] repeat each action for 4 frames, sum their rewards
+            frame_skip=4,
             # and max-pool the last two frames (Atari draws some sprites only every other frame).
-            screen_size=84,  # [Atari 5: WarpFrame] grayscale, resized to 84x84 with area interpolation
+            # [Atari 5: WarpFrame] grayscale, resized to 84x84 with area interpolation
+            screen_size=84,
             grayscale_obs=True,
             terminal_on_life_loss=False,  # lives are handled by EpisodicLife below
         )
-        # Below EpisodicLife and the reward clipping, this wrapper sees the real game: it adds the game's
-        # unclipped score and length to `info` when the game is over, not when a life is lost.
+        # Below EpisodicLife and the reward clipping, this wrapper sees the real game: it adds the
+        # game's unclipped score and length to `info` when the game is over, not when a life is
+        # lost.
         env = gym.wrappers.RecordEpisodeStatistics(env)
         env = EpisodicLife(env)
         if "FIRE" in env.unwrapped.get_action_meanings():
@@ -234,7 +245,7 @@ def make_env(env_id: str, idx: int, capture_video: bool, video_folder: str,
         # visible. gymnasium's FrameStackObservation fills the stack with the first frame on reset,
         # as the original does.
         env = gym.wrappers.FrameStackObservation(env, stack_size=4)
-        return harness.SavableGame(env)  # saves the game for a checkpoint, where the game runs
+        return checkpoints.SavableGame(env)  # saves the game for a checkpoint, where the game runs
 
     return thunk
 
@@ -242,8 +253,8 @@ def make_env(env_id: str, idx: int, capture_video: bool, video_folder: str,
 def make_envs(env_id: str, num_envs: int, capture_video: bool = False, video_folder: str = "videos",
               saved_envs: list | None = None, async_envs: bool = False,
               video_episodes: int | None = None) -> gym.vector.VectorEnv:
-    """Build the vector of preprocessed games (from `saved_envs`, the very games a checkpoint saved),
-    checking that this script can train on them.
+    """Build the vector of preprocessed games (from `saved_envs`, the very games a checkpoint
+    saved), checking that this script can train on them.
 
     [Core 1: Vectorized architecture] Each process steps `num_envs` copies of the game in lock step,
     its share of the world's environments, so its rollout holds num_envs x num_steps transitions.
@@ -256,15 +267,26 @@ def make_envs(env_id: str, num_envs: int, capture_video: bool = False, video_fol
     so their frames are the same as in this process: only the time differs.
     """
     check_env_id(env_id)
-    env_fns = [make_env(env_id, i, capture_video, video_folder, video_episodes) for i in range(num_envs)]
-    if saved_envs is not None:  # the games built anew, then put back where the checkpoint saved them
-        env_fns = harness.restored_envs(env_fns, saved_envs)
+    env_fns = [make_env(env_id, i, capture_video, video_folder, video_episodes)
+               for i in range(num_envs)]
+    # the games built anew, then put back where the checkpoint saved them
+    if saved_envs is not None:
+        env_fns = checkpoints.restored_envs(env_fns, saved_envs)
     if async_envs:
-        envs = harness.async_vector_env(env_fns)
+        envs = run_life.async_vector_env(env_fns, prepare_worker)
     else:
         envs = gym.vector.SyncVectorEnv(env_fns, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     check_spaces(env_id, envs)
     return envs
+
+
+def prepare_worker() -> None:
+    """Ready a worker process of --async-envs before its game is built: OpenCV resizes the frames on
+    one thread (the other workers have the other cores), and ale-py prints no banner per game."""
+    import cv2  # installed with ale-py: the atari extra holds both
+
+    cv2.setNumThreads(1)
+    ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Error)
 
 
 def finished_games(infos: dict) -> list[tuple[int, float, int]]:
@@ -278,9 +300,9 @@ def finished_games(infos: dict) -> list[tuple[int, float, int]]:
             for i in np.flatnonzero(final["_episode"])]
 
 
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Agent
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 
 def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Module:
@@ -293,14 +315,16 @@ def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.
 
 
 class Agent(nn.Module):
-    """[Atari 8: Shared Nature-CNN] One convolutional trunk (Mnih et al., 2015) feeds both heads: the
-    image features are what both the policy and the value function need, and learning them once is
-    cheaper. This replaces [Core 13: Separate MLP networks for policy and value functions] of ppo.py."""
+    """[Atari 8: Shared Nature-CNN] One convolutional trunk (Mnih et al., 2015) feeds both heads:
+    the image features are what both the policy and the value function need, and learning them once
+    is cheaper. This replaces [Core 13: Separate MLP networks for policy and value functions] of
+    ppo.py."""
 
     def __init__(self, num_actions: int):
         super().__init__()
         self.network = nn.Sequential(
-            layer_init(nn.Conv2d(4, 32, kernel_size=8, stride=4)),  # 4 stacked 84x84 frames -> 20x20
+            # 4 stacked 84x84 frames -> 20x20
+            layer_init(nn.Conv2d(4, 32, kernel_size=8, stride=4)),
             nn.ReLU(),
             layer_init(nn.Conv2d(32, 64, kernel_size=4, stride=2)),  # -> 9x9
             nn.ReLU(),
@@ -317,8 +341,8 @@ class Agent(nn.Module):
         self.critic = layer_init(nn.Linear(512, 1), std=1.0)
 
     def features(self, obs: torch.Tensor) -> torch.Tensor:
-        # [Atari 9: Scaling the images to [0, 1]] frames are stored as uint8 (a quarter of the memory
-        # of float32) and scaled here, inside the network.
+        # [Atari 9: Scaling the images to [0, 1]] frames are stored as uint8 (a quarter of the
+        # memory of float32) and scaled here, inside the network.
         return self.network(obs.float() / 255.0)
 
     def get_value(self, obs: torch.Tensor) -> torch.Tensor:
@@ -334,20 +358,21 @@ class Agent(nn.Module):
         return action, distribution.log_prob(action), distribution.entropy(), self.critic(hidden)
 
 
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Generalized advantage estimation and the PPO loss
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 
 def compute_gae(rewards: np.ndarray, values: np.ndarray, dones: np.ndarray, next_value: np.ndarray,
-                next_done: np.ndarray, gamma: float, gae_lambda: float) -> tuple[np.ndarray, np.ndarray]:
+                next_done: np.ndarray, gamma: float,
+                gae_lambda: float) -> tuple[np.ndarray, np.ndarray]:
     """[Core 5: Generalized Advantage Estimation] Advantages and value targets of one rollout.
 
-    All arrays are (num_steps, num_envs) except next_value and next_done, (num_envs,), which describe
-    the observation after the last step. dones[t] is 1 when obs[t] is the first observation of a new
-    episode (here: of a new life), that is, when the step before it ended one: then nothing flows
-    back across t. Each rank computes them for its own environments: no episode spans two ranks.
-    """
+    All arrays are (num_steps, num_envs) except next_value and next_done, (num_envs,), which
+    describe the observation after the last step. dones[t] is 1 when obs[t] is the first observation
+    of a new episode (here: of a new life), that is, when the step before it ended one: then nothing
+    flows back across t. Each rank computes them for its own environments: no episode spans two
+    ranks."""
     num_steps = rewards.shape[0]
     advantages = np.zeros_like(rewards)
     last_advantage = np.zeros_like(next_value)
@@ -365,26 +390,29 @@ def compute_gae(rewards: np.ndarray, values: np.ndarray, dones: np.ndarray, next
 
 def world_mean_and_std(x: torch.Tensor, world_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The mean and standard deviation of the world's minibatch, all ranks' shares together: what
-    x.mean() and x.std() of their concatenation would give. One all-reduce of three numbers, summed in
-    float64 so that the shortcut through the sum of squares loses nothing."""
+    x.mean() and x.std() of their concatenation would give. One all-reduce of three numbers, summed
+    in float64 so that the shortcut through the sum of squares loses nothing."""
     if world_size == 1:
         return x.mean(), x.std()
     x64 = x.double()
-    sums = torch.stack([x64.sum(), (x64 * x64).sum(), torch.tensor(float(x.numel()), device=x.device).double()])
+    sums = torch.stack([x64.sum(), (x64 * x64).sum(),
+                        torch.tensor(float(x.numel()), device=x.device).double()])
     dist.all_reduce(sums, op=dist.ReduceOp.SUM)
     total, total_of_squares, count = sums
     mean = total / count
-    variance = (total_of_squares - count * mean * mean) / (count - 1)  # Bessel's correction, as x.std()
+    # Bessel's correction, as x.std()
+    variance = (total_of_squares - count * mean * mean) / (count - 1)
     return mean.to(x.dtype), variance.clamp(min=0).sqrt().to(x.dtype)
 
 
 def ppo_loss(new_logprob: torch.Tensor, entropy: torch.Tensor, new_value: torch.Tensor,
              old_logprob: torch.Tensor, old_value: torch.Tensor, advantages: torch.Tensor,
-             returns: torch.Tensor, clip_coef: float, args: Args) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """The PPO objective on this rank's share of one minibatch, with the clipping coefficient of this
-    update and its advantages already normalized (by gradient_step); returns the loss to minimize and
-    detached statistics. Every term is a mean over the share, so the average of the ranks' gradients is
-    the gradient of the same loss over the whole minibatch."""
+             returns: torch.Tensor, clip_coef: float,
+             args: Args) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The PPO objective on this rank's share of one minibatch, with the clipping coefficient of
+    this update and its advantages already normalized (by gradient_step); returns the loss to
+    minimize and detached statistics. Every term is a mean over the share, so the average of the
+    ranks' gradients is the gradient of the same loss over the whole minibatch."""
     logratio = new_logprob - old_logprob
     ratio = logratio.exp()
 
@@ -413,22 +441,26 @@ def ppo_loss(new_logprob: torch.Tensor, entropy: torch.Tensor, new_value: torch.
         old_approx_kl = (-logratio).mean()
         approx_kl = ((ratio - 1) - logratio).mean()
         clipfrac = ((ratio - 1.0).abs() > clip_coef).float().mean()
-    stats = {"policy_loss": pg_loss.detach(), "value_loss": v_loss.detach(), "entropy": entropy_mean.detach(),
+    stats = {"policy_loss": pg_loss.detach(), "value_loss": v_loss.detach(),
+             "entropy": entropy_mean.detach(),
              "old_approx_kl": old_approx_kl, "approx_kl": approx_kl, "clipfrac": clipfrac}
     return loss, stats
 
 
-def minibatch_loss(agent: Agent, obs: torch.Tensor, actions: torch.Tensor, old_logprob: torch.Tensor,
-                   old_value: torch.Tensor, advantages: torch.Tensor, returns: torch.Tensor, clip_coef: float,
-                   args: Args) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def minibatch_loss(agent: Agent, obs: torch.Tensor, actions: torch.Tensor,
+                   old_logprob: torch.Tensor,
+                   old_value: torch.Tensor, advantages: torch.Tensor, returns: torch.Tensor,
+                   clip_coef: float, args: Args) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The network on this rank's share of one minibatch, then the PPO loss: the unit that --compile
-    compiles. It talks to no other rank, so it compiles into one graph and records as one CUDA graph."""
+    compiles. It talks to no other rank, so it compiles into one graph and records as one CUDA
+    graph."""
     _, new_logprob, entropy, new_value = agent.get_action_and_value(obs, actions)
-    return ppo_loss(new_logprob, entropy, new_value.flatten(), old_logprob, old_value, advantages, returns,
-                    clip_coef, args)
+    return ppo_loss(new_logprob, entropy, new_value.flatten(), old_logprob, old_value, advantages,
+                    returns, clip_coef, args)
 
 
-def truncated_value(agent: Agent, infos: dict, truncated: np.ndarray, device: torch.device) -> np.ndarray:
+def truncated_value(agent: Agent, infos: dict, truncated: np.ndarray,
+                    device: torch.device) -> np.ndarray:
     """[Truncation: bootstrap the value of a time limit's final observation] (--bootstrap-truncated)
     V(final observation) for each game that the time limit cut off, 0 elsewhere.
 
@@ -436,7 +468,8 @@ def truncated_value(agent: Agent, infos: dict, truncated: np.ndarray, device: to
     SAME_STEP autoreset the observation the step returned is already the next game's; the one the
     game ended on, its four frames stacked as the agent sees them, is in info["final_obs"]. The
     caller adds gamma x this value to the step's (clipped) reward, so that the step's target is
-    r + gamma V(s_final) where GAE, which stops at every episode end, would otherwise take r alone."""
+    r + gamma V(s_final) where GAE, which stops at every episode end, would otherwise take r
+    alone."""
     values = np.zeros(len(truncated), dtype=np.float32)
     if truncated.any():
         final_obs = np.stack(infos["final_obs"][truncated])
@@ -448,43 +481,49 @@ def truncated_value(agent: Agent, infos: dict, truncated: np.ndarray, device: to
 
 def explained_variance(predicted: np.ndarray, target: np.ndarray) -> float:
     """[Core 12: Debug variables] 1 - Var[target - predicted] / Var[target]: 1 is a perfect value
-    function, 0 no better than a constant, negative worse than one; nan when the targets do not vary."""
+    function, 0 no better than a constant, negative worse than one; nan when the targets do not
+    vary."""
     target_variance = np.var(target)
-    return np.nan if target_variance == 0 else float(1 - np.var(target - predicted) / target_variance)
+    if target_variance == 0:
+        return np.nan
+    return float(1 - np.var(target - predicted) / target_variance)
 
 
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Data parallelism: where the ranks talk to each other
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 
-def choose_device(args: Args, local_rank: int, local_world_size: int) -> torch.device:
+def device_of_this_rank(args: Args, local_rank: int, local_world_size: int) -> torch.device:
     """The device of this process: a GPU from --device-ids (or GPU local_rank, modulo the GPUs there
     are) when CUDA is there and wanted, else the CPU. Refuses settings that cannot work."""
     if args.device_ids and len(args.device_ids) != local_world_size:
-        harness.fail(VARIANT, f"--device-ids names {len(args.device_ids)} GPUs for the {local_world_size} processes "
-                              f"of this node: give one id per process (torchrun --nproc-per-node "
-                              f"{len(args.device_ids)}, or {local_world_size} ids)")
+        exits.fail(VARIANT, f"--device-ids names {len(args.device_ids)} GPUs for the "
+                            f"{local_world_size} processes of this node: give one id per process "
+                            f"(torchrun --nproc-per-node {len(args.device_ids)}, or "
+                            f"{local_world_size} ids)")
     use_cuda = args.cuda and torch.cuda.is_available()
     if args.backend == "nccl" and not use_cuda:
         why = "--no-cuda was given" if not args.cuda else "no CUDA GPU is available"
-        harness.fail(VARIANT, f"--backend nccl needs a CUDA GPU per process, but {why}: use --backend gloo")
+        exits.fail(VARIANT, f"--backend nccl needs a CUDA GPU per process, but {why}: use "
+                            "--backend gloo")
     if not use_cuda:
         return torch.device("cpu")
     device_ids = args.device_ids or [i % torch.cuda.device_count() for i in range(local_world_size)]
     if max(device_ids) >= torch.cuda.device_count() or min(device_ids) < 0:
-        harness.fail(VARIANT, f"--device-ids {' '.join(map(str, device_ids))}: this node has GPUs 0 to "
-                              f"{torch.cuda.device_count() - 1}")
+        exits.fail(VARIANT, f"--device-ids {' '.join(map(str, device_ids))}: this node has GPUs 0 "
+                            f"to {torch.cuda.device_count() - 1}")
     if args.backend == "nccl" and len(set(device_ids)) < len(device_ids):
-        harness.fail(VARIANT, f"nccl cannot run two processes on one GPU (GPUs {' '.join(map(str, device_ids))}): "
-                              "use --backend gloo to share GPUs, or one process per GPU")
+        exits.fail(VARIANT, "nccl cannot run two processes on one GPU (GPUs "
+                            f"{' '.join(map(str, device_ids))}): use --backend gloo to share GPUs, "
+                            "or one process per GPU")
     return torch.device("cuda", device_ids[local_rank])
 
 
 def average_gradients(parameters: list[nn.Parameter], world_size: int) -> None:
-    """[Multi-GPU 3: Efficient gradient averaging] Replace every gradient by its mean over the ranks,
-    in one all-reduce of one flat vector, not one call per parameter: each call has a fixed cost
-    (a round trip between the processes), and this network has 12 parameter tensors."""
+    """[Multi-GPU 3: Efficient gradient averaging] Replace every gradient by its mean over the
+    ranks, in one all-reduce of one flat vector, not one call per parameter: each call has a fixed
+    cost (a round trip between the processes), and this network has 12 parameter tensors."""
     if world_size == 1:
         return
     grads = [p.grad for p in parameters if p.grad is not None]
@@ -498,11 +537,12 @@ def average_gradients(parameters: list[nn.Parameter], world_size: int) -> None:
 
 
 def gradient_step(agent: nn.Module, optimizer: optim.Optimizer, minibatch: tuple[torch.Tensor, ...],
-                  clip_coef: float, args: Args, world_size: int, loss_on_minibatch=None) -> dict[str, torch.Tensor]:
+                  clip_coef: float, args: Args, world_size: int,
+                  loss_on_minibatch=None) -> dict[str, torch.Tensor]:
     """One optimizer step on this rank's share of a minibatch (obs, actions, log-probs, values,
-    advantages, returns). After the gradients' all-reduce every rank holds the same averaged gradient,
-    so every rank takes the same step and the copies of the agent stay identical. loss_on_minibatch is
-    minibatch_loss or its compiled form; both all-reduces stay outside it."""
+    advantages, returns). After the gradients' all-reduce every rank holds the same averaged
+    gradient, so every rank takes the same step and the copies of the agent stay identical.
+    loss_on_minibatch is minibatch_loss or its compiled form; both all-reduces stay outside it."""
     loss_on_minibatch = loss_on_minibatch or minibatch_loss
     obs, actions, old_logprob, old_value, advantages, returns = minibatch
     if args.norm_adv:
@@ -515,7 +555,8 @@ def gradient_step(agent: nn.Module, optimizer: optim.Optimizer, minibatch: tuple
         advantages = (advantages - mean) / (std + 1e-8)
     if args.cudagraphs:
         torch.compiler.cudagraph_mark_step_begin()
-    loss, stats = loss_on_minibatch(agent, obs, actions, old_logprob, old_value, advantages, returns, clip_coef, args)
+    loss, stats = loss_on_minibatch(agent, obs, actions, old_logprob, old_value, advantages,
+                                    returns, clip_coef, args)
     optimizer.zero_grad()
     loss.backward()
     average_gradients(list(agent.parameters()), world_size)
@@ -539,14 +580,14 @@ def gather_from_all_ranks(item, world_size: int) -> list:
     return items
 
 
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Training
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 
 def main(args: Args, checkpoint: dict | None = None) -> dict:
-    """Train as `args` says, from `checkpoint` (read by parse_args) with --resume; returns a summary of
-    the run for callers such as tests."""
+    """Train as `args` says, from `checkpoint` (read by parse_args) with --resume; returns a summary
+    of the run for callers such as tests."""
     # torchrun tells each process who it is through environment variables. Without torchrun the
     # script is a world of one process.
     rank = int(os.environ.get("RANK", "0"))  # this process among all, on all nodes
@@ -564,43 +605,46 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
     local_minibatch_size = local_batch_size // args.num_minibatches
     batch_size = local_batch_size * world_size
     num_iterations = args.total_timesteps // batch_size
-    device = choose_device(args, local_rank, local_world_size)
+    device = device_of_this_rank(args, local_rank, local_world_size)
     # One PyTorch thread unless OMP_NUM_THREADS asks for more (torchrun sets it to 1): the
     # environments share the cores with the network, and so do the other ranks of this node.
     if "OMP_NUM_THREADS" not in os.environ:
         torch.set_num_threads(1)
     check_env_id(args.env_id)
     if checkpoint and checkpoint["world_size"] != world_size:
-        harness.fail(VARIANT, f"the checkpoint was written by {checkpoint['world_size']} processes, not "
-                              f"{world_size}: resume it with as many (torchrun --nproc-per-node "
-                              f"{checkpoint['world_size']} on one node)")
-    # [Multi-GPU 2: Adjust seed per process] Each rank draws its actions, its minibatch order and its
-    # games from its own seed, so the ranks do not collect the same data; rank r's environments get
-    # the seeds seed + r x local_num_envs + i, so the world plays the same games as ppo_atari.py with
-    # all the environments in one process. The weights, though, must start identical on every rank,
-    # so torch is seeded with the shared seed until the agent is built.
-    run = harness.Run(args, VARIANT, checkpoint, num_iterations, device, rank, seed=args.seed + rank)
+        exits.fail(VARIANT, f"the checkpoint was written by {checkpoint['world_size']} processes, "
+                            f"not {world_size}: resume it with as many (torchrun --nproc-per-node "
+                            f"{checkpoint['world_size']} on one node)")
+    # [Multi-GPU 2: Adjust seed per process] Each rank draws its actions, its minibatch order and
+    # its games from its own seed, so the ranks do not collect the same data; rank r's environments
+    # get the seeds seed + r x local_num_envs + i, so the world plays the same games as ppo_atari.py
+    # with all the environments in one process. The weights, though, must start identical on every
+    # rank, so torch is seeded with the shared seed until the agent is built.
+    run = run_life.Run(args, VARIANT, checkpoint, num_iterations, device, rank,
+                       seed=args.seed + rank, env_package="ale-py")
     torch.manual_seed(args.seed)
 
-    # A resumed run goes on with the saved environments, the very episodes it left; they cannot record
-    # video, so with --capture-video it starts new ones instead (and no longer ends exactly as an
-    # unbroken run would).
+    # A resumed run goes on with the saved environments, the very episodes it left; they cannot
+    # record video, so with --capture-video it starts new ones instead (and no longer ends exactly
+    # as an unbroken run would).
     records_video = args.capture_video and rank == 0
     saved_envs = checkpoint["envs"][rank] if checkpoint and not records_video else None
     envs = make_envs(args.env_id, local_num_envs, records_video, run.video_folder,
                      saved_envs=saved_envs, async_envs=args.async_envs)
     obs_shape = envs.single_observation_space.shape  # (4, 84, 84)
     agent = Agent(envs.single_action_space.n).to(device)
-    torch.manual_seed(args.seed + rank)  # [Multi-GPU 2] the agent is built: from here on, each its own
-    # [Core 3: The Adam optimizer's epsilon parameter] 1e-5 as in the original code, not PyTorch's 1e-8.
-    # Adam divides each step by sqrt(v) + eps: the larger eps damps the steps of weights whose
-    # gradients are tiny, which Adam would otherwise scale up to full size.
-    # fused=True: the same Adam, in one kernel for all parameters instead of a dozen small ops each.
+    # [Multi-GPU 2] the agent is built: from here on, each its own
+    torch.manual_seed(args.seed + rank)
+    # [Core 3: The Adam optimizer's epsilon parameter] 1e-5 as in the original code, not PyTorch's
+    # 1e-8. Adam divides each step by sqrt(v) + eps: the larger eps damps the steps of weights whose
+    # gradients are tiny, which Adam would otherwise scale up to full size. fused=True: the same
+    # Adam, in one kernel for all parameters instead of a dozen small ops each.
     optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
-    # [Speed: torch.compile] the policy step and the minibatch loss compiled into fused kernels, so a GPU
-    # runs a few large kernels instead of waiting for Python to launch many small ones. Both all-reduces
-    # (the advantages' statistics and the gradients) stay outside, in gradient_step.
-    policy_step, loss_on_minibatch = harness.compiled(args, agent.get_action_and_value, minibatch_loss)
+    # [Speed: torch.compile] the policy step and the minibatch loss compiled into fused kernels, so
+    # a GPU runs a few large kernels instead of waiting for Python to launch many small ones. Both
+    # all-reduces (the advantages' statistics and the gradients) stay outside, in gradient_step.
+    policy_step, loss_on_minibatch = run_life.compiled(args, agent.get_action_and_value,
+                                                       minibatch_loss)
 
     # Every input has been checked: only now join the others, so a mistake stops every rank the same
     # way instead of leaving some waiting for the rest.
@@ -609,24 +653,26 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
             torch.cuda.set_device(device)
         dist.init_process_group(backend=args.backend)  # address and rank from torchrun's variables
     # Only rank 0 logs, tracks and records: its logs describe the world. (writer is None elsewhere.)
-    writer = run.open_logs(world_size=world_size, batch_size=batch_size, local_batch_size=local_batch_size,
+    writer = run.open_logs(world_size=world_size, batch_size=batch_size,
+                           local_batch_size=local_batch_size,
                            local_minibatch_size=local_minibatch_size, num_iterations=num_iterations)
 
     # This rank's rollout storage, (num_steps, local_num_envs, ...), refilled every iteration.
     # [Speed: one host transfer per step] What the network reads or writes lives on the training
-    # device: frames (uint8 until the network scales them), actions, log-probs and values. Rewards and
-    # dones come from the games and stay on the host for GAE, whose results go to the device once per
-    # iteration.
-    obs = torch.zeros((args.num_steps, local_num_envs) + obs_shape, dtype=torch.uint8, device=device)
+    # device: frames (uint8 until the network scales them), actions, log-probs and values. Rewards
+    # and dones come from the games and stay on the host for GAE, whose results go to the device
+    # once per iteration.
+    obs = torch.zeros((args.num_steps, local_num_envs) + obs_shape, dtype=torch.uint8,
+                      device=device)
     actions = torch.zeros((args.num_steps, local_num_envs), dtype=torch.long, device=device)
     logprobs = torch.zeros((args.num_steps, local_num_envs), device=device)
     values = torch.zeros((args.num_steps, local_num_envs), device=device)
     rewards = np.zeros((args.num_steps, local_num_envs), dtype=np.float32)
     dones = np.zeros((args.num_steps, local_num_envs), dtype=np.float32)
 
-    # Where this rank's games stand: the next observation, whether it begins an episode (a life); and
-    # on rank 0 the scores of the world's latest finished games (the game statistics travel inside the
-    # saved games).
+    # Where this rank's games stand: the next observation, whether it begins an episode (a life);
+    # and on rank 0 the scores of the world's latest finished games (the game statistics travel
+    # inside the saved games).
     start_iteration, global_step = run.start(agent, optimizer, new_episodes=saved_envs is None)
     if saved_envs is not None:  # a resumed run: the games it left
         next_obs, next_done = checkpoint["next_obs"][rank], checkpoint["next_done"][rank]
@@ -636,13 +682,13 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
     recent_returns = deque(checkpoint["recent_returns"] if checkpoint else [], maxlen=20)
 
     for iteration in range(start_iteration + 1, num_iterations + 1):
-        # [Core 4: Adam learning rate annealing] linearly from learning_rate toward 0, which the end of
-        # the run would reach: the last iteration uses learning_rate / num_iterations. --anneal-clip
-        # lowers the clipping coefficient alike.
-        frac = 1.0 - (iteration - 1.0) / num_iterations
+        # [Core 4: Adam learning rate annealing] linearly from learning_rate toward 0, which the end
+        # of the run would reach: the last iteration uses learning_rate / num_iterations.
+        # --anneal-clip lowers the clipping coefficient alike.
+        fraction_left = 1.0 - (iteration - 1.0) / num_iterations
         if args.anneal_lr:
-            optimizer.param_groups[0]["lr"] = frac * args.learning_rate
-        clip_coef = frac * args.clip_coef if args.anneal_clip else args.clip_coef
+            optimizer.param_groups[0]["lr"] = fraction_left * args.learning_rate
+        clip_coef = fraction_left * args.clip_coef if args.anneal_clip else args.clip_coef
 
         # Rollout: num_steps steps in each of this rank's environments with the current policy.
         games = []  # (global step, score, length) of the games that ended on this rank
@@ -654,7 +700,8 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
             # The network runs once per step anyway to choose the action; the log-probability and
             # value come with it at almost no cost, so they are recorded here, on the device.
             if args.cudagraphs:
-                # [Speed: CUDA graphs] a replay's outputs live until the next replay: they are copied first.
+                # [Speed: CUDA graphs] a replay's outputs live until the next replay: they are
+                # copied first.
                 torch.compiler.cudagraph_mark_step_begin()
             with torch.inference_mode():
                 action, logprob, _, value = policy_step(obs[step])
@@ -662,22 +709,28 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
 
             # The step's one transfer to the host: the actions, which the games need.
             next_obs, reward, terminations, truncations, infos = envs.step(action.cpu().numpy())
-            # A lost life (EpisodicLife) or a time-limit truncation ends the episode like a termination...
+            # A lost life (EpisodicLife) or a time-limit truncation ends the episode like a
+            # termination...
             next_done = np.logical_or(terminations, truncations)
             rewards[step] = reward  # clipped
             if args.bootstrap_truncated:  # ...unless the run values what the time limit cut off
-                rewards[step] += args.gamma * truncated_value(agent, infos, truncations & ~terminations, device)
+                rewards[step] += args.gamma * truncated_value(agent, infos,
+                                                              truncations & ~terminations, device)
             games += [(global_step, score, length) for _, score, length in finished_games(infos)]
-            run.print_progress(global_step, recent_returns)  # within a long rollout too, every few seconds
+            # within a long rollout too, every few seconds
+            run.print_progress(global_step, recent_returns)
 
         with torch.no_grad():
             next_value = agent.get_value(torch.as_tensor(next_obs, device=device))
         # GAE runs on the host, in NumPy: one transfer of the rollout's values per iteration.
         host_values = values.cpu().numpy()
-        advantages, returns = compute_gae(rewards, host_values, dones, next_value.cpu().numpy().flatten(), next_done,
+        advantages, returns = compute_gae(rewards, host_values, dones,
+                                          next_value.cpu().numpy().flatten(), next_done,
                                           args.gamma, args.gae_lambda)
 
-        # Flatten this rank's rollout into its share of the batch: local_num_envs x num_steps transitions.
+        # Flatten this rank's rollout into its share of the batch: local_num_envs x num_steps
+        # transitions.
+        # b_ names an array of the whole batch, mb_ one of a minibatch.
         b_obs = obs.reshape((-1,) + obs_shape)
         b_actions = actions.reshape(-1)
         b_logprobs = logprobs.reshape(-1)
@@ -685,9 +738,9 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
         b_advantages = torch.as_tensor(advantages.reshape(-1), device=device)
         b_returns = torch.as_tensor(returns.reshape(-1), device=device)
 
-        # [Core 6: Mini-batch updates] several epochs over shuffled minibatches of the batch. Each rank
-        # takes local_minibatch_size samples of its own share; together they make a minibatch of
-        # the world, and gradient_step averages the ranks' gradients over it.
+        # [Core 6: Mini-batch updates] several epochs over shuffled minibatches of the batch. Each
+        # rank takes local_minibatch_size samples of its own share; together they make a minibatch
+        # of the world, and gradient_step averages the ranks' gradients over it.
         b_inds = np.arange(local_batch_size)
         minibatch_stats = []
         for epoch in range(args.update_epochs):
@@ -695,10 +748,10 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
             epoch_inds = torch.from_numpy(b_inds).to(device)
             for start in range(0, local_batch_size, local_minibatch_size):
                 mb_inds = epoch_inds[start:start + local_minibatch_size]
-                minibatch = (b_obs[mb_inds], b_actions[mb_inds], b_logprobs[mb_inds], b_values[mb_inds],
-                             b_advantages[mb_inds], b_returns[mb_inds])
-                minibatch_stats.append(gradient_step(agent, optimizer, minibatch, clip_coef, args, world_size,
-                                                     loss_on_minibatch))
+                minibatch = (b_obs[mb_inds], b_actions[mb_inds], b_logprobs[mb_inds],
+                             b_values[mb_inds], b_advantages[mb_inds], b_returns[mb_inds])
+                minibatch_stats.append(gradient_step(agent, optimizer, minibatch, clip_coef, args,
+                                                     world_size, loss_on_minibatch))
             if args.target_kl is not None:
                 # The ranks must agree to stop, or some would wait forever in the next all-reduce.
                 world_kl = minibatch_stats[-1]["approx_kl"].clone()
@@ -708,16 +761,21 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
                     break
 
         # One message from each rank per iteration: its losses, its batch's values and returns, its
-        # finished games, and whether it would stop (it was signalled) or save (--save-minutes). Rank 0
-        # logs the world's figures; all ranks stop, or save, together as soon as one of them would.
+        # finished games, and whether it would stop (it was signalled) or save (--save-minutes).
+        # Rank 0 logs the world's figures. All ranks stop, or save, as soon as one of them would: a
+        # signal that reaches one rank late, or clocks a moment apart, must not split them (a rank
+        # that saved alone would wait forever for the others).
         report = {"stats": {key: torch.stack([s[key] for s in minibatch_stats]).mean().item()
                             for key in minibatch_stats[0]},
                   "values": host_values.reshape(-1), "returns": returns.reshape(-1), "games": games,
-                  **run.wishes()}
+                  "stop": run.stop_requested, "save": run.save_minutes_passed}
         reports = gather_from_all_ranks(report, world_size)
-        run.agree(reports)
+        run.all_ranks_stop = any(r["stop"] for r in reports)
+        run.all_ranks_save = any(r["save"] for r in reports)
         # A NaN or infinity on any rank ends the run here, on every rank alike, in one line.
-        run.stop_if_diverged(global_step, {key: np.mean([r["stats"][key] for r in reports]) for key in report["stats"]},
+        run.stop_if_diverged(global_step,
+                             {key: np.mean([r["stats"][key] for r in reports])
+                              for key in report["stats"]},
                              agent)
 
         if rank == 0:
@@ -727,49 +785,58 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
                 recent_returns.append(score)
             # [Core 12: Debug variables] averaged over every minibatch of this update, on all ranks.
             writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
-            for key in ("value_loss", "policy_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac"):
-                writer.add_scalar(f"losses/{key}", np.mean([r["stats"][key] for r in reports]), global_step)
+            for key in ("value_loss", "policy_loss", "entropy", "old_approx_kl", "approx_kl",
+                        "clipfrac"):
+                writer.add_scalar(f"losses/{key}", np.mean([r["stats"][key] for r in reports]),
+                                  global_step)
             writer.add_scalar("losses/explained_variance",
                               explained_variance(np.concatenate([r["values"] for r in reports]),
-                                                 np.concatenate([r["returns"] for r in reports])), global_step)
+                                                 np.concatenate([r["returns"] for r in reports])),
+                                                 global_step)
             writer.add_scalar("charts/SPS", run.steps_per_second(global_step), global_step)
             run.print_progress(global_step, recent_returns, iteration)
 
         if run.checkpoint_due(iteration):
-            # Every rank's own games and random generators go into the one file that rank 0 writes, so
-            # the whole world can resume.
-            own = {"rng": harness.rng_state(device), "envs": harness.save_games(envs),
-                   "next_obs": next_obs, "next_done": next_done}
-            every_rank = gather_from_all_ranks(own, world_size)
+            # Every rank's own games and random generators go into the one file that rank 0 writes,
+            # so the whole world can resume.
+            this_rank = {"rng": checkpoints.rng_state(device), "envs": checkpoints.save_games(envs),
+                         "next_obs": next_obs, "next_done": next_done}
+            all_ranks = gather_from_all_ranks(this_rank, world_size)
             run.save_checkpoint(iteration, global_step, agent, optimizer, world_size=world_size,
                                 recent_returns=list(recent_returns),
-                                **{key: [state[key] for state in every_rank] for key in own})  # one entry per rank
+                                # one entry per rank
+                                **{key: [state[key] for state in all_ranks] for key in this_rank})
         if run.stopping:  # a signal on some rank: this iteration was finished, logged and saved
             break
 
     envs.close()
     if world_size > 1:
         dist.destroy_process_group()
-    run.finish(global_step, how_to_resume=f"resume with the same launch command and --resume {run.checkpoint_path}")
-    return {"run_name": run.name, "global_step": global_step, "interrupted": run.stopping, "rank": rank,
+    run.finish(global_step, how_to_resume="resume with the same launch command and --resume "
+                                          f"{run.checkpoint_path}")
+    return {"run_name": run.name, "global_step": global_step, "interrupted": run.stopping,
+            "rank": rank,
             "world_size": world_size, "recent_returns": list(recent_returns), "agent": agent}
 
 
 def evaluate(args: Args, checkpoint: dict) -> list[float]:
-    """--evaluate: play games with the saved agent, its actions sampled as in training. The games run
-    through the training wrappers, so a game lasts all its lives and its score is the real, unclipped one.
-    It plays in one process."""
+    """--evaluate: play games with the saved agent, its actions sampled as in training. The games
+    run through the training wrappers, so a game lasts all its lives and its score is the real,
+    unclipped one. It plays in one process."""
     check_args(args, 1)
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        harness.fail(VARIANT, f"--evaluate plays in one process: run python ppo/{VARIANT}.py --evaluate "
-                              f"{args.evaluate}")
-    evaluation = harness.Evaluation(args, VARIANT, checkpoint)  # the device and seeds; prints the scores
-    envs = make_envs(args.env_id, 1, args.capture_video, evaluation.video_folder, video_episodes=args.eval_episodes)
+        exits.fail(VARIANT, f"--evaluate plays in one process: run python ppo/{VARIANT}.py "
+                            f"--evaluate {args.evaluate}")
+    # the device and seeds; prints the scores
+    evaluation = run_life.Evaluation(args, VARIANT, checkpoint)
+    envs = make_envs(args.env_id, 1, args.capture_video, evaluation.video_folder,
+                     video_episodes=args.eval_episodes)
     agent = evaluation.load(Agent(envs.single_action_space.n))
     obs, _ = envs.reset(seed=evaluation.seed)
     while evaluation.playing:
         with torch.inference_mode():
-            action, _, _, _ = agent.get_action_and_value(torch.as_tensor(obs, device=evaluation.device))
+            action, _, _, _ = agent.get_action_and_value(torch.as_tensor(obs,
+                                                                         device=evaluation.device))
         obs, _, _, _, infos = envs.step(action.cpu().numpy())
         for _, score, length in finished_games(infos):
             evaluation.episode_ended(score, length)
@@ -777,83 +844,99 @@ def evaluate(args: Args, checkpoint: dict) -> list[float]:
     return evaluation.report()
 
 
-# ---------------------------------------------------------------------------------------------------
-# The command line: which settings a resumed run may change, and which settings and environments make
-# no run at all
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
+# The command line: which settings a resumed run may change, and which settings and environments
+# make no run at all
+# --------------------------------------------------------------------------------------------------
 
 # Settings that may differ between a run and its resumption; every other field must stay the same.
-RUNTIME_FIELDS = {"cuda", "track", "wandb_project_name", "wandb_entity", "capture_video", "save_model",
-                  "save_interval", "save_minutes", "resume", "evaluate", "eval_episodes", "compile", "cudagraphs",
-                  "async_envs", "backend", "device_ids"}
+RUNTIME_FIELDS = {"cuda", "track", "wandb_project_name", "wandb_entity", "capture_video",
+                  "save_model",
+                  "save_interval", "save_minutes", "resume", "evaluate", "eval_episodes", "compile",
+                  "cudagraphs", "async_envs", "backend", "device_ids"}
 # The training setting an evaluation also reads and may change: the seed of its games.
 EVALUATION_FIELDS = {"seed"}
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[Args, dict | None]:
     """The settings of the command line, and the checkpoint that --resume or --evaluate names."""
-    return harness.parse_args(Args, VARIANT, RUNTIME_FIELDS, EVALUATION_FIELDS, argv, doc=__doc__)
+    return command_line.parse_args(Args, VARIANT, RUNTIME_FIELDS, EVALUATION_FIELDS, argv,
+                                   doc=__doc__)
 
 
 def check_args(args: Args, world_size: int) -> None:
-    """Refuse settings that cannot make a valid run, before any environment is built: first each flag
-    on its own, then the sizes that must fit together, also between the `world_size` processes."""
-    harness.check_rules(args, VARIANT, [  # (flags, what each must be, which values are allowed)
+    """Refuse settings that cannot make a valid run, before any environment is built: first each
+    flag on its own, then the sizes that must fit together, also between the `world_size`
+    processes."""
+    # (flags, what each must be, which values are allowed)
+    command_line.check_rules(args, VARIANT, [
         ("env_id", "an Atari id such as BreakoutNoFrameskip-v4", lambda value: value.strip() != ""),
         ("seed", "a whole number from 0 to 2**31 - 1", lambda value: 0 <= value < 2**31),
         ("backend", "gloo or nccl", lambda value: value in ("gloo", "nccl")),
-        ("device_ids", "GPU numbers, 0 or more (or none)", lambda value: all(i >= 0 for i in value)),
+        ("device_ids", "GPU numbers, 0 or more (or none)",
+         lambda value: all(i >= 0 for i in value)),
         ("save_interval", "0 (save only at the end) or more", lambda value: value >= 0),
         ("save_minutes", "0 (never save by the clock) or more", lambda value: 0 <= value < np.inf),
-        ("eval_episodes total_timesteps num_envs num_steps num_minibatches update_epochs", "at least 1",
+        ("eval_episodes total_timesteps num_envs num_steps num_minibatches update_epochs", "at "
+                                                                                           "least "
+                                                                                           "1",
          lambda value: value >= 1),
         ("learning_rate", "a finite number above 0", lambda value: 0 < value < np.inf),
         ("gamma gae_lambda", "between 0 and 1", lambda value: 0 <= value <= 1),
         ("clip_coef max_grad_norm", "above 0", lambda value: value > 0),
         ("ent_coef vf_coef", "0 or more", lambda value: value >= 0),
-        ("target_kl", "above 0 (leave it out to never stop early)", lambda value: value is None or value > 0),
+        ("target_kl", "above 0 (leave it out to never stop early)",
+         lambda value: value is None or value > 0),
     ])
     if args.num_envs % world_size != 0:
-        harness.fail(VARIANT, f"--num-envs {args.num_envs} does not split evenly between {world_size} processes: "
-                              f"make it a multiple of {world_size} or start another number of processes")
+        exits.fail(VARIANT, f"--num-envs {args.num_envs} does not split evenly between "
+                            f"{world_size} processes: make it a multiple of {world_size} or start "
+                            "another number of processes")
     local_batch_size = args.num_envs // world_size * args.num_steps
     if local_batch_size % args.num_minibatches != 0:
-        harness.fail(VARIANT, f"each process's share of the batch, --num-envs / {world_size} processes x --num-steps = "
-                              f"{local_batch_size}, does not divide into --num-minibatches {args.num_minibatches} "
-                              "equal minibatches: pick sizes for which it does")
+        exits.fail(VARIANT, f"each process's share of the batch, --num-envs / {world_size} "
+                            f"processes x --num-steps = {local_batch_size}, does not divide into "
+                            f"--num-minibatches {args.num_minibatches} equal minibatches: pick "
+                            "sizes for which it does")
     batch_size = args.num_envs * args.num_steps
     if args.norm_adv and batch_size // args.num_minibatches < 2:
-        harness.fail(VARIANT, f"minibatches of {batch_size // args.num_minibatches} transition cannot be normalized "
-                              "(--norm-adv divides by their standard deviation): use fewer --num-minibatches or a "
-                              "larger batch")
+        exits.fail(VARIANT, f"minibatches of {batch_size // args.num_minibatches} transition "
+                            "cannot be normalized (--norm-adv divides by their standard "
+                            "deviation): use fewer --num-minibatches or a larger batch")
     if args.total_timesteps < batch_size:
-        harness.fail(VARIANT, f"--total-timesteps {args.total_timesteps} is smaller than one batch "
-                              f"(--num-envs x --num-steps = {batch_size}): raise it or shrink the batch")
+        exits.fail(VARIANT, f"--total-timesteps {args.total_timesteps} is smaller than one batch "
+                            f"(--num-envs x --num-steps = {batch_size}): raise it or shrink the "
+                            "batch")
 
 
 def check_env_id(env_id: str) -> None:
     """Refuse, with the script to use instead, an id that is not an ale-py Atari game."""
     if ale_py is None:
-        harness.fail(VARIANT, f"{VARIANT}.py needs ale-py and opencv-python: pip install -e '.[atari]'")
+        exits.fail(VARIANT, f"{VARIANT}.py needs ale-py and opencv-python: pip install -e "
+                            "'.[atari]'")
     gym.register_envs(ale_py)  # ale-py >= 0.9 registers its games only when asked
     ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Error)  # no banner for every game made
     hint = ""
     if env_id.endswith("-v5") and not env_id.startswith("ALE/"):
-        hint = f" (ale-py names it ALE/{env_id}; envpool ids such as {env_id} need ppo/ppo_atari_envpool.py)"
-    spec = harness.gymnasium_spec(env_id, VARIANT, hint)
+        hint = (f" (ale-py names it ALE/{env_id}; envpool ids such as {env_id} need "
+                "ppo/ppo_atari_envpool.py)")
+    spec = command_line.gymnasium_spec(env_id, VARIANT, hint)
     if spec.entry_point != "ale_py.env:AtariEnv":
-        harness.fail(VARIANT, f"{env_id} is not an Atari game of ale-py: {VARIANT}.py trains on Atari frames only; "
-                              "use ppo/ppo.py for vector observations and ppo/ppo_continuous_action.py for Box actions")
+        exits.fail(VARIANT, f"{env_id} is not an Atari game of ale-py: {VARIANT}.py trains on "
+                            "Atari frames only; use ppo/ppo.py for vector observations and "
+                            "ppo/ppo_continuous_action.py for Box actions")
 
 
 def check_spaces(env_id: str, envs: gym.vector.VectorEnv) -> None:
     """Refuse a game whose actions this script cannot take (a continuous-action Atari game)."""
     if not isinstance(envs.single_action_space, gym.spaces.Discrete):
         envs.close()
-        harness.fail(VARIANT, f"{env_id} has a {type(envs.single_action_space).__name__} action space but "
-                              f"{VARIANT}.py needs Discrete actions: use ppo/ppo_continuous_action.py for Box actions")
+        exits.fail(VARIANT, f"{env_id} has a {type(envs.single_action_space).__name__} action "
+                            f"space but {VARIANT}.py needs Discrete actions: use "
+                            "ppo/ppo_continuous_action.py for Box actions")
 
 
 if __name__ == "__main__":
     args, checkpoint = parse_args()
-    harness.run(evaluate if args.evaluate else main, args, checkpoint, VARIANT, extra="atari")
+    exits.run_and_exit(evaluate if args.evaluate else main, args, checkpoint, VARIANT,
+                       pip_extra="atari")

@@ -65,7 +65,7 @@ def script_environment(env: dict | None = None) -> dict:
 
 @pytest.fixture(autouse=True)
 def signal_handlers_put_back():
-    """A test that calls a script's machinery in this process (harness.run, Run) may leave its handlers
+    """A test that calls a script's machinery in this process (exits.run_and_exit, run_life.Run) may leave its handlers
     for Ctrl-C, SIGTERM and SIGUSR1 behind, as a script's process does at its end: put them back, so
     that no test sees another's, and a SIGTERM to pytest still ends it."""
     stop_signals = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
@@ -240,13 +240,13 @@ def run_unbroken_and_interrupted_in_process(main, args, workdir: Path, env_class
 
 @contextlib.contextmanager
 def clock_of_the_steps(env_class: type, seconds_per_step: float = 1 / 1024, step_method: str = "step"):
-    """Within the block, the runs (ppo/harness.py) read the time from a clock that stands still except in
+    """Within the block, the runs (ppo/run_life.py) read the time from a clock that stands still except in
     `env_class.step` (or `step_method`), each call of which advances it by `seconds_per_step` (1/1024 s:
     a power of 2, the sums stay exact), so the steps per second that a run logs are a known figure, not
     a measurement."""
     import types
 
-    import harness  # where the scripts' runs read the clock
+    import run_life  # where the scripts' runs read the clock
 
     original_step, now = getattr(env_class, step_method), 1_700_000_000.0
 
@@ -256,15 +256,16 @@ def clock_of_the_steps(env_class: type, seconds_per_step: float = 1 / 1024, step
         return original_step(self, *inputs, **options)
 
     setattr(env_class, step_method, step_and_tick)
-    original_time, harness.time = harness.time, types.SimpleNamespace(time=lambda: now)
+    original_time = run_life.time
+    run_life.time = types.SimpleNamespace(time=lambda: now, monotonic=original_time.monotonic)
     try:
         yield
     finally:
         setattr(env_class, step_method, original_step)
-        harness.time = original_time
+        run_life.time = original_time
 
 
-# The progress line of ppo/harness.py's Run.print_progress, and its numbers: step, total, SPS.
+# The progress line of ppo/run_life.py's Run.print_progress, and its numbers: step, total, SPS.
 PROGRESS_LINE = re.compile(r"^step +([\d,]+)/([\d,]+) \| +([\d,]+) SPS \| \d+:\d\d:\d\d elapsed, (?:\d+:\d\d:\d\d|\?) "
                            r"left \| mean return +(?:-?[\d.]+|n/a) \(last \d+ episodes\)$", re.MULTILINE)
 
@@ -412,11 +413,11 @@ def assert_each_update_starts_at_ratio_one(script, run):
     first minibatch of every update saw probability ratios of 1: the network that scores it is the one
     that acted, so old_approx_kl and approx_kl are about 0 and no ratio is clipped. The statistics are
     read from what the minibatch loss returns, outside the function that --compile compiles (a spy
-    inside it would be compiled too), by wrapping what ppo/harness.py's `compiled` hands the script.
+    inside it would be compiled too), by wrapping what ppo/run_life.py's `compiled` hands the script.
     Returns what `run()` returns."""
-    import harness
+    import run_life
 
-    compiled, compute_gae = harness.compiled, script.compute_gae
+    compiled, compute_gae = run_life.compiled, script.compute_gae
     waiting, first_stats = [], []
 
     def recording_gae(*inputs):
@@ -435,12 +436,12 @@ def assert_each_update_starts_at_ratio_one(script, run):
 
         return policy_step, first_minibatch_recorded
 
-    original = (script.compute_gae, harness.compiled)
-    script.compute_gae, harness.compiled = recording_gae, recording_compiled
+    original = (script.compute_gae, run_life.compiled)
+    script.compute_gae, run_life.compiled = recording_gae, recording_compiled
     try:
         result = run()
     finally:
-        script.compute_gae, harness.compiled = original
+        script.compute_gae, run_life.compiled = original
     assert first_stats, "no update ran"
     for stats in first_stats:
         assert abs(stats["approx_kl"]) < 1e-6 and abs(stats["old_approx_kl"]) < 1e-5, stats

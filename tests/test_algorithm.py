@@ -9,6 +9,9 @@ import numpy as np
 import pytest
 import torch
 
+importlib.import_module("ppo")  # puts ppo/ on the path, where the scripts' run machinery is
+import checkpoints  # noqa: E402
+
 SCRIPTS = ["ppo", "ppo_atari", "ppo_atari_lstm", "ppo_atari_envpool", "ppo_continuous_action", "ppo_procgen",
            "ppo_atari_multigpu"]
 
@@ -414,7 +417,7 @@ def test_bootstrapping_is_off_by_default_and_a_resumed_run_keeps_it(script, tmp_
     assert module.Args().bootstrap_truncated is False
     path = str(tmp_path / "checkpoint.pt")
     saved_args = {**vars(module.Args()), "bootstrap_truncated": True}
-    torch.save({"format": module.harness.CHECKPOINT_FORMAT, "variant": module.VARIANT, "args": saved_args,
+    torch.save({"format": checkpoints.CHECKPOINT_FORMAT, "variant": module.VARIANT, "args": saved_args,
                 "run_name": "x"}, path)
     args, _ = module.parse_args(["--resume", path])
     assert args.bootstrap_truncated is True

@@ -17,6 +17,9 @@ import torch
 
 from conftest import expect_usage_error
 
+importlib.import_module("ppo")  # puts ppo/ on the path, where the scripts' run machinery is
+import checkpoints  # noqa: E402
+
 SCRIPTS = ["ppo", "ppo_atari", "ppo_atari_lstm", "ppo_atari_envpool", "ppo_continuous_action", "ppo_procgen",
            "ppo_atari_multigpu"]
 
@@ -138,7 +141,7 @@ def test_flags_given_with_resume_or_evaluate_are_checked_too(script, capsys, wor
     (run-time options such as --save-interval and --eval-episodes) still meet their rules."""
     module = load(script)
     path = str(workdir / "checkpoint.pt")
-    torch.save({"format": module.harness.CHECKPOINT_FORMAT, "variant": module.VARIANT,
+    torch.save({"format": checkpoints.CHECKPOINT_FORMAT, "variant": module.VARIANT,
                 "args": asdict(module.Args())}, path)
     for argv, name in ((["--evaluate", path, "--eval-episodes", "0"], "eval_episodes"),
                        (["--resume", path, "--save-interval", "-1"], "save_interval")):
@@ -156,7 +159,7 @@ def test_a_resume_refuses_a_changed_hyperparameter_and_takes_run_time_options(sc
     module = load(script)
     path = str(workdir / "checkpoint.pt")
     trained = asdict(module.Args(capture_video=True, cudagraphs=True, save_interval=5))
-    torch.save({"format": module.harness.CHECKPOINT_FORMAT, "variant": module.VARIANT, "args": trained}, path)
+    torch.save({"format": checkpoints.CHECKPOINT_FORMAT, "variant": module.VARIANT, "args": trained}, path)
     for name, value in (("gamma", "0.5"), ("update_epochs", "7")):
         expect_usage_error(capsys, lambda: module.parse_args(["--resume", path, flag(name), value]), f"{script}.py",
                            f"made with {flag(name)}", f"drop {flag(name)}")
@@ -173,7 +176,7 @@ def test_resume_and_evaluate_together_are_refused(script, capsys, workdir):
     other's environment (a traceback when the two games had different actions)."""
     module = load(script)
     path = str(workdir / "checkpoint.pt")
-    torch.save({"format": module.harness.CHECKPOINT_FORMAT, "variant": module.VARIANT,
+    torch.save({"format": checkpoints.CHECKPOINT_FORMAT, "variant": module.VARIANT,
                 "args": asdict(module.Args())}, path)
     expect_usage_error(capsys, lambda: module.parse_args(["--resume", path, "--evaluate", path]), f"{script}.py",
                        "--resume", "--evaluate", "give one of them")
@@ -186,7 +189,7 @@ def test_an_evaluation_refuses_the_training_flags_it_would_not_use(script, capsy
     settings an evaluation reads (EVALUATION_FIELDS: the seed, and Procgen's levels) may change."""
     module = load(script)
     path = str(workdir / "checkpoint.pt")
-    torch.save({"format": module.harness.CHECKPOINT_FORMAT, "variant": module.VARIANT,
+    torch.save({"format": checkpoints.CHECKPOINT_FORMAT, "variant": module.VARIANT,
                 "args": asdict(module.Args())}, path)
     for name, value in (("num_minibatches", "7"), ("num_envs", "3"), ("learning_rate", "0.1")):
         expect_usage_error(capsys, lambda: module.parse_args(["--evaluate", path, flag(name), value]),

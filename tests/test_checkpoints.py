@@ -1,4 +1,4 @@
-"""Checkpoints are data: reading one runs no code that it names, in every script (ppo/harness.py).
+"""Checkpoints are data: reading one runs no code that it names, in every script (ppo/checkpoints.py).
 
 A checkpoint crafted to run a command when it is unpickled (in a top-level entry, in the settings or
 in the environments' state) is refused by --evaluate and by --resume: exit code 2, one line that names
@@ -21,7 +21,8 @@ import torch
 from conftest import assert_same_agent_state, expect_usage_error, only_run_dir, run_script
 
 importlib.import_module("ppo")  # puts ppo/ on the path, where the scripts' run machinery is
-import harness  # noqa: E402
+import checkpoints  # noqa: E402
+import exits  # noqa: E402
 
 ATARI = dict(total_timesteps=32, num_envs=2, num_steps=16, num_minibatches=2, update_epochs=1, cuda=False)
 # (script, what its tiny run needs installed, the settings of that run)
@@ -80,7 +81,7 @@ def tiny(request, tmp_path_factory):
 
 def read(path: Path) -> dict:
     """A checkpoint as the scripts read it (as data), whole."""
-    with torch.serialization.safe_globals(harness.numpy_types()):
+    with torch.serialization.safe_globals(checkpoints.numpy_types()):
         return torch.load(path, weights_only=True)
 
 
@@ -141,7 +142,7 @@ def test_the_command_line_refuses_the_crafted_checkpoint_of_the_issue(tiny, tmp_
 
 def pickled_as_before(script, checkpoint: dict) -> dict:
     """`checkpoint` as the scripts wrote it before checkpoints were data: no "format", and the
-    environments pickled, rebuilt here from their saved state and pickled as the older harness did
+    environments pickled, rebuilt here from their saved state and pickled as the older scripts did
     (classic control whole; MuJoCo with its random generator and MjData; each ale-py game with its
     emulator state and random generator, by cloudpickle)."""
     old = {key: value for key, value in checkpoint.items() if key != "format"}
@@ -184,7 +185,7 @@ def test_an_old_checkpoint_resumes_only_with_the_flag(tiny, tmp_path, capsys):
                        f"{old_path!r} is a checkpoint of the older format", "--trust-old-checkpoint")
     _, old = script.parse_args(["--resume", old_path, "--trust-old-checkpoint"])
     if script.VARIANT in PICKLED_ENVS:  # its pickles, marked for unpickling
-        assert all(isinstance(item, harness.OldPickle) for item in leaves(old["envs"]))
+        assert all(isinstance(item, checkpoints.TrustedOldPickle) for item in leaves(old["envs"]))
 
 
 # One script per kind of pickle the older checkpoints held: classic control's environments, MuJoCo's
@@ -203,8 +204,8 @@ def test_an_old_checkpoint_resumed_with_the_flag_ends_as_its_new_twin(tiny, tmp_
     assert_same_agent_state(with_new["agent"].state_dict(), with_old["agent"].state_dict())
     assert with_old["recent_returns"] == with_new["recent_returns"]
     rewritten = read(old_path)  # the resumed run saved the new format, which resumes without the flag
-    assert rewritten["format"] == harness.CHECKPOINT_FORMAT and rewritten["global_step"] == new["args"]["total_timesteps"]
-    assert script.parse_args(["--resume", old_path])[1]["format"] == harness.CHECKPOINT_FORMAT
+    assert rewritten["format"] == checkpoints.CHECKPOINT_FORMAT and rewritten["global_step"] == new["args"]["total_timesteps"]
+    assert script.parse_args(["--resume", old_path])[1]["format"] == checkpoints.CHECKPOINT_FORMAT
 
 
 def test_an_old_checkpoint_evaluates_without_the_flag_and_its_pickles_stay_shut(tiny, tmp_path):
@@ -217,7 +218,7 @@ def test_an_old_checkpoint_evaluates_without_the_flag_and_its_pickles_stay_shut(
         old["envs"] = first_leaf_replaced(old["envs"], pickle.dumps(RunsACommand(marker)))
     torch.save(old, tmp_path / "old.pt")
     args, checkpoint = script.parse_args(["--evaluate", str(tmp_path / "old.pt")])
-    assert set(checkpoint) == set(harness.EVALUATION_KEYS)
+    assert set(checkpoint) == set(checkpoints.EVALUATION_KEYS)
     assert_same_agent_state(read(path)["model"], checkpoint["model"])
     with pytest.raises(SystemExit):
         script.parse_args(["--resume", str(tmp_path / "old.pt")])
@@ -243,5 +244,5 @@ def test_saved_environments_that_do_not_fit_are_refused_in_one_line(tiny, tmp_pa
     torch.save(checkpoint, tmp_path / "checkpoint.pt")
     monkeypatch.chdir(tmp_path)
     args, loaded = script.parse_args(["--resume", str(tmp_path / "checkpoint.pt")])
-    expect_usage_error(capsys, lambda: harness.run(script.main, args, loaded, script.VARIANT, "classic-control"),
+    expect_usage_error(capsys, lambda: exits.run_and_exit(script.main, args, loaded, script.VARIANT, "classic-control"),
                        "ppo.py", "cannot resume the saved environments", "AnotherWrapper")

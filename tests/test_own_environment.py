@@ -177,18 +177,18 @@ def test_two_runs_started_in_the_same_second_get_two_folders(tmp_path):
         assert (workdir / "runs" / folder / "checkpoint.pt").is_file()
 
 
-def test_every_script_claims_its_run_folder_through_the_harness(workdir, monkeypatch):
+def test_every_script_claims_its_run_folder_through_run_life(workdir, monkeypatch):
     """The same name twice (the clock stopped): the second Run takes <name>-2. Every script names and
-    claims its folder through harness.Run, checked here on the scripts' own source."""
-    harness = load("ppo").harness
-    monkeypatch.setattr(harness.time, "time", lambda: 1_800_000_000.0)
+    claims its folder through run_life.Run, checked here on the scripts' own source."""
+    run_life = load("ppo").run_life
+    monkeypatch.setattr(run_life.time, "time", lambda: 1_800_000_000.0)
     args = load("ppo").Args(cuda=False)
-    first, second = harness.Run(args, "ppo", None, 1), harness.Run(args, "ppo", None, 1)
+    first, second = run_life.Run(args, "ppo", None, 1), run_life.Run(args, "ppo", None, 1)
     assert second.name == first.name + "-2" and second.folder == f"runs/{first.name}-2"
     assert (workdir / "runs" / first.name).is_dir() and (workdir / "runs" / second.name).is_dir()
     for script in ("ppo", "ppo_atari", "ppo_atari_lstm", "ppo_atari_envpool", "ppo_continuous_action",
                    "ppo_procgen", "ppo_atari_multigpu"):
-        assert "run = harness.Run(" in (REPO / "ppo" / f"{script}.py").read_text(), script
+        assert "run = run_life.Run(" in (REPO / "ppo" / f"{script}.py").read_text(), script
 
 
 # ---------------------------------------------------------------------------------------------------

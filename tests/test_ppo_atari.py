@@ -23,7 +23,7 @@ from conftest import (assert_compiled_loss_matches_plain, assert_compiles_whole,
 import ppo.ppo_atari as ppo_atari  # noqa: E402
 from ppo.ppo_atari import (Agent, Args, main, make_env, make_envs,  # noqa: E402
                            minibatch_loss, parse_args, finished_games)
-from harness import save_games  # noqa: E402  (the scripts' run machinery, importable once ppo is)
+from checkpoints import save_games  # noqa: E402  (the scripts' run machinery, importable once ppo is)
 
 TINY = ["--num-envs", "2", "--num-steps", "16", "--num-minibatches", "2", "--no-cuda"]
 TINY_ARGS = dict(num_envs=2, num_steps=16, num_minibatches=2, cuda=False)

@@ -22,7 +22,8 @@ from conftest import (assert_compiled_loss_matches_plain, assert_details_marked,
                       assert_each_update_starts_at_ratio_one, assert_anneal_clip_lowers_the_clipping_coefficient,
                       assert_progress_is_printed_within_a_rollout, assert_stopped_with_its_logs_flushed)
 import ppo.ppo_atari_lstm as script  # noqa: E402
-from ppo.ppo_atari_lstm import Agent, Args, main, make_envs, minibatch_loss  # noqa: E402
+from ppo.ppo_atari_lstm import (Agent, Args, lstm_with_episode_resets, main, make_envs,  # noqa: E402
+                                minibatch_loss)
 
 TINY = ["--num-envs", "2", "--num-steps", "16", "--num-minibatches", "2", "--no-cuda"]
 TINY_ARGS = dict(num_envs=2, num_steps=16, num_minibatches=2, cuda=False)
@@ -129,6 +130,32 @@ def test_the_replay_depends_on_the_saved_state_and_the_resets(rollout_and_agent)
     _, _, without_resets = replay(agent, rollout, [0, 1, 2, 3], dones=np.zeros_like(rollout.dones))
     assert (from_zeros - rollout.values).abs().max() > 1e-3
     assert (without_resets - rollout.values).abs().max() > 1e-3
+
+
+def test_the_lstm_over_stretches_is_the_lstm_step_by_step_with_resets():
+    """LSTM detail 3 as the textbook writes it, one step at a time, the state reset where an episode
+    begins, against lstm_with_episode_resets, which calls the LSTM once per stretch without a reset:
+    the same outputs and final state, for episodes that begin at the first step, mid-sequence, in
+    several environments at once, and on consecutive steps."""
+    torch.manual_seed(0)
+    lstm = torch.nn.LSTM(8, 16)
+    inputs = torch.randn(12, 3, 8)
+    state = (torch.randn(1, 3, 16), torch.randn(1, 3, 16))
+    done = torch.zeros(12, 3)
+    done[0, 1] = done[4, 0] = done[4, 2] = done[7, 1] = done[8, 1] = done[11, 0] = 1.0
+    outputs, final = lstm_with_episode_resets(lstm, inputs, state, done)
+
+    step_state, step_outputs = state, []
+    for t in range(12):
+        keep = (1.0 - done[t]).view(1, -1, 1)
+        step_state = (keep * step_state[0], keep * step_state[1])
+        output, step_state = lstm(inputs[t:t + 1], step_state)
+        step_outputs.append(output)
+    torch.testing.assert_close(outputs, torch.cat(step_outputs), rtol=0, atol=1e-6)
+    torch.testing.assert_close(final, step_state, rtol=0, atol=1e-6)
+    # The resets matter: without them the outputs differ.
+    assert not torch.allclose(lstm_with_episode_resets(lstm, inputs, state, torch.zeros(12, 3))[0],
+                              outputs, atol=1e-3)
 
 
 def test_lstm_initialization_and_zero_initial_state():

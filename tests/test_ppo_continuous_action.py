@@ -25,7 +25,7 @@ from conftest import (assert_compiled_loss_matches_plain, assert_every_evaluated
                       PROGRESS_LINE, assert_progress_is_printed_within_a_rollout, assert_stopped_with_its_logs_flushed)
 from ppo import ppo_continuous_action as script
 from ppo.ppo_continuous_action import Agent, Args, RewardScaler, RunningMeanStd, evaluate, main, minibatch_loss, parse_args
-import harness  # the scripts' run machinery, importable once ppo is
+import checkpoints  # the scripts' run machinery, importable once ppo is
 
 SCRIPT = "ppo_continuous_action.py"
 
@@ -446,7 +446,7 @@ def test_saved_mujoco_environments_continue_the_same_episodes(mujoco):
         actions = rng.uniform(-1, 1, size=(300,) + envs.action_space.shape).astype(np.float32)
         for action in actions[:30]:
             envs.step(action)
-        copy = script.make_envs(env_id, 1, saved_envs=harness.save_envs(envs))
+        copy = script.make_envs(env_id, 1, saved_envs=checkpoints.save_envs(envs))
         for action in actions[30:]:  # long enough to cross episode ends and their resets
             original, restored = envs.step(action), copy.step(action)
             for a, b in zip(original[:4], restored[:4]):

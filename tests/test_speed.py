@@ -69,9 +69,9 @@ def test_training_speed_is_measured_after_the_warmup_iterations(tmp_path, monkey
     assert wall > 0 and cpu > 0
     assert steps == 5 * 64  # the last 5 of the 6 iterations
     assert speed.training_speed(classic, args, warmup_iterations=0)[2] == 6 * 64
-    import harness  # where the scripts open their writer
+    import run_life  # where the scripts open their writer
 
-    assert harness.SummaryWriter.__name__ == "SummaryWriter"  # restored
+    assert run_life.SummaryWriter.__name__ == "SummaryWriter"  # restored
     assert not (tmp_path / "runs").exists()  # the run went to a temporary directory
     expect_usage_error(capsys, lambda: speed.training_speed(classic, args, warmup_iterations=6), "speed.py",
                        "too few to measure", "raise --total-timesteps")

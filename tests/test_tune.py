@@ -144,7 +144,7 @@ def test_a_diverging_trial_fails_with_its_reason_and_the_study_goes_on(tmp_path)
     diverged, good = load_study(tmp_path / "study").get_trials()
     assert diverged.state == optuna.trial.TrialState.FAIL and diverged.value is None
     assert diverged.user_attrs["failure"].startswith("CartPole-v1 seed 1: ppo.py: diverged: ")
-    # The scripts' divergence guard (ppo/harness.py) stopped it, with its exit code.
+    # The scripts' divergence guard (ppo/run_life.py) stopped it, with its exit code.
     assert run_logs(tmp_path / "study", 0)[0].read_text().rstrip().endswith("# exit code 3")
     assert good.state == optuna.trial.TrialState.COMPLETE
     report = (tmp_path / "study" / "report" / "index.md").read_text()

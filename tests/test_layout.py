@@ -1,0 +1,79 @@
+"""The layout of ppo/: scripts that import the run machinery, never the other way round.
+
+Each script holds PPO and its variant's idea; the run machinery (command_line, checkpoints,
+run_life, exits) holds what is not PPO, one concern a module, and knows no variant. Imports go one
+way: from a script to the modules, never from a module to a script, never from one script to
+another, and among the modules in one order (exits at the bottom), so that each can be read, and
+copied, with only what it stands on. ruff holds every line of ppo/ to 100 characters.
+"""
+
+import ast
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO
+
+PPO = REPO / "ppo"
+SCRIPTS = sorted(path.stem for path in PPO.glob("ppo*.py"))
+# The run machinery, each module above the ones it may import.
+MODULES = {"exits": set(), "checkpoints": {"exits"}, "command_line": {"exits", "checkpoints"},
+           "run_life": {"exits", "checkpoints"}}
+# What only a variant needs, which a module must not import at its top: the variants' environment
+# packages (a module that restores an emulator's or a simulator's state imports it there, where that
+# state is known to come from it).
+VARIANT_PACKAGES = {"ale_py", "cv2", "envpool", "procgen", "mujoco", "gym3"}
+
+
+def imported_names(path) -> tuple[set[str], set[str]]:
+    """The top-level names of the modules `path` imports: (at the file's top level, anywhere)."""
+    tree = ast.parse(path.read_text())
+    top, everywhere = set(), set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            names = {node.module.split(".")[0]}
+        else:
+            continue
+        everywhere |= names
+        if node in tree.body:
+            top |= names
+    return top, everywhere
+
+
+def test_the_folder_holds_the_seven_scripts_and_the_four_modules():
+    assert SCRIPTS == ["ppo", "ppo_atari", "ppo_atari_envpool", "ppo_atari_lstm", "ppo_atari_multigpu",
+                       "ppo_continuous_action", "ppo_procgen"]
+    assert {path.stem for path in PPO.glob("*.py")} == {"__init__", *SCRIPTS, *MODULES}
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_a_module_imports_no_script_and_only_the_modules_below_it(module):
+    top, everywhere = imported_names(PPO / f"{module}.py")
+    assert not everywhere & set(SCRIPTS), f"{module}.py imports a script"
+    assert everywhere & set(MODULES) <= MODULES[module], f"{module}.py imports a module above it"
+    assert not top & VARIANT_PACKAGES, f"{module}.py imports a variant's package at its top"
+
+
+def test_a_script_imports_the_modules_and_no_other_script():
+    for script in SCRIPTS:  # (a loop, not parameters: a test named after ppo_procgen is Procgen's)
+        _, everywhere = imported_names(PPO / f"{script}.py")
+        assert not everywhere & (set(SCRIPTS) - {script}), f"{script}.py imports another script"
+        assert {"exits", "command_line", "run_life"} <= everywhere, script
+
+
+def test_the_first_line_of_each_module_states_its_one_concern():
+    for module in MODULES:
+        docstring = ast.get_docstring(ast.parse((PPO / f"{module}.py").read_text()))
+        assert docstring and len(docstring.splitlines()[0]) > 40, module
+
+
+def test_ruff_finds_nothing_in_ppo():
+    """Every line of the scripts and the modules within 100 characters, and pycodestyle's and
+    pyflakes' checks clean: pyproject.toml's [tool.ruff] settings, which an editor's ruff uses too."""
+    pytest.importorskip("ruff", reason="ruff comes with the test extra")
+    result = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "ppo"], cwd=REPO,
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
