@@ -420,8 +420,6 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
             dones[step] = next_done
 
             with torch.inference_mode():
-                if args.cudagraphs:
-                    torch.compiler.cudagraph_mark_step_begin()
                 action = policy_step(torch.as_tensor(next_obs, dtype=torch.float32, device=device))
             # [Speed: one host transfer per step] the sampled action is the only thing the rollout
             # brings back from the device; log-probabilities and values wait for the batched pass
@@ -475,8 +473,6 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
             epoch_inds = torch.from_numpy(b_inds).to(device)
             for start in range(0, batch_size, minibatch_size):
                 mb_inds = epoch_inds[start:start + minibatch_size]
-                if args.cudagraphs:
-                    torch.compiler.cudagraph_mark_step_begin()
                 loss, stats = loss_on_minibatch(agent, b_obs[mb_inds], b_actions[mb_inds],
                                                 b_logprobs[mb_inds],
                                                 b_values[mb_inds], b_advantages[mb_inds],
@@ -490,8 +486,8 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
                 grad_norm = nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm,
                                                      foreach=True)
                 optimizer.step()
-                # [Speed: CUDA graphs] copies, kept to the end: a graph's next replay overwrites its
-                # outputs.
+                # [Speed: CUDA graphs] the statistics are copied: with --cudagraphs the next replay
+                # of the loss writes its outputs where these are.
                 minibatch_stats.append({**{key: value.clone() for key, value in stats.items()},
                                         "grad_norm": grad_norm})
             if args.target_kl is not None and minibatch_stats[-1]["approx_kl"] > args.target_kl:

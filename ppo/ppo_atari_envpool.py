@@ -487,8 +487,6 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
                 # action.cpu() below returns, before the next recv() overwrites next_obs.
                 obs[step, games].copy_(next_obs_pinned[games], non_blocking=True)
                 dones[step, games] = next_done[games]
-                if args.cudagraphs:  # the previous replay's outputs are in storage by now
-                    torch.compiler.cudagraph_mark_step_begin()
                 with torch.inference_mode():
                     action, logprob, _, value = policy_step(obs[step, games])
                 actions[step, games], logprobs[step, games] = action, logprob
@@ -532,8 +530,6 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
         for epoch in range(args.update_epochs):
             np.random.shuffle(b_inds)
             for mb_inds in torch.tensor_split(torch.from_numpy(b_inds).to(device), num_minibatches):
-                if args.cudagraphs:
-                    torch.compiler.cudagraph_mark_step_begin()
                 loss, stats = loss_on_minibatch(agent, b_obs[mb_inds], b_actions[mb_inds],
                                                 b_logprobs[mb_inds],
                                                 b_values[mb_inds], b_advantages[mb_inds],
@@ -547,8 +543,8 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
                 grad_norm = nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm,
                                                      foreach=True)
                 optimizer.step()
-                # [Speed: CUDA graphs] copies, kept to the end: a graph's next replay overwrites its
-                # outputs.
+                # [Speed: CUDA graphs] the statistics are copied: with --cudagraphs the next replay
+                # of the loss writes its outputs where these are.
                 minibatch_stats.append({**{key: value.clone() for key, value in stats.items()},
                                         "grad_norm": grad_norm})
             if args.target_kl is not None and minibatch_stats[-1]["approx_kl"] > args.target_kl:

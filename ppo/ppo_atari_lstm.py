@@ -598,10 +598,6 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
 
             # The network runs once per step anyway to choose the action; the log-probability and
             # value come with it at almost no cost, so they are recorded here, on the device.
-            if args.cudagraphs:
-                # [Speed: CUDA graphs] a replay's outputs live until the next replay: they are
-                # copied first.
-                torch.compiler.cudagraph_mark_step_begin()
             # no_grad, not inference_mode: CUDA graphs of the compiled heads, first run in inference
             # mode, would fail when the update runs them with gradients (pytorch/pytorch#135892).
             with torch.no_grad():
@@ -661,8 +657,6 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
                 mb_envs = shuffled_envs[start:start + envs_per_minibatch]
                 mb_lstm_state = (initial_lstm_state[0][:, mb_envs],
                                  initial_lstm_state[1][:, mb_envs])
-                if args.cudagraphs:
-                    torch.compiler.cudagraph_mark_step_begin()
                 loss, stats = loss_on_minibatch(agent, b_obs[:, mb_envs], b_dones[:, mb_envs],
                                                 b_actions[:, mb_envs],
                                                 b_logprobs[:, mb_envs], b_values[:, mb_envs],
@@ -678,8 +672,8 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
                 grad_norm = nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm,
                                                      foreach=True)
                 optimizer.step()
-                # [Speed: CUDA graphs] copies, kept to the end: a graph's next replay overwrites its
-                # outputs.
+                # [Speed: CUDA graphs] the statistics are copied: with --cudagraphs the next replay
+                # of the loss writes its outputs where these are.
                 minibatch_stats.append({**{key: value.clone() for key, value in stats.items()},
                                         "grad_norm": grad_norm})
             if args.target_kl is not None and minibatch_stats[-1]["approx_kl"] > args.target_kl:

@@ -553,8 +553,6 @@ def gradient_step(agent: nn.Module, optimizer: optim.Optimizer, minibatch: tuple
         # hold gloo's, whose reduction runs on the CPU.
         mean, std = world_mean_and_std(advantages, world_size)
         advantages = (advantages - mean) / (std + 1e-8)
-    if args.cudagraphs:
-        torch.compiler.cudagraph_mark_step_begin()
     loss, stats = loss_on_minibatch(agent, obs, actions, old_logprob, old_value, advantages,
                                     returns, clip_coef, args)
     optimizer.zero_grad()
@@ -566,7 +564,8 @@ def gradient_step(agent: nn.Module, optimizer: optim.Optimizer, minibatch: tuple
     # all ranks clip the same gradient alike.
     grad_norm = nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm, foreach=True)
     optimizer.step()
-    # Copies: a CUDA graph's next replay overwrites its outputs, and the caller keeps these.
+    # [Speed: CUDA graphs] the statistics are copied: with --cudagraphs the next replay of the loss
+    # writes its outputs where these are, and the caller keeps them.
     return {**{key: value.clone() for key, value in stats.items()}, "grad_norm": grad_norm}
 
 
@@ -699,10 +698,6 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
 
             # The network runs once per step anyway to choose the action; the log-probability and
             # value come with it at almost no cost, so they are recorded here, on the device.
-            if args.cudagraphs:
-                # [Speed: CUDA graphs] a replay's outputs live until the next replay: they are
-                # copied first.
-                torch.compiler.cudagraph_mark_step_begin()
             with torch.inference_mode():
                 action, logprob, _, value = policy_step(obs[step])
             actions[step], logprobs[step], values[step] = action, logprob, value.flatten()

@@ -411,11 +411,24 @@ class Run:
 
 def compiled(args, *functions: Callable) -> tuple[Callable, ...]:
     """The functions as they are, or compiled by torch.compile with --compile, and also replayed as
-    CUDA graphs with --cudagraphs (torch.compile's reduce-overhead mode)."""
+    CUDA graphs with --cudagraphs (torch.compile's reduce-overhead mode). A replay writes its
+    outputs where the previous replay of the same graph wrote them, so each call is marked as a new
+    step, and what a caller keeps past the next call it copies first."""
     if not (args.compile or args.cudagraphs):
         return functions
     mode = "reduce-overhead" if args.cudagraphs else "default"
-    return tuple(torch.compile(function, mode=mode) for function in functions)
+    functions = tuple(torch.compile(function, mode=mode) for function in functions)
+    return tuple(map(marked_as_a_new_step, functions)) if args.cudagraphs else functions
+
+
+def marked_as_a_new_step(function: Callable) -> Callable:
+    """`function`, each call of which tells the CUDA graphs that a new step begins: the outputs of
+    the graphs' previous replays may be overwritten from here on."""
+    def call(*inputs, **options):
+        torch.compiler.cudagraph_mark_step_begin()
+        return function(*inputs, **options)
+
+    return call
 
 
 def async_vector_env(env_fns: list[Callable[[], gym.Env]],
