@@ -636,8 +636,8 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
                                           args.gamma, args.gae_lambda)
 
         # The batch stays (num_steps, num_envs, ...): a minibatch is a set of columns, whole
-        # sequences.
-        # b_ names an array of the whole batch, mb_ one of a minibatch.
+        # sequences, so the rollout's tensors are the batch as they are; b_ names an array of the
+        # whole batch, mb_ one of a minibatch.
         b_obs, b_actions, b_logprobs, b_values = obs, actions, logprobs, values
         b_dones = torch.as_tensor(dones, device=device)
         b_advantages = torch.as_tensor(advantages, device=device)
