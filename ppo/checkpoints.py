@@ -168,8 +168,7 @@ def restore_rng(state: dict, device: torch.device) -> None:
 REBUILT_ATTRIBUTES = {"env", "spec", "_saved_kwargs", "_ezpickle_args", "_ezpickle_kwargs",
                       "_action_set"}
 REBUILT_TYPES = (gym.Space, gym.envs.registration.EnvSpec, types.FunctionType,
-                 types.BuiltinFunctionType,
-               types.MethodType, np.ufunc)
+                 types.BuiltinFunctionType, types.MethodType, np.ufunc)
 REBUILT_CLASS_NAMES = {"MjModel", "MujocoRenderer"}
 SIMULATORS = {"MjData", "ALEInterface"}  # MuJoCo's simulation data, ale-py's emulator
 # NumPy's, by the name in their state

@@ -16,9 +16,8 @@ from exits import fail
 
 
 def parse_args(args_class: type, variant: str, runtime_fields: set[str],
-               evaluation_fields: set[str],
-               argv: list[str] | None = None, evaluation_keeps: tuple[str, ...] = ("env_id",),
-               doc: str = ""):
+               evaluation_fields: set[str], argv: list[str] | None = None,
+               evaluation_keeps: tuple[str, ...] = ("env_id",), doc: str = ""):
     """Read the command line into `args_class`; returns the settings and the checkpoint that
     --resume or --evaluate names (None without either), read once, here. --help begins with the
     first two paragraphs of `doc`, the script's docstring: what it is for, and its commands.

@@ -404,15 +404,15 @@ def ppo_loss(new_logprob: torch.Tensor, entropy: torch.Tensor, new_value: torch.
         approx_kl = ((ratio - 1) - logratio).mean()
         clipfrac = ((ratio - 1.0).abs() > clip_coef).float().mean()
     stats = {"policy_loss": pg_loss.detach(), "value_loss": v_loss.detach(),
-             "entropy": entropy_mean.detach(),
-             "old_approx_kl": old_approx_kl, "approx_kl": approx_kl, "clipfrac": clipfrac}
+             "entropy": entropy_mean.detach(), "old_approx_kl": old_approx_kl,
+             "approx_kl": approx_kl, "clipfrac": clipfrac}
     return loss, stats
 
 
 def minibatch_loss(agent: Agent, obs: torch.Tensor, actions: torch.Tensor,
-                   old_logprob: torch.Tensor,
-                   old_value: torch.Tensor, advantages: torch.Tensor, returns: torch.Tensor,
-                   clip_coef: float, args: Args) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+                   old_logprob: torch.Tensor, old_value: torch.Tensor, advantages: torch.Tensor,
+                   returns: torch.Tensor, clip_coef: float,
+                   args: Args) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The network on one minibatch, then the PPO loss: the unit --compile compiles."""
     _, new_logprob, entropy, new_value = agent.get_action_and_value(obs, actions)
     return ppo_loss(new_logprob, entropy, new_value.flatten(), old_logprob, old_value, advantages,
@@ -535,8 +535,8 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
             next_done = np.logical_or(terminations, truncations)
             rewards[step] = reward  # clipped
             if args.bootstrap_truncated:  # ...unless the run values what the time limit cut off
-                rewards[step] += args.gamma * truncated_value(agent, infos,
-                                                              truncations & ~terminations, device)
+                cut_off = truncations & ~terminations
+                rewards[step] += args.gamma * truncated_value(agent, infos, cut_off, device)
 
             for _, score, length in finished_games(infos):
                 writer.add_scalar("charts/episodic_return", score, global_step)
@@ -607,9 +607,8 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
 
         if run.checkpoint_due(iteration):
             run.save_checkpoint(iteration, global_step, agent, optimizer,
-                                envs=checkpoints.save_games(envs),
-                                next_obs=next_obs, next_done=next_done,
-                                recent_returns=list(recent_returns))
+                                envs=checkpoints.save_games(envs), next_obs=next_obs,
+                                next_done=next_done, recent_returns=list(recent_returns))
         if run.stopping:  # Ctrl-C, kill or Slurm: this iteration was finished, logged and saved
             break
 
@@ -648,9 +647,8 @@ def evaluate(args: Args, checkpoint: dict) -> list[float]:
 
 # Settings that may differ between a run and its resumption; every other field must stay the same.
 RUNTIME_FIELDS = {"cuda", "track", "wandb_project_name", "wandb_entity", "capture_video",
-                  "save_model",
-                  "save_interval", "save_minutes", "resume", "evaluate", "eval_episodes", "compile",
-                  "cudagraphs", "async_envs"}
+                  "save_model", "save_interval", "save_minutes", "resume", "evaluate",
+                  "eval_episodes", "compile", "cudagraphs", "async_envs"}
 # The training setting an evaluation also reads and may change: the seed of its games.
 EVALUATION_FIELDS = {"seed"}
 

@@ -323,15 +323,15 @@ def ppo_loss(new_logprob: torch.Tensor, entropy: torch.Tensor, new_value: torch.
         approx_kl = ((ratio - 1) - logratio).mean()
         clipfrac = ((ratio - 1.0).abs() > clip_coef).float().mean()
     stats = {"policy_loss": pg_loss.detach(), "value_loss": v_loss.detach(),
-             "entropy": entropy_mean.detach(),
-             "old_approx_kl": old_approx_kl, "approx_kl": approx_kl, "clipfrac": clipfrac}
+             "entropy": entropy_mean.detach(), "old_approx_kl": old_approx_kl,
+             "approx_kl": approx_kl, "clipfrac": clipfrac}
     return loss, stats
 
 
 def minibatch_loss(agent: Agent, obs: torch.Tensor, actions: torch.Tensor,
-                   old_logprob: torch.Tensor,
-                   old_value: torch.Tensor, advantages: torch.Tensor, returns: torch.Tensor,
-                   clip_coef: float, args: Args) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+                   old_logprob: torch.Tensor, old_value: torch.Tensor, advantages: torch.Tensor,
+                   returns: torch.Tensor, clip_coef: float,
+                   args: Args) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The network on one minibatch, then the PPO loss: the unit --compile compiles."""
     _, new_logprob, entropy, new_value = agent.get_action_and_value(obs, actions)
     return ppo_loss(new_logprob, entropy, new_value.flatten(), old_logprob, old_value, advantages,
@@ -612,9 +612,8 @@ def evaluate(args: Args, checkpoint: dict) -> list[float]:
 
 # Settings that may differ between a run and its resumption; every other field must stay the same.
 RUNTIME_FIELDS = {"cuda", "track", "wandb_project_name", "wandb_entity", "capture_video",
-                  "save_model",
-                  "save_interval", "save_minutes", "resume", "evaluate", "eval_episodes",
-                  "async_envs", "compile", "cudagraphs"}
+                  "save_model", "save_interval", "save_minutes", "resume", "evaluate",
+                  "eval_episodes", "async_envs", "compile", "cudagraphs"}
 # The training setting an evaluation also reads and may change: the seed of its games.
 EVALUATION_FIELDS = {"seed"}
 

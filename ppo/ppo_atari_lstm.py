@@ -463,8 +463,8 @@ def ppo_loss(new_logprob: torch.Tensor, entropy: torch.Tensor, new_value: torch.
         approx_kl = ((ratio - 1) - logratio).mean()
         clipfrac = ((ratio - 1.0).abs() > clip_coef).float().mean()
     stats = {"policy_loss": pg_loss.detach(), "value_loss": v_loss.detach(),
-             "entropy": entropy_mean.detach(),
-             "old_approx_kl": old_approx_kl, "approx_kl": approx_kl, "clipfrac": clipfrac}
+             "entropy": entropy_mean.detach(), "old_approx_kl": old_approx_kl,
+             "approx_kl": approx_kl, "clipfrac": clipfrac}
     return loss, stats
 
 
@@ -614,8 +614,8 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
             next_done = np.logical_or(terminations, truncations)
             rewards[step] = reward  # clipped
             if args.bootstrap_truncated:  # ...unless the run values what the time limit cut off
-                rewards[step] += args.gamma * truncated_value(agent, infos,
-                                                              truncations & ~terminations,
+                cut_off = truncations & ~terminations
+                rewards[step] += args.gamma * truncated_value(agent, infos, cut_off,
                                                               next_lstm_state, device)
 
             for _, score, length in finished_games(infos):
@@ -658,9 +658,8 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
                 mb_lstm_state = (initial_lstm_state[0][:, mb_envs],
                                  initial_lstm_state[1][:, mb_envs])
                 loss, stats = loss_on_minibatch(agent, b_obs[:, mb_envs], b_dones[:, mb_envs],
-                                                b_actions[:, mb_envs],
-                                                b_logprobs[:, mb_envs], b_values[:, mb_envs],
-                                                b_advantages[:, mb_envs],
+                                                b_actions[:, mb_envs], b_logprobs[:, mb_envs],
+                                                b_values[:, mb_envs], b_advantages[:, mb_envs],
                                                 b_returns[:, mb_envs], mb_lstm_state, clip_coef,
                                                 args)
                 optimizer.zero_grad()
@@ -697,9 +696,8 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
         if run.checkpoint_due(iteration):
             # The LSTM state the next rollout starts from: with the games, it resumes their memory.
             run.save_checkpoint(iteration, global_step, agent, optimizer,
-                                envs=checkpoints.save_games(envs),
-                                next_obs=next_obs, next_done=next_done,
-                                recent_returns=list(recent_returns),
+                                envs=checkpoints.save_games(envs), next_obs=next_obs,
+                                next_done=next_done, recent_returns=list(recent_returns),
                                 next_lstm_state=tuple(state.cpu() for state in next_lstm_state))
         if run.stopping:  # Ctrl-C, kill or Slurm: this iteration was finished, logged and saved
             break
@@ -741,9 +739,8 @@ def evaluate(args: Args, checkpoint: dict) -> list[float]:
 
 # Settings that may differ between a run and its resumption; every other field must stay the same.
 RUNTIME_FIELDS = {"cuda", "track", "wandb_project_name", "wandb_entity", "capture_video",
-                  "save_model",
-                  "save_interval", "save_minutes", "resume", "evaluate", "eval_episodes", "compile",
-                  "cudagraphs", "async_envs"}
+                  "save_model", "save_interval", "save_minutes", "resume", "evaluate",
+                  "eval_episodes", "compile", "cudagraphs", "async_envs"}
 # The training setting an evaluation also reads and may change: the seed of its games.
 EVALUATION_FIELDS = {"seed"}
 

@@ -442,15 +442,15 @@ def ppo_loss(new_logprob: torch.Tensor, entropy: torch.Tensor, new_value: torch.
         approx_kl = ((ratio - 1) - logratio).mean()
         clipfrac = ((ratio - 1.0).abs() > clip_coef).float().mean()
     stats = {"policy_loss": pg_loss.detach(), "value_loss": v_loss.detach(),
-             "entropy": entropy_mean.detach(),
-             "old_approx_kl": old_approx_kl, "approx_kl": approx_kl, "clipfrac": clipfrac}
+             "entropy": entropy_mean.detach(), "old_approx_kl": old_approx_kl,
+             "approx_kl": approx_kl, "clipfrac": clipfrac}
     return loss, stats
 
 
 def minibatch_loss(agent: Agent, obs: torch.Tensor, actions: torch.Tensor,
-                   old_logprob: torch.Tensor,
-                   old_value: torch.Tensor, advantages: torch.Tensor, returns: torch.Tensor,
-                   clip_coef: float, args: Args) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+                   old_logprob: torch.Tensor, old_value: torch.Tensor, advantages: torch.Tensor,
+                   returns: torch.Tensor, clip_coef: float,
+                   args: Args) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The network on this rank's share of one minibatch, then the PPO loss: the unit that --compile
     compiles. It talks to no other rank, so it compiles into one graph and records as one CUDA
     graph."""
@@ -709,8 +709,8 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
             next_done = np.logical_or(terminations, truncations)
             rewards[step] = reward  # clipped
             if args.bootstrap_truncated:  # ...unless the run values what the time limit cut off
-                rewards[step] += args.gamma * truncated_value(agent, infos,
-                                                              truncations & ~terminations, device)
+                cut_off = truncations & ~terminations
+                rewards[step] += args.gamma * truncated_value(agent, infos, cut_off, device)
             games += [(global_step, score, length) for _, score, length in finished_games(infos)]
             # within a long rollout too, every few seconds
             run.print_progress(global_step, recent_returns)
@@ -810,8 +810,8 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
     run.finish(global_step, how_to_resume="resume with the same launch command and --resume "
                                           f"{run.checkpoint_path}")
     return {"run_name": run.name, "global_step": global_step, "interrupted": run.stopping,
-            "rank": rank,
-            "world_size": world_size, "recent_returns": list(recent_returns), "agent": agent}
+            "rank": rank, "world_size": world_size, "recent_returns": list(recent_returns),
+            "agent": agent}
 
 
 def evaluate(args: Args, checkpoint: dict) -> list[float]:
@@ -846,9 +846,8 @@ def evaluate(args: Args, checkpoint: dict) -> list[float]:
 
 # Settings that may differ between a run and its resumption; every other field must stay the same.
 RUNTIME_FIELDS = {"cuda", "track", "wandb_project_name", "wandb_entity", "capture_video",
-                  "save_model",
-                  "save_interval", "save_minutes", "resume", "evaluate", "eval_episodes", "compile",
-                  "cudagraphs", "async_envs", "backend", "device_ids"}
+                  "save_model", "save_interval", "save_minutes", "resume", "evaluate",
+                  "eval_episodes", "compile", "cudagraphs", "async_envs", "backend", "device_ids"}
 # The training setting an evaluation also reads and may change: the seed of its games.
 EVALUATION_FIELDS = {"seed"}
 

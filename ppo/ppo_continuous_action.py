@@ -409,15 +409,15 @@ def ppo_loss(new_logprob: torch.Tensor, entropy: torch.Tensor, new_value: torch.
         approx_kl = ((ratio - 1) - logratio).mean()
         clipfrac = ((ratio - 1.0).abs() > clip_coef).float().mean()
     stats = {"policy_loss": pg_loss.detach(), "value_loss": v_loss.detach(),
-             "entropy": entropy_mean.detach(),
-             "old_approx_kl": old_approx_kl, "approx_kl": approx_kl, "clipfrac": clipfrac}
+             "entropy": entropy_mean.detach(), "old_approx_kl": old_approx_kl,
+             "approx_kl": approx_kl, "clipfrac": clipfrac}
     return loss, stats
 
 
 def minibatch_loss(agent: Agent, obs: torch.Tensor, actions: torch.Tensor,
-                   old_logprob: torch.Tensor,
-                   old_value: torch.Tensor, advantages: torch.Tensor, returns: torch.Tensor,
-                   clip_coef: float, args: Args) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+                   old_logprob: torch.Tensor, old_value: torch.Tensor, advantages: torch.Tensor,
+                   returns: torch.Tensor, clip_coef: float,
+                   args: Args) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The network on one minibatch, then the PPO loss: the unit --compile compiles."""
     _, new_logprob, entropy, new_value = agent.get_action_and_value(obs, actions)
     return ppo_loss(new_logprob, entropy, new_value.flatten(), old_logprob, old_value, advantages,
@@ -519,8 +519,8 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
     else:  # new episodes, on seeds that a resumed run has not played yet
         next_obs = agent.normalize_obs(envs.reset(seed=args.seed + global_step)[0], update=True)
         next_done = np.zeros(args.num_envs, dtype=bool)
-        episode_return, episode_length = np.zeros(args.num_envs), np.zeros(args.num_envs,
-                                                                           dtype=np.int64)
+        episode_return = np.zeros(args.num_envs)
+        episode_length = np.zeros(args.num_envs, dtype=np.int64)
         reward_scaler.discounted_return[:] = 0.0
     recent_returns = deque(checkpoint["recent_returns"] if checkpoint else [], maxlen=20)
 
@@ -560,8 +560,8 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
             rewards[step] = np.clip(reward_scaler.scale(reward, terminations), -args.reward_clip,
                                     args.reward_clip)
             if args.bootstrap_truncated:  # ...unless the run values what the time limit cut off
-                rewards[step] += args.gamma * truncated_value(agent, infos,
-                                                              truncations & ~terminations, device)
+                cut_off = truncations & ~terminations
+                rewards[step] += args.gamma * truncated_value(agent, infos, cut_off, device)
 
             # the environment's own reward: charts/episodic_return is the task's score
             episode_return += reward
@@ -586,10 +586,10 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
             _, b_logprobs, _, b_values = agent.get_action_and_value(b_obs, b_actions)
             b_values = b_values.flatten()
             next_value = agent.get_value(torch.as_tensor(next_obs, device=device))
-        advantages, returns = compute_gae(rewards,
-                                          b_values.cpu().numpy().reshape(args.num_steps,
-                                                                         args.num_envs),
-                                          dones, next_value.cpu().numpy().flatten(), next_done,
+        # GAE runs on the host, in NumPy: one transfer of the rollout's values per iteration.
+        host_values = b_values.cpu().numpy().reshape(args.num_steps, args.num_envs)
+        advantages, returns = compute_gae(rewards, host_values, dones,
+                                          next_value.cpu().numpy().flatten(), next_done,
                                           args.gamma, args.gae_lambda)
         b_advantages = torch.as_tensor(advantages.reshape(-1), device=device)
         b_returns = torch.as_tensor(returns.reshape(-1), device=device)
@@ -631,7 +631,7 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
                     "clipfrac"):
             writer.add_scalar(f"losses/{key}", means[key], global_step)
         writer.add_scalar("losses/explained_variance",
-                          explained_variance(b_values.cpu().numpy(), b_returns.cpu().numpy()),
+                          explained_variance(host_values.reshape(-1), returns.reshape(-1)),
                           global_step)
         writer.add_scalar("charts/SPS", run.steps_per_second(global_step), global_step)
         run.print_progress(global_step, recent_returns, iteration)
@@ -640,8 +640,7 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
             run.save_checkpoint(iteration, global_step, agent, optimizer,
                                 envs=checkpoints.save_envs(envs),
                                 reward_scaler=reward_scaler.state_dict(), next_obs=next_obs,
-                                next_done=next_done,
-                                episode_return=episode_return.copy(),
+                                next_done=next_done, episode_return=episode_return.copy(),
                                 episode_length=episode_length.copy(),
                                 recent_returns=list(recent_returns))
         if run.stopping:  # Ctrl-C, kill or Slurm: this iteration was finished, logged and saved
@@ -686,9 +685,8 @@ def evaluate(args: Args, checkpoint: dict) -> list[float]:
 
 # Settings that may differ between a run and its resumption; every other field must stay the same.
 RUNTIME_FIELDS = {"cuda", "track", "wandb_project_name", "wandb_entity", "capture_video",
-                  "save_model",
-                  "save_interval", "save_minutes", "resume", "evaluate", "eval_episodes", "compile",
-                  "cudagraphs"}
+                  "save_model", "save_interval", "save_minutes", "resume", "evaluate",
+                  "eval_episodes", "compile", "cudagraphs"}
 # The training setting an evaluation also reads and may change: the seed of its games.
 EVALUATION_FIELDS = {"seed"}
 

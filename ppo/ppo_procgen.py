@@ -452,15 +452,15 @@ def ppo_loss(new_logprob: torch.Tensor, entropy: torch.Tensor, new_value: torch.
         approx_kl = ((ratio - 1) - logratio).mean()
         clipfrac = ((ratio - 1.0).abs() > clip_coef).float().mean()
     stats = {"policy_loss": pg_loss.detach(), "value_loss": v_loss.detach(),
-             "entropy": entropy_mean.detach(),
-             "old_approx_kl": old_approx_kl, "approx_kl": approx_kl, "clipfrac": clipfrac}
+             "entropy": entropy_mean.detach(), "old_approx_kl": old_approx_kl,
+             "approx_kl": approx_kl, "clipfrac": clipfrac}
     return loss, stats
 
 
 def minibatch_loss(agent: Agent, obs: torch.Tensor, actions: torch.Tensor,
-                   old_logprob: torch.Tensor,
-                   old_value: torch.Tensor, advantages: torch.Tensor, returns: torch.Tensor,
-                   clip_coef: float, args: Args) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+                   old_logprob: torch.Tensor, old_value: torch.Tensor, advantages: torch.Tensor,
+                   returns: torch.Tensor, clip_coef: float,
+                   args: Args) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The network on one minibatch, then the PPO loss: the unit --compile compiles."""
     _, new_logprob, entropy, new_value = agent.get_action_and_value(obs, actions)
     return ppo_loss(new_logprob, entropy, new_value.flatten(), old_logprob, old_value, advantages,
@@ -541,8 +541,8 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
         episode_return, episode_length = checkpoint["episode_return"], checkpoint["episode_length"]
     else:  # new episodes, on seeds that a resumed run has not played yet
         next_done = np.zeros(args.num_envs, dtype=bool)
-        episode_return, episode_length = np.zeros(args.num_envs), np.zeros(args.num_envs,
-                                                                           dtype=np.int64)
+        episode_return = np.zeros(args.num_envs)
+        episode_length = np.zeros(args.num_envs, dtype=np.int64)
         reward_scaler.discounted_return[:] = 0.0
     recent_returns = deque(checkpoint["recent_returns"] if checkpoint else [], maxlen=100)
 
@@ -653,8 +653,8 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
             run.save_checkpoint(iteration, global_step, agent, optimizer,
                                 reward_scaler=reward_scaler.state_dict(),
                                 envs=None if args.capture_video else envs.get_state(),
-                                next_obs=next_obs,
-                                next_done=next_done, episode_return=episode_return.copy(),
+                                next_obs=next_obs, next_done=next_done,
+                                episode_return=episode_return.copy(),
                                 episode_length=episode_length.copy(),
                                 recent_returns=list(recent_returns))
         if run.stopping:  # Ctrl-C, kill or Slurm: this iteration was finished, logged and saved
@@ -696,9 +696,8 @@ def evaluate(args: Args, checkpoint: dict) -> list[float]:
 
 # Settings that may differ between a run and its resumption; every other field must stay the same.
 RUNTIME_FIELDS = {"cuda", "track", "wandb_project_name", "wandb_entity", "capture_video",
-                  "save_model",
-                  "save_interval", "save_minutes", "resume", "evaluate", "eval_episodes", "compile",
-                  "cudagraphs"}
+                  "save_model", "save_interval", "save_minutes", "resume", "evaluate",
+                  "eval_episodes", "compile", "cudagraphs"}
 # Training settings an evaluation also reads and may change: the seed of its games, and which levels
 # it plays (an agent trained on 200 levels can be evaluated on all of them: --num-levels 0).
 EVALUATION_FIELDS = {"seed", "distribution_mode", "num_levels", "start_level"}
