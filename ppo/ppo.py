@@ -217,8 +217,10 @@ class Agent(nn.Module):
         return self.critic(obs)
 
     def get_action(self, obs: torch.Tensor) -> torch.Tensor:
-        """Sample actions, all the rollout needs at each step. This is the draw that
-        Categorical(logits=...).sample() makes, without the distribution object's bookkeeping."""
+        """The rollout's policy step: sample actions, and nothing else. The rollout needs only the
+        actions at each step; their log-probabilities and values come after it, in one batched pass
+        (main). The draw is the one Categorical(logits=...).sample() makes, without the
+        distribution object's bookkeeping."""
         probs = self.actor(obs).softmax(dim=-1)
         return torch.multinomial(probs, num_samples=1).squeeze(-1)
 
@@ -378,8 +380,9 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
     # gradients are tiny, which Adam would otherwise scale up to full size. fused=True: the same
     # Adam, in one kernel for all parameters instead of a dozen small ops each.
     optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
-    # [Speed: torch.compile] the policy step of the rollout and the loss of the update, fused into
-    # fewer, larger kernels: on a GPU that cuts the per-operation launch cost that dominates here.
+    # policy_step (the rollout's call of the agent) and loss_on_minibatch (the update's): the two
+    # functions as they are, or [Speed: torch.compile] compiled into a few fused kernels, so that a
+    # GPU does not wait for Python to launch many small ones.
     policy_step, loss_on_minibatch = run_life.compiled(args, agent.get_action, minibatch_loss)
     writer = run.open_logs(batch_size=batch_size, minibatch_size=minibatch_size,
                            num_iterations=num_iterations)

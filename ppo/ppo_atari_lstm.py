@@ -544,10 +544,10 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
     # gradients are tiny, which Adam would otherwise scale up to full size. fused=True: the same
     # Adam, in one kernel for all parameters instead of a dozen small ops each.
     optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
-    # [Speed: torch.compile] the policy step and the minibatch loss compiled into fused kernels, so
-    # a GPU runs a few large kernels instead of waiting for Python to launch many small ones. The
-    # nn.LSTM and get_states' loop over stretches stay plain PyTorch (docs/ppo_atari_lstm.md says
-    # why).
+    # policy_step (the rollout's call of the agent) and loss_on_minibatch (the update's): the two
+    # functions as they are, or [Speed: torch.compile] compiled into a few fused kernels, so that a
+    # GPU does not wait for Python to launch many small ones. The nn.LSTM and its loop over
+    # stretches stay plain PyTorch (docs/ppo_atari_lstm.md says why).
     policy_step, loss_on_minibatch = run_life.compiled(args, agent.get_action_and_value,
                                                        minibatch_loss)
     writer = run.open_logs(batch_size=batch_size,
