@@ -97,14 +97,9 @@ def test_observations_rewards_and_unclipped_info_rewards():
     assert 44.0 in unclipped  # BeamRider's points per enemy: the training reward is 1, the score 44
 
 
-@pytest.mark.parametrize("async_envs", [False, True], ids=["one-pool", "two-pools"])
-def test_logged_game_scores_are_the_sums_of_info_reward_over_whole_games(workdir, monkeypatch, async_envs):
-    """Train briefly while recording every step envpool returns; recompute each game's score by hand
-    (the sum of info["reward"] until the game itself ends, across lost lives) and compare with
-    charts/episodic_return, logged at the number of steps played so far. With --async-envs the two
-    pools' steps alternate, each adding its own games' steps to the count."""
-    recorded = []  # (pool, terminated, truncated, info) in the order the training loop received them
-
+def record_every_recv(monkeypatch, record) -> None:
+    """Wrap each pool that script.make_envs builds so that everything its recv() returns also goes to
+    record(pool, result), pool naming which pool it came from (--async-envs makes two)."""
     class Recording:
         def __init__(self, envs):
             self.envs = envs
@@ -114,12 +109,23 @@ def test_logged_game_scores_are_the_sums_of_info_reward_over_whole_games(workdir
 
         def recv(self):
             result = self.envs.recv()
-            recorded.append((id(self), result[2].copy(), result[3].copy(),
-                             {k: result[4][k].copy() for k in ("reward", "terminated", "elapsed_step")}))
+            record(id(self), result)
             return result
 
     make = script.make_envs
     monkeypatch.setattr(script, "make_envs", lambda *args, **kwargs: Recording(make(*args, **kwargs)))
+
+
+@pytest.mark.parametrize("async_envs", [False, True], ids=["one-pool", "two-pools"])
+def test_logged_game_scores_are_the_sums_of_info_reward_over_whole_games(workdir, monkeypatch, async_envs):
+    """Train briefly while recording every step envpool returns; recompute each game's score by hand
+    (the sum of info["reward"] until the game itself ends, across lost lives) and compare with
+    charts/episodic_return, logged at the number of steps played so far. With --async-envs the two
+    pools' steps alternate, each adding its own games' steps to the count."""
+    recorded = []  # (pool, terminated, truncated, info) in the order the training loop received them
+    record_every_recv(monkeypatch, lambda pool, result: recorded.append(
+        (pool, result[2].copy(), result[3].copy(),
+         {k: result[4][k].copy() for k in ("reward", "terminated", "elapsed_step")})))
     main(Args(env_id="Breakout-v5", total_timesteps=1024, seed=5, async_envs=async_envs, **TINY_ARGS))
 
     expected, lives_lost_in_logged_games, steps_played = [], 0, 0
@@ -458,24 +464,13 @@ def test_a_lost_life_cuts_gae_while_the_logged_score_runs_to_game_over(workdir, 
     its logged score, go on. Recorded: the lives envpool reports at each step, and the dones GAE gets."""
     lives, gae_dones, logged = [], [], []
 
-    class Recording:
-        def __init__(self, envs):
-            self.envs = envs
-
-        def __getattr__(self, name):
-            return getattr(self.envs, name)
-
-        def recv(self):
-            result = self.envs.recv()
-            lives.append((result[4]["lives"].copy(), result[4]["terminated"].copy()))
-            return result
-
     def recording_gae(rewards, values, dones, *rest):
         gae_dones.append(dones.copy())
         return compute_gae(rewards, values, dones, *rest)
 
-    make, compute_gae = script.make_envs, script.compute_gae
-    monkeypatch.setattr(script, "make_envs", lambda *args, **kwargs: Recording(make(*args, **kwargs)))
+    compute_gae = script.compute_gae
+    record_every_recv(monkeypatch, lambda pool, result: lives.append(
+        (result[4]["lives"].copy(), result[4]["terminated"].copy())))
     monkeypatch.setattr(script, "compute_gae", recording_gae)
     main(Args(env_id="Breakout-v5", total_timesteps=1024, seed=5, **TINY_ARGS))
 
