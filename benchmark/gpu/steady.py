@@ -1,0 +1,129 @@
+"""Where a training iteration's time goes once compilation is over: the rollout against the update,
+by the wall clock, and a cProfile of the steady-state iterations alone.
+
+    python benchmark/gpu/steady.py --script ppo_atari_envpool.py --env-id Pong-v5 --num-envs 16 \\
+        --set clip_coef=0.2 num_minibatches=8 update_epochs=3 --options async_envs compile cudagraphs \\
+        --warmup-iterations 20 --iterations 100 --profile pong.prof
+
+The script's `main()` trains in this process (in a temporary folder), as benchmark/speed.py runs it.
+Two clocks are read in every iteration, at points where the host waits for the GPU anyway, so that
+reading them adds no synchronisation: when the rollout ends (the call of `Agent.get_value` for the
+last observations, after every game has answered and the last actions came back to the host) and
+when the iteration is logged (charts/SPS, after the update's statistics came back). The iterations
+from `--warmup-iterations` on, which neither compile nor record CUDA graphs, give the split; the
+cProfile (optional) covers the same iterations and nothing else. Alongside, the script's own raw
+environment rate, as speed.py measures it, says how close the rollout comes to the games' speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import importlib
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "benchmark"))
+sys.path.insert(0, str(REPO))
+
+import speed  # noqa: E402  (benchmark/speed.py: the raw rate, the --set parser, the script defaults)
+
+
+def clock_time() -> str:
+    """The local time as nvidia-smi's timestamps give it, to find the steady state in its samples."""
+    now = time.time()
+    return time.strftime("%Y/%m/%d %H:%M:%S", time.localtime(now)) + f".{int(now % 1 * 1000):03d}"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--script", default="ppo_atari_envpool.py", choices=list(speed.DEFAULTS))
+    parser.add_argument("--env-id", help="default: the script's own in benchmark/speed.py")
+    parser.add_argument("--num-envs", type=int, help="default: the script's own")
+    parser.add_argument("--set", nargs="+", default=[], metavar="NAME=VALUE",
+                        help="other settings of the script's Args, as in benchmark/speed.py")
+    parser.add_argument("--options", nargs="*", default=[], choices=speed.SPEED_OPTIONS)
+    parser.add_argument("--cpu", action="store_true", help="train on the CPU (to try this tool)")
+    parser.add_argument("--warmup-iterations", type=int, default=20)
+    parser.add_argument("--iterations", type=int, default=100, help="steady-state iterations timed")
+    parser.add_argument("--raw-seconds", type=float, default=10.0)
+    parser.add_argument("--profile", help="write the steady state's cProfile here")
+    args = parser.parse_args(argv)
+
+    script = importlib.import_module(f"ppo.{args.script.removesuffix('.py')}")
+    import run_life  # the scripts' run machinery, importable once a script is
+
+    default_env, default_num_envs, _ = speed.DEFAULTS[args.script]
+    env_id = args.env_id or default_env
+    num_envs = args.num_envs or default_num_envs
+    settings = speed.field_values(script, args.set)
+    num_steps = settings.get("num_steps", script.Args().num_steps)
+    iterations = args.warmup_iterations + args.iterations
+    run_args = script.Args(env_id=env_id, num_envs=num_envs, cuda=not args.cpu,
+                           total_timesteps=iterations * num_envs * num_steps, **settings,
+                           **{name: True for name in args.options})
+    raw_wall, _ = speed.raw_env_speed(script, env_id, num_envs, args.raw_seconds)
+
+    rollout_ends = []  # wall clock when each iteration's rollout ended
+    iteration_ends = []  # (wall clock, global step) when each iteration was logged
+    profiler = cProfile.Profile()
+    original_get_value = script.Agent.get_value
+
+    def get_value_marking_the_rollouts_end(agent, x):
+        rollout_ends.append(time.perf_counter())
+        return original_get_value(agent, x)
+
+    class ClockedWriter(run_life.SummaryWriter):
+        def __init__(self, *options, **named_options):
+            super().__init__(*options, **named_options)
+            iteration_ends.append((time.perf_counter(), 0))
+
+        def add_scalar(self, tag, value, global_step=None, *rest, **options):
+            if tag == "charts/SPS":
+                iteration_ends.append((time.perf_counter(), global_step))
+                done = len(iteration_ends) - 1
+                if done == args.warmup_iterations:
+                    print(f"steady state from {clock_time()}", flush=True)
+                    if args.profile:
+                        profiler.enable()
+                elif done == iterations and args.profile:
+                    profiler.disable()
+            return super().add_scalar(tag, value, global_step, *rest, **options)
+
+    script.Agent.get_value = get_value_marking_the_rollouts_end
+    run_life.SummaryWriter = ClockedWriter
+    with tempfile.TemporaryDirectory() as workdir:
+        os.chdir(workdir)
+        script.main(run_args)
+    print(f"steady state until {clock_time()}")
+
+    # iteration i (from 1) starts at iteration_ends[i-1] and its rollout ends at rollout_ends[i-1]
+    steady = range(args.warmup_iterations + 1, len(iteration_ends))
+    rollout = [rollout_ends[i - 1] - iteration_ends[i - 1][0] for i in steady]
+    update = [iteration_ends[i][0] - rollout_ends[i - 1] for i in steady]
+    steps = iteration_ends[-1][1] - iteration_ends[args.warmup_iterations][1]
+    wall = iteration_ends[-1][0] - iteration_ends[args.warmup_iterations][0]
+    rollout_steps_per_second = steps / sum(rollout)
+    print(f"\n{args.script} on {env_id}, {num_envs} envs, options: "
+          f"{'+'.join(args.options) or 'plain'}, {len(steady)} steady iterations "
+          f"of {steps // len(steady):,} steps")
+    print("| part | mean s per iteration | median | share | steps per second |")
+    print("|---|---|---|---|---|")
+    print(f"| rollout | {statistics.mean(rollout):.4f} | {statistics.median(rollout):.4f} | "
+          f"{sum(rollout) / wall:.2f} | {rollout_steps_per_second:,.0f} |")
+    print(f"| update | {statistics.mean(update):.4f} | {statistics.median(update):.4f} | "
+          f"{sum(update) / wall:.2f} | |")
+    print(f"| iteration | {wall / len(steady):.4f} | | 1.00 | {steps / wall:,.0f} |")
+    print(f"raw env SPS {raw_wall:,.0f}: training {steps / wall / raw_wall:.2f} of it, "
+          f"the rollout alone {rollout_steps_per_second / raw_wall:.2f}")
+    if args.profile:
+        profiler.dump_stats(args.profile)
+
+
+if __name__ == "__main__":
+    main()
