@@ -454,7 +454,9 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
         b_actions = torch.as_tensor(actions.reshape(-1), device=device)
 
         # The policy did not change during the rollout, so the log-probabilities and values it had
-        # at each step can be computed now, in one batched pass instead of num_steps small ones.
+        # at each step can be computed now, in one batched pass instead of num_steps small ones (a
+        # second network call per step for the separate critic, where the Atari scripts' one trunk
+        # gives the value with the action).
         with torch.no_grad():
             _, b_logprobs, _, b_values = agent.get_action_and_value(b_obs, b_actions)
             b_values = b_values.flatten()

@@ -414,6 +414,8 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
     # frames go there as uint8 once, log-probs and values never leave it during the rollout, and the
     # only copy back to the host at each step is the actions the games need. What the games return,
     # rewards and episode ends, stays in NumPy beside them.
+    # Log-probs and values come with each action from the one trunk, so they are kept here, not
+    # recomputed after the rollout as ppo.py does for its separate critic.
     obs = torch.zeros((args.num_steps, args.num_envs) + obs_shape, dtype=torch.uint8, device=device)
     actions = torch.zeros((args.num_steps, args.num_envs), dtype=torch.long, device=device)
     logprobs = torch.zeros((args.num_steps, args.num_envs), device=device)

@@ -559,6 +559,8 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
     # device: frames (uint8 until the network scales them), actions, log-probs and values. Rewards
     # and dones come from the games and stay on the host for GAE, whose results go to the device
     # once per iteration.
+    # Log-probs and values come with each action from the one trunk, so they are kept here, not
+    # recomputed after the rollout as ppo.py does for its separate critic.
     obs = torch.zeros((args.num_steps, args.num_envs) + obs_shape, dtype=torch.uint8, device=device)
     actions = torch.zeros((args.num_steps, args.num_envs), dtype=torch.long, device=device)
     logprobs = torch.zeros((args.num_steps, args.num_envs), device=device)

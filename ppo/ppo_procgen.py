@@ -520,6 +520,8 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
     # MB at the default sizes, four times that as floats; the network scales them), the actions,
     # their log-probabilities and the values. Rewards and episode ends come from the games as NumPy
     # and stay there until GAE.
+    # Log-probs and values come with each action from the one trunk, so they are kept here, not
+    # recomputed after the rollout as ppo.py does for its separate critic.
     obs = torch.zeros((args.num_steps, args.num_envs) + obs_shape, dtype=torch.uint8, device=device)
     actions = torch.zeros((args.num_steps, args.num_envs), dtype=torch.long, device=device)
     logprobs = torch.zeros((args.num_steps, args.num_envs), device=device)
