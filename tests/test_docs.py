@@ -112,19 +112,24 @@ def marker_lines(script: Path, kind: str, number: int) -> list[int]:
 
 
 def named_line(script: Path, text: str) -> tuple[str, list[int]] | None:
-    """For a link whose text names a `[Speed: ...]` marker or a function or class of the script, that
-    name and the lines that carry it; None for other link texts ("here", "update", ...)."""
+    """For a link whose text names a `[Speed: ...]` marker or a name in code, that name and the lines
+    that carry it: a function or class of the script, its definition; `module.name`, the lines
+    that use it; any other name, the lines that hold it. None for texts that name nothing ("here")."""
     source = script.read_text().splitlines()
     speed = re.search(r"\[Speed: [^\]]+\]", text)
     if speed:
         return speed.group(0), [i for i, line in enumerate(source, start=1) if speed.group(0) in line]
-    identifier = re.fullmatch(r"`(?:\w+\.)?(\w+)`", text)
-    if identifier:
-        definition = re.compile(rf"\s*(?:def|class) {identifier.group(1)}\b")
+    code = re.fullmatch(r"`((\w+\.)?(\w+)[^`]*)`", text)
+    if not code:
+        return None
+    whole, qualified, name = code.group(1), code.group(2), code.group(3)
+    # `name` or `Class.name` of the script; `module.name` is a use of another module's name
+    if not qualified or any(re.match(rf"class {qualified[:-1]}\b", line) for line in source):
+        definition = re.compile(rf"\s*(?:def|class) {name}\b")
         lines = [i for i, line in enumerate(source, start=1) if definition.match(line)]
         if lines:  # a name the script defines: the link must land on its definition
-            return f"`{identifier.group(1)}`", lines
-    return None
+            return f"`{name}`", lines
+    return f"`{whole}`", [i for i, line in enumerate(source, start=1) if whole in line]
 
 
 def stale_line_links(files: list[Path], kinds: list[str]) -> list[str]:
@@ -146,9 +151,12 @@ def stale_line_links(files: list[Path], kinds: list[str]) -> list[str]:
             if last > length:
                 problems.append(f"{where}: {link['target']} is past the end of {script.name} ({length} lines)")
                 continue
-            # A link that names no detail but a marker or definition must land on it.
+            # A link that names no detail must name what it points at, and land on it.
             named = None if link["markers"] else named_line(script, link["text"])
-            if named is not None and not any(first <= line <= last for line in named[1]):
+            if not link["markers"] and named is None:
+                problems.append(f"{where}: {link['target']} names nothing its line can be checked "
+                                f"against ({link['text']!r}): name the detail, marker or code")
+            elif named is not None and not any(first <= line <= last for line in named[1]):
                 problems.append(f"{where}: {link['target']} names {named[0]}, which {script.name} has on "
                                 f"line(s) {', '.join(map(str, named[1])) or 'none'}")
             for kind, number in link["markers"]:
@@ -203,6 +211,7 @@ def test_line_link_check_catches_stale_links(tmp_path):
     script_lines[19] = "# [Atari 2: MaxAndSkipEnv]"  # line 20
     script_lines[4] = "# [Speed: torch.compile] compiled"  # line 5
     script_lines[14] = "def evaluate(args):"  # line 15
+    script_lines[24] = "    step = run_life.compiled(args)"  # line 25
     (tmp_path / "ppo" / "demo.py").write_text("\n".join(script_lines) + "\n")
     page = tmp_path / "docs" / "demo.md"
     page.write_text("\n".join([
@@ -221,13 +230,17 @@ def test_line_link_check_catches_stale_links(tmp_path):
         "[`[Speed: torch.compile]`](../ppo/demo.py#L6)",               # stale
         "[`evaluate`](../ppo/demo.py#L15)",                            # ok: on its definition
         "[`evaluate`](../ppo/demo.py#L16)",                            # stale
+        "[here](../ppo/demo.py#L15)",                                  # names nothing
+        "[`run_life.compiled`](../ppo/demo.py#L25)",                   # ok: on its use
+        "[`run_life.compiled`](../ppo/demo.py#L24)",                   # stale
+        "[`frameskip=1`](../ppo/demo.py#L25)",                         # stale: not on that line
         "```",
         "[Core 5](../ppo/demo.py#L1)",                                 # in a code block: ignored
         "```",
     ]) + "\n")
     problems = stale_line_links([page], list(DETAIL_KINDS))
     flagged = sorted(int(problem.split(":")[1]) for problem in problems)
-    assert flagged == [2, 4, 7, 9, 10, 11, 13, 15], problems
+    assert flagged == [2, 4, 7, 9, 10, 11, 13, 15, 16, 18, 19], problems
 
 
 def test_index_links_every_variant_page():
