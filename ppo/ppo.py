@@ -353,6 +353,19 @@ def explained_variance(predicted: np.ndarray, target: np.ndarray) -> float:
 # --------------------------------------------------------------------------------------------------
 
 
+def episodes_at_start(envs: gym.vector.VectorEnv, checkpoint: dict | None, seed: int):
+    """Where the environments' episodes stand as training starts: the next observation, whether it
+    begins an episode, and each episode's running return and length. A resumed run goes on with the
+    episodes it left (`checkpoint`, whose environments were rebuilt as they were); a new run, or
+    one that starts new episodes (None), resets the environments on `seed`."""
+    if checkpoint is not None:
+        return (checkpoint["next_obs"], checkpoint["next_done"], checkpoint["episode_return"],
+                checkpoint["episode_length"])
+    next_obs, _ = envs.reset(seed=seed)
+    return (next_obs, np.zeros(envs.num_envs, dtype=bool), np.zeros(envs.num_envs),
+            np.zeros(envs.num_envs, dtype=np.int64))
+
+
 def main(args: Args, checkpoint: dict | None = None) -> dict:
     """Train as `args` says, from `checkpoint` (read by parse_args) with --resume; returns a summary
     of the run for callers such as tests."""
@@ -394,17 +407,12 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
     rewards = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
     dones = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
 
-    # Where the environments stand: the next observation, whether it begins an episode, the running
-    # return and length of each environment's episode, and the returns of the latest finished ones.
+    # Where the run starts: its iteration and step (0 unless resumed), where each environment's
+    # episode stands (new episodes begin on seeds that a resumed run has not played yet), and the
+    # returns of the latest finished episodes.
     start_iteration, global_step = run.start(agent, optimizer, new_episodes=saved_envs is None)
-    if saved_envs is not None:  # a resumed run: the episodes it left
-        next_obs, next_done = checkpoint["next_obs"], checkpoint["next_done"]
-        episode_return, episode_length = checkpoint["episode_return"], checkpoint["episode_length"]
-    else:  # new episodes, on seeds that a resumed run has not played yet
-        next_obs, _ = envs.reset(seed=args.seed + global_step)
-        next_done = np.zeros(args.num_envs, dtype=bool)
-        episode_return = np.zeros(args.num_envs)
-        episode_length = np.zeros(args.num_envs, dtype=np.int64)
+    next_obs, next_done, episode_return, episode_length = episodes_at_start(
+        envs, checkpoint if saved_envs is not None else None, seed=args.seed + global_step)
     recent_returns = deque(checkpoint["recent_returns"] if checkpoint else [], maxlen=20)
 
     for iteration in range(start_iteration + 1, num_iterations + 1):

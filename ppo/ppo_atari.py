@@ -454,6 +454,17 @@ def explained_variance(predicted: np.ndarray, target: np.ndarray) -> float:
 # --------------------------------------------------------------------------------------------------
 
 
+def episodes_at_start(envs: gym.vector.VectorEnv, checkpoint: dict | None, seed: int):
+    """Where the games stand as training starts: the next observation, and whether it begins an
+    episode (a life). A resumed run goes on with the games it left (`checkpoint`, whose games were
+    rebuilt as they were, their statistics with them); a new run, or one that starts new games
+    (None), resets the games on `seed`."""
+    if checkpoint is not None:
+        return checkpoint["next_obs"], checkpoint["next_done"]
+    next_obs, _ = envs.reset(seed=seed)
+    return next_obs, np.zeros(envs.num_envs, dtype=bool)
+
+
 def main(args: Args, checkpoint: dict | None = None) -> dict:
     """Train as `args` says, from `checkpoint` (read by parse_args) with --resume; returns a summary
     of the run for callers such as tests."""
@@ -500,14 +511,12 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
     rewards = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
     dones = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
 
-    # Where the games stand: the next observation, whether it begins an episode (a life), and the
-    # scores of the latest finished games (the game statistics travel inside the saved games).
+    # Where the run starts: its iteration and step (0 unless resumed), where each game stands (new
+    # games begin on seeds that a resumed run has not played yet), and the scores of the latest
+    # finished games.
     start_iteration, global_step = run.start(agent, optimizer, new_episodes=saved_envs is None)
-    if saved_envs is not None:  # a resumed run: the games it left
-        next_obs, next_done = checkpoint["next_obs"], checkpoint["next_done"]
-    else:  # new games, on seeds that a resumed run has not played yet
-        next_obs, _ = envs.reset(seed=args.seed + global_step)
-        next_done = np.zeros(args.num_envs, dtype=bool)
+    next_obs, next_done = episodes_at_start(
+        envs, checkpoint if saved_envs is not None else None, seed=args.seed + global_step)
     recent_returns = deque(checkpoint["recent_returns"] if checkpoint else [], maxlen=20)
 
     for iteration in range(start_iteration + 1, num_iterations + 1):

@@ -464,6 +464,23 @@ def explained_variance(predicted: np.ndarray, target: np.ndarray) -> float:
 # --------------------------------------------------------------------------------------------------
 
 
+def episodes_at_start(envs: gym.vector.VectorEnv, checkpoint: dict | None, seed: int,
+                      agent: Agent, reward_scaler: RewardScaler):
+    """Where the environments' episodes stand as training starts: the next (normalized)
+    observation, whether it begins an episode, and each episode's running (raw) return and length.
+    A resumed run goes on with the episodes it left (`checkpoint`, whose environments were rebuilt
+    as they were). A new run, or one that starts new episodes (None), resets the environments on
+    `seed`: their first observations join the observation statistics, and the reward scaler's
+    discounted returns start again from 0."""
+    if checkpoint is not None:
+        return (checkpoint["next_obs"], checkpoint["next_done"], checkpoint["episode_return"],
+                checkpoint["episode_length"])
+    next_obs = agent.normalize_obs(envs.reset(seed=seed)[0], update=True)
+    reward_scaler.discounted_return[:] = 0.0
+    return (next_obs, np.zeros(envs.num_envs, dtype=bool), np.zeros(envs.num_envs),
+            np.zeros(envs.num_envs, dtype=np.int64))
+
+
 def main(args: Args, checkpoint: dict | None = None) -> dict:
     """Train as `args` says, from `checkpoint` (read by parse_args) with --resume; returns a summary
     of the run for callers such as tests."""
@@ -509,22 +526,16 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
     rewards = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
     dones = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
 
-    # Where the environments stand: the next (normalized) observation, whether it begins an episode,
-    # the running (raw) return and length of each environment's episode, and the latest finished
-    # ones. A resumed run restores the agent's weights with its observation statistics, then the
-    # reward's.
+    # Where the run starts: its iteration and step (0 unless resumed), where each environment's
+    # episode stands (new episodes begin on seeds that a resumed run has not played yet), and the
+    # returns of the latest finished episodes. A resumed run restores the agent's weights with its
+    # observation statistics, then the reward's.
     start_iteration, global_step = run.start(agent, optimizer, new_episodes=saved_envs is None)
     if checkpoint:
         reward_scaler.load_state_dict(checkpoint["reward_scaler"])
-    if saved_envs is not None:  # a resumed run: the episodes it left
-        next_obs, next_done = checkpoint["next_obs"], checkpoint["next_done"]
-        episode_return, episode_length = checkpoint["episode_return"], checkpoint["episode_length"]
-    else:  # new episodes, on seeds that a resumed run has not played yet
-        next_obs = agent.normalize_obs(envs.reset(seed=args.seed + global_step)[0], update=True)
-        next_done = np.zeros(args.num_envs, dtype=bool)
-        episode_return = np.zeros(args.num_envs)
-        episode_length = np.zeros(args.num_envs, dtype=np.int64)
-        reward_scaler.discounted_return[:] = 0.0
+    next_obs, next_done, episode_return, episode_length = episodes_at_start(
+        envs, checkpoint if saved_envs is not None else None, seed=args.seed + global_step,
+        agent=agent, reward_scaler=reward_scaler)
     recent_returns = deque(checkpoint["recent_returns"] if checkpoint else [], maxlen=20)
 
     for iteration in range(start_iteration + 1, num_iterations + 1):

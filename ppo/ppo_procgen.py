@@ -482,6 +482,23 @@ def explained_variance(predicted: np.ndarray, target: np.ndarray) -> float:
 # --------------------------------------------------------------------------------------------------
 
 
+def episodes_at_start(envs: ProcgenVectorEnv, checkpoint: dict | None, seed: int,
+                      reward_scaler: RewardScaler):
+    """Where the games' episodes stand as training starts: the next observation, whether it begins
+    an episode, and each episode's running score and length. Procgen builds its games anew at a
+    reset; a resumed run (`checkpoint`) then puts the saved games' own states back and goes on with
+    the very episodes it left. A new run, or one that starts new episodes (None), plays the games
+    the reset on `seed` built, and the reward scaler's discounted returns start again from 0."""
+    next_obs, _ = envs.reset(seed=seed)
+    if checkpoint is not None:
+        envs.set_state(checkpoint["envs"])
+        return (checkpoint["next_obs"], checkpoint["next_done"], checkpoint["episode_return"],
+                checkpoint["episode_length"])
+    reward_scaler.discounted_return[:] = 0.0
+    return (next_obs, np.zeros(envs.num_envs, dtype=bool), np.zeros(envs.num_envs),
+            np.zeros(envs.num_envs, dtype=np.int64))
+
+
 def main(args: Args, checkpoint: dict | None = None) -> dict:
     """Train as `args` says, from `checkpoint` (read by parse_args) with --resume; returns a summary
     of the run for callers such as tests."""
@@ -529,24 +546,16 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
     rewards = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
     dones = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
 
-    # Where the games stand: the next observation, whether it begins an episode, the running score
-    # and length of each game's episode, and the latest finished ones. Procgen builds its games anew
-    # at a reset; a resumed run then puts the saved games' own states back (a recording run saved
-    # none).
+    # Where the run starts: its iteration and step (0 unless resumed), where each game's episode
+    # stands (new episodes begin on seeds that a resumed run has not played yet), and the scores of
+    # the latest finished episodes. A recording run saved no games; resuming it starts new ones.
     saved_games = checkpoint["envs"] if checkpoint else None
     start_iteration, global_step = run.start(agent, optimizer, new_episodes=saved_games is None)
     if checkpoint:
         reward_scaler.load_state_dict(checkpoint["reward_scaler"])
-    next_obs, _ = envs.reset(seed=args.seed + global_step)
-    if saved_games is not None:  # a resumed run: the very episodes it left
-        envs.set_state(saved_games)
-        next_obs, next_done = checkpoint["next_obs"], checkpoint["next_done"]
-        episode_return, episode_length = checkpoint["episode_return"], checkpoint["episode_length"]
-    else:  # new episodes, on seeds that a resumed run has not played yet
-        next_done = np.zeros(args.num_envs, dtype=bool)
-        episode_return = np.zeros(args.num_envs)
-        episode_length = np.zeros(args.num_envs, dtype=np.int64)
-        reward_scaler.discounted_return[:] = 0.0
+    next_obs, next_done, episode_return, episode_length = episodes_at_start(
+        envs, checkpoint if saved_games is not None else None, seed=args.seed + global_step,
+        reward_scaler=reward_scaler)
     recent_returns = deque(checkpoint["recent_returns"] if checkpoint else [], maxlen=100)
 
     for iteration in range(start_iteration + 1, num_iterations + 1):
