@@ -414,8 +414,6 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
     # frames go there as uint8 once, log-probs and values never leave it during the rollout, and the
     # only copy back to the host at each step is the actions the games need. What the games return,
     # rewards and episode ends, stays in NumPy beside them.
-    # Log-probs and values come with each action from the one trunk, so they are kept here, not
-    # recomputed after the rollout as ppo.py does for its separate critic.
     obs = torch.zeros((args.num_steps, args.num_envs) + obs_shape, dtype=torch.uint8, device=device)
     actions = torch.zeros((args.num_steps, args.num_envs), dtype=torch.long, device=device)
     logprobs = torch.zeros((args.num_steps, args.num_envs), device=device)
@@ -490,6 +488,10 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
                 # action.cpu() below returns, before the next recv() overwrites next_obs.
                 obs[step, games].copy_(next_obs_pinned[games], non_blocking=True)
                 dones[step, games] = next_done[games]
+                # The network runs once per step anyway to choose the action, and its one trunk
+                # gives the log-probability and value with it: they are recorded here, on the
+                # device (ppo.py's separate critic would cost a second call; it scores the batch
+                # later).
                 with torch.inference_mode():
                     action, logprob, _, value = policy_step(obs[step, games])
                 actions[step, games], logprobs[step, games] = action, logprob

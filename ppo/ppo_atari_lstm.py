@@ -573,8 +573,6 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
     # device: frames (uint8 until the network scales them), actions, log-probs and values. Rewards
     # and dones come from the games and stay on the host for GAE, whose results go to the device
     # once per iteration.
-    # Log-probs and values come with each action from the one trunk, so they are kept here, not
-    # recomputed after the rollout as ppo.py does for its separate critic.
     obs = torch.zeros((args.num_steps, args.num_envs) + obs_shape, dtype=torch.uint8, device=device)
     actions = torch.zeros((args.num_steps, args.num_envs), dtype=torch.long, device=device)
     logprobs = torch.zeros((args.num_steps, args.num_envs), device=device)
@@ -608,8 +606,9 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
             obs[step] = torch.as_tensor(next_obs, device=device)
             dones[step] = next_done
 
-            # The network runs once per step anyway to choose the action; the log-probability and
-            # value come with it at almost no cost, so they are recorded here, on the device.
+            # The network runs once per step anyway to choose the action, and its one trunk gives
+            # the log-probability and value with it: they are recorded here, on the device
+            # (ppo.py's separate critic would cost a second call; it scores the batch later).
             # no_grad, not inference_mode: CUDA graphs of the compiled heads, first run in inference
             # mode, would fail when the update runs them with gradients (pytorch/pytorch#135892).
             with torch.no_grad():

@@ -673,8 +673,6 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
     # device: frames (uint8 until the network scales them), actions, log-probs and values. Rewards
     # and dones come from the games and stay on the host for GAE, whose results go to the device
     # once per iteration.
-    # Log-probs and values come with each action from the one trunk, so they are kept here, not
-    # recomputed after the rollout as ppo.py does for its separate critic.
     obs = torch.zeros((args.num_steps, local_num_envs) + obs_shape, dtype=torch.uint8,
                       device=device)
     actions = torch.zeros((args.num_steps, local_num_envs), dtype=torch.long, device=device)
@@ -708,8 +706,9 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
             obs[step] = torch.as_tensor(next_obs, device=device)
             dones[step] = next_done
 
-            # The network runs once per step anyway to choose the action; the log-probability and
-            # value come with it at almost no cost, so they are recorded here, on the device.
+            # The network runs once per step anyway to choose the action, and its one trunk gives
+            # the log-probability and value with it: they are recorded here, on the device
+            # (ppo.py's separate critic would cost a second call; it scores the batch later).
             with torch.inference_mode():
                 action, logprob, _, value = policy_step(obs[step])
             actions[step], logprobs[step], values[step] = action, logprob, value.flatten()
