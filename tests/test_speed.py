@@ -139,3 +139,38 @@ def test_a_real_measurement_prints_a_row_whose_ratio_is_its_two_speeds_divided(c
     # The ratio has 3 significant digits, the speeds are rounded to whole steps per second.
     assert float(row["ratio"]) == pytest.approx(training / raw, rel=0.005 + 0.5 / training + 0.5 / raw)
     assert float(row["CPU-time ratio"]) > 0
+
+
+def test_steady_state_splits_each_iteration_at_the_last_value_call_before_the_update(monkeypatch):
+    """benchmark/gpu/steady.py: the rollout ends at the iteration's last Agent.get_value call (the
+    last observations' value), not at an earlier one (a time limit's bootstrap), and the update
+    ends when charts/SPS is logged. A stand-in script advances a stand-in clock, so the split is
+    exact."""
+    from benchmark.gpu import steady
+    import run_life  # where the scripts open their writer
+
+    now = [0.0]
+    monkeypatch.setattr(steady.time, "perf_counter", lambda: now[0])
+
+    class Agent:
+        def get_value(self, obs, *lstm_state):
+            return obs
+
+    def main(args):
+        writer = run_life.SummaryWriter(args.log_dir)
+        agent = Agent()
+        for iteration in range(3):
+            now[0] += 1.0
+            agent.get_value(0, "a bootstrap mid-rollout")
+            now[0] += 2.0
+            agent.get_value(0)  # the last observations': the rollout ends here
+            now[0] += 0.5  # the update
+            writer.add_scalar("charts/SPS", 1.0, 10 * (iteration + 1))
+        writer.close()
+
+    script = types.SimpleNamespace(Agent=Agent, main=main)
+    parts = steady.iteration_parts(script, types.SimpleNamespace(log_dir="runs/x"),
+                                   warmup_iterations=1)
+    assert parts == [(3.0, 0.5, 10), (3.0, 0.5, 10)]
+    assert Agent.get_value.__name__ == "get_value"  # restored
+    assert run_life.SummaryWriter.__name__ == "SummaryWriter"

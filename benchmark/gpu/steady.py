@@ -40,6 +40,55 @@ def clock_time() -> str:
     return time.strftime("%Y/%m/%d %H:%M:%S", time.localtime(now)) + f".{int(now % 1 * 1000):03d}"
 
 
+def iteration_parts(script, run_args, warmup_iterations: int,
+                    profiler: cProfile.Profile | None = None) -> list[tuple[float, float, int]]:
+    """(rollout seconds, update seconds, steps) of each iteration of `script.main(run_args)` after
+    the first `warmup_iterations`, which `profiler`, if given, leaves out too. The rollout ends at
+    the iteration's last call of `Agent.get_value` (the last observations' value; a time limit's
+    bootstrap calls it earlier), the update when the iteration logs charts/SPS."""
+    import run_life  # the scripts' run machinery, importable once a script is
+
+    value_called = [0.0]  # wall clock of the latest Agent.get_value call
+    iteration_ends = []  # (wall clock, global step) when training starts and each iteration ends
+    rollout_ends = []
+    original_get_value = script.Agent.get_value
+
+    def get_value_noting_the_time(agent, *inputs, **options):
+        value_called[0] = time.perf_counter()
+        return original_get_value(agent, *inputs, **options)
+
+    class ClockedWriter(run_life.SummaryWriter):
+        def __init__(self, *options, **named_options):
+            super().__init__(*options, **named_options)
+            iteration_ends.append((time.perf_counter(), 0))
+
+        def add_scalar(self, tag, value, global_step=None, *rest, **options):
+            if tag == "charts/SPS":
+                iteration_ends.append((time.perf_counter(), global_step))
+                rollout_ends.append(value_called[0])
+                if profiler and len(iteration_ends) - 1 == warmup_iterations:
+                    print(f"steady state from {clock_time()}", flush=True)
+                    profiler.enable()
+            return super().add_scalar(tag, value, global_step, *rest, **options)
+
+    previous_directory, previous_writer = os.getcwd(), run_life.SummaryWriter
+    script.Agent.get_value, run_life.SummaryWriter = get_value_noting_the_time, ClockedWriter
+    try:
+        with tempfile.TemporaryDirectory() as workdir:
+            os.chdir(workdir)
+            script.main(run_args)
+    finally:
+        if profiler:
+            profiler.disable()
+            print(f"steady state until {clock_time()}")
+        script.Agent.get_value, run_life.SummaryWriter = original_get_value, previous_writer
+        os.chdir(previous_directory)
+    # iteration i (from 1) starts at iteration_ends[i - 1] and its rollout ends at rollout_ends[i - 1]
+    return [(rollout_ends[i - 1] - iteration_ends[i - 1][0], iteration_ends[i][0] - rollout_ends[i - 1],
+             iteration_ends[i][1] - iteration_ends[i - 1][1])
+            for i in range(warmup_iterations + 1, len(iteration_ends))]
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--script", default="ppo_atari_envpool.py", choices=list(speed.DEFAULTS))
@@ -56,8 +105,6 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     script = importlib.import_module(f"ppo.{args.script.removesuffix('.py')}")
-    import run_life  # the scripts' run machinery, importable once a script is
-
     default_env, default_num_envs, _ = speed.DEFAULTS[args.script]
     env_id = args.env_id or default_env
     num_envs = args.num_envs or default_num_envs
@@ -68,60 +115,27 @@ def main(argv: list[str] | None = None) -> None:
                            total_timesteps=iterations * num_envs * num_steps, **settings,
                            **{name: True for name in args.options})
     raw_wall, _ = speed.raw_env_speed(script, env_id, num_envs, args.raw_seconds)
+    profiler = cProfile.Profile() if args.profile else None
+    parts = iteration_parts(script, run_args, args.warmup_iterations, profiler)
 
-    rollout_ends = []  # wall clock when each iteration's rollout ended
-    iteration_ends = []  # (wall clock, global step) when each iteration was logged
-    profiler = cProfile.Profile()
-    original_get_value = script.Agent.get_value
-
-    def get_value_marking_the_rollouts_end(agent, x):
-        rollout_ends.append(time.perf_counter())
-        return original_get_value(agent, x)
-
-    class ClockedWriter(run_life.SummaryWriter):
-        def __init__(self, *options, **named_options):
-            super().__init__(*options, **named_options)
-            iteration_ends.append((time.perf_counter(), 0))
-
-        def add_scalar(self, tag, value, global_step=None, *rest, **options):
-            if tag == "charts/SPS":
-                iteration_ends.append((time.perf_counter(), global_step))
-                done = len(iteration_ends) - 1
-                if done == args.warmup_iterations:
-                    print(f"steady state from {clock_time()}", flush=True)
-                    if args.profile:
-                        profiler.enable()
-                elif done == iterations and args.profile:
-                    profiler.disable()
-            return super().add_scalar(tag, value, global_step, *rest, **options)
-
-    script.Agent.get_value = get_value_marking_the_rollouts_end
-    run_life.SummaryWriter = ClockedWriter
-    with tempfile.TemporaryDirectory() as workdir:
-        os.chdir(workdir)
-        script.main(run_args)
-    print(f"steady state until {clock_time()}")
-
-    # iteration i (from 1) starts at iteration_ends[i-1] and its rollout ends at rollout_ends[i-1]
-    steady = range(args.warmup_iterations + 1, len(iteration_ends))
-    rollout = [rollout_ends[i - 1] - iteration_ends[i - 1][0] for i in steady]
-    update = [iteration_ends[i][0] - rollout_ends[i - 1] for i in steady]
-    steps = iteration_ends[-1][1] - iteration_ends[args.warmup_iterations][1]
-    wall = iteration_ends[-1][0] - iteration_ends[args.warmup_iterations][0]
+    rollout = [part[0] for part in parts]
+    update = [part[1] for part in parts]
+    steps = sum(part[2] for part in parts)
+    wall = sum(rollout) + sum(update)
     rollout_steps_per_second = steps / sum(rollout)
     print(f"\n{args.script} on {env_id}, {num_envs} envs, options: "
-          f"{'+'.join(args.options) or 'plain'}, {len(steady)} steady iterations "
-          f"of {steps // len(steady):,} steps")
+          f"{'+'.join(args.options) or 'plain'}, {len(parts)} steady iterations "
+          f"of {steps // len(parts):,} steps")
     print("| part | mean s per iteration | median | share | steps per second |")
     print("|---|---|---|---|---|")
     print(f"| rollout | {statistics.mean(rollout):.4f} | {statistics.median(rollout):.4f} | "
           f"{sum(rollout) / wall:.2f} | {rollout_steps_per_second:,.0f} |")
     print(f"| update | {statistics.mean(update):.4f} | {statistics.median(update):.4f} | "
           f"{sum(update) / wall:.2f} | |")
-    print(f"| iteration | {wall / len(steady):.4f} | | 1.00 | {steps / wall:,.0f} |")
+    print(f"| iteration | {wall / len(parts):.4f} | | 1.00 | {steps / wall:,.0f} |")
     print(f"raw env SPS {raw_wall:,.0f}: training {steps / wall / raw_wall:.2f} of it, "
           f"the rollout alone {rollout_steps_per_second / raw_wall:.2f}")
-    if args.profile:
+    if profiler:
         profiler.dump_stats(args.profile)
 
 
