@@ -121,12 +121,12 @@ class Args:
     """number of games to play with --evaluate"""
 
     # Speed: how fast the run goes, never what it learns
-    async_envs: bool = False
-    """if toggled, two envpools: one plays its step while the network picks the other's actions"""
     compile: bool = False
     """if toggled, torch.compile the policy step and minibatch loss (pays on a GPU, slow start)"""
     cudagraphs: bool = False
     """if toggled, compile as --compile does and replay both as CUDA graphs (needs CUDA)"""
+    async_envs: bool = False
+    """if toggled, two envpools: one plays its step while the network picks the other's actions"""
 
 
 # --------------------------------------------------------------------------------------------------
