@@ -4,10 +4,12 @@ Each script holds PPO and its variant's idea; the run machinery (command_line, c
 run_life, exits) holds what is not PPO, one concern a module, and knows no variant. Imports go one
 way: from a script to the modules, never from a module to a script, never from one script to
 another, and among the modules in one order (exits at the bottom), so that each can be read, and
-copied, with only what it stands on. ruff holds every line of ppo/ to 100 characters.
+copied, with only what it stands on. ruff holds every line of ppo/ to 100 characters, and each
+script's iteration loop keeps its run machinery to a few statements.
 """
 
 import ast
+import re
 import subprocess
 import sys
 
@@ -77,3 +79,43 @@ def test_ruff_finds_nothing_in_ppo():
     result = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "ppo"], cwd=REPO,
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+# The iteration loop of main() reads as PPO: its run machinery (progress within the rollout and at
+# the iteration's end, the divergence stop, the SPS scalar, the checkpoint and the stop check) stays
+# within these many statements. The multi-GPU script's ranks also gather and agree.
+MACHINERY = re.compile(r"\brun\.|\brun_life\.|\bcheckpoints\.|\bexits\.|cudagraph_mark_step_begin"
+                       r"|args\.cudagraphs")
+MACHINERY_IN_THE_LOOP = {"ppo_atari_multigpu": 11}
+MACHINERY_IN_A_LOOP = 7
+
+
+def machinery_in_the_loop(path) -> list[str]:
+    """The statements of main()'s iteration loop that call on the run machinery or mark CUDA graphs
+    (an `if`, by its own line only), as the second textbook pass counted them."""
+    source = path.read_text()
+    lines = source.splitlines()
+    main = next(node for node in ast.parse(source).body
+                if isinstance(node, ast.FunctionDef) and node.name == "main")
+    loop = next(node for node in ast.walk(main)
+                if isinstance(node, ast.For) and getattr(node.target, "id", "") == "iteration")
+    found = []
+    for node in ast.walk(loop):
+        if isinstance(node, ast.If):
+            text = lines[node.lineno - 1]
+        elif isinstance(node, ast.stmt) and not isinstance(node, (ast.For, ast.With)):
+            text = "\n".join(lines[node.lineno - 1:node.end_lineno])
+        else:
+            continue
+        if MACHINERY.search(text):
+            found.append(f"line {node.lineno}: {text.strip().splitlines()[0]}")
+    return found
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_the_iteration_loop_holds_little_but_ppo(script):
+    found = machinery_in_the_loop(PPO / f"{script}.py")
+    most = MACHINERY_IN_THE_LOOP.get(script, MACHINERY_IN_A_LOOP)
+    assert len(found) <= most, (f"{script}.py's iteration loop holds {len(found)} statements of run "
+                                f"machinery, more than {most}: move them behind the calls it "
+                                "already makes, or before the loop\n" + "\n".join(found))
