@@ -112,10 +112,15 @@ def machinery_in_the_loop(path) -> list[str]:
     return found
 
 
-@pytest.mark.parametrize("script", SCRIPTS)
-def test_the_iteration_loop_holds_little_but_ppo(script):
-    found = machinery_in_the_loop(PPO / f"{script}.py")
-    most = MACHINERY_IN_THE_LOOP.get(script, MACHINERY_IN_A_LOOP)
-    assert len(found) <= most, (f"{script}.py's iteration loop holds {len(found)} statements of run "
-                                f"machinery, more than {most}: move them behind the calls it "
-                                "already makes, or before the loop\n" + "\n".join(found))
+def test_the_iteration_loop_holds_little_but_ppo():
+    # One test for all seven (not one per script): it reads source only, so it runs in the main
+    # stack, where a test parametrized with ppo_procgen would be left to the Procgen stack's files.
+    too_many = []
+    for script in SCRIPTS:
+        found = machinery_in_the_loop(PPO / f"{script}.py")
+        most = MACHINERY_IN_THE_LOOP.get(script, MACHINERY_IN_A_LOOP)
+        if len(found) > most:
+            too_many.append(f"{script}.py: {len(found)}, more than {most}\n  " + "\n  ".join(found))
+    assert not too_many, ("iteration loops with more statements of run machinery than they had: "
+                          "move them behind the calls the loop already makes, or before it\n"
+                          + "\n".join(too_many))
