@@ -123,8 +123,34 @@ def load_checkpoint(path: str, variant: str, resuming: bool = False,
     elif version is not None and version != CHECKPOINT_FORMAT:
         fail(variant, f"{path!r} has checkpoint format {version!r}, which this version of the "
                       "scripts does not read: use the version that wrote it")
+    if resuming:
+        episode_statistics_into_envs(checkpoint)
     return checkpoint if resuming else {key: checkpoint[key] for key in EVALUATION_KEYS
                                         if key in checkpoint}
+
+
+def episode_statistics_into_envs(checkpoint: dict) -> None:
+    """Until 2026-11-27, ppo.py and ppo_continuous_action.py kept each episode's running return and
+    length beside their environments, under "episode_return" and "episode_length"; gymnasium's
+    RecordEpisodeStatistics, now the outermost wrapper of their environments, keeps them. Such a
+    checkpoint's figures are put where the environments built now keep them: into a layer added
+    to each saved environment, or, for the pickled ones of the older format, into a
+    RecordEpisodeStatistics wrapped around each when they are unpickled. A checkpoint of any other
+    kind is left as it is."""
+    saved = checkpoint.get("envs")
+    layered = isinstance(saved, list) and all(
+        isinstance(layers, list) and all(isinstance(layer, dict) for layer in layers)
+        for layers in saved)
+    if "episode_return" not in checkpoint or not (layered or isinstance(saved, TrustedOldPickle)):
+        return
+    returns, lengths = checkpoint.pop("episode_return"), checkpoint.pop("episode_length")
+    if isinstance(saved, TrustedOldPickle):
+        saved.episode_statistics = (returns, lengths)
+        return
+    for layers, episode_return, episode_length in zip(saved, returns, lengths):
+        layers.insert(0, {"class": "RecordEpisodeStatistics", "generators": {}, "simulators": {},
+                          "data": {"episode_returns": float(episode_return),
+                                   "episode_lengths": int(episode_length)}})
 
 
 def save_checkpoint(path: str, state: dict) -> None:
@@ -331,16 +357,22 @@ def restore_env(make_env: Callable[[], gym.Env], layers: list[dict]) -> gym.Env:
     return env
 
 
-def save_envs(envs: gym.vector.SyncVectorEnv) -> list[list[dict]] | None:
+def save_envs(envs: gym.vector.VectorEnv) -> list[list[dict]] | None:
     """Every environment's state (`env_state`), so a resumed run continues the very same episodes;
-    None where one cannot be saved as data (video recording, for one)."""
-    saved = [env_state(env) for env in envs.envs]
+    None where one cannot be saved as data (video recording, for one). The environments of an
+    AsyncVectorEnv live in worker processes, where each ale-py game saves itself (SavableGame); a
+    SyncVectorEnv's are saved here, and an ale-py game's state is the same either way, so a run
+    saved with --async-envs may resume without it, and the other way round."""
+    if isinstance(envs, gym.vector.SyncVectorEnv):
+        saved = [env_state(env) for env in envs.envs]
+    else:
+        saved = list(envs.call("save_game"))
     return None if any(state is None for state in saved) else saved
 
 
 def restored_envs(env_fns: list[Callable[[], gym.Env]], saved: list) -> list[Callable[[], gym.Env]]:
     """A function per environment that builds it with its function of `env_fns` and puts its state
-    of `saved` (`save_envs`, `save_games`) back: for a SyncVectorEnv, or for the worker processes of
+    of `saved` (`save_envs`) back: for a SyncVectorEnv, or for the worker processes of
     an AsyncVectorEnv, where each game is then rebuilt. The environments of a checkpoint of the
     older format, which the user trusts (TrustedOldPickle), are unpickled instead
     (`unpickled_envs`)."""
@@ -359,22 +391,13 @@ def restored_envs(env_fns: list[Callable[[], gym.Env]], saved: list) -> list[Cal
 
 class SavableGame(gym.Wrapper):
     """The outermost wrapper of an ale-py game: it saves the game it wraps where the game runs. With
-    --async-envs that is a worker process, which `envs.call("save_game")` reaches as it reaches this
-    process's games."""
+    --async-envs that is a worker process, which `envs.call("save_game")` reaches (`save_envs`)."""
 
     def save_game(self) -> list[dict] | None:
         """The game's full state as data (`env_state`: the emulator's, the wrappers' and the random
         generators'); None for the game whose video is being recorded: the recorder is not saved, so
         a resumed run starts new games."""
         return env_state(self)
-
-
-def save_games(envs: gym.vector.VectorEnv) -> list[list[dict]] | None:
-    """Every ale-py game's full state (SavableGame.save_game), so a resumed run continues the very
-    same games; None where that is impossible (video recording). The same for sync and async envs,
-    so a run saved with --async-envs may resume without it, and the other way round."""
-    saved_games = list(envs.call("save_game"))
-    return None if any(saved_game is None for saved_game in saved_games) else saved_games
 
 
 # Checkpoints of the older format (before CHECKPOINT_FORMAT 2) held their environments as pickles.
@@ -390,7 +413,7 @@ def unpickled_envs(saved: TrustedOldPickle | list[TrustedOldPickle]) -> list[Cal
         return [functools.partial(unpickle_game, game) for game in saved]
     items = pickle.loads(saved)
     if all(isinstance(item, gym.Env) for item in items):
-        return [lambda env=env: env for env in items]
+        return with_episode_statistics(items, saved)
     if all(isinstance(rng, dict) for _, rng, _ in items):
         envs = []
         for env, rng, data in items:
@@ -400,9 +423,25 @@ def unpickled_envs(saved: TrustedOldPickle | list[TrustedOldPickle]) -> list[Cal
 
                 mujoco.mj_copyData(env.unwrapped.data, env.unwrapped.model, data)
             envs.append(env)
-        return [lambda env=env: env for env in envs]
+        return with_episode_statistics(envs, saved)
     return [functools.partial(unpickle_game, cloudpickle.dumps((SavableGame(env), emulator, rng)))
             for env, emulator, rng in items]
+
+
+def with_episode_statistics(envs: list[gym.Env],
+                            saved: TrustedOldPickle) -> list[Callable[[], gym.Env]]:
+    """Classic control's or MuJoCo's unpickled environments, each in the RecordEpisodeStatistics
+    that the scripts now wrap around them, holding the running return and length that the
+    checkpoint kept beside them (`episode_statistics_into_envs`), if it did."""
+    statistics = getattr(saved, "episode_statistics", None)
+    if statistics is None:
+        return [lambda env=env: env for env in envs]
+    wrapped = []
+    for env, episode_return, episode_length in zip(envs, *statistics):
+        env = gym.wrappers.RecordEpisodeStatistics(env)
+        env.episode_returns, env.episode_lengths = float(episode_return), int(episode_length)
+        wrapped.append(env)
+    return [lambda env=env: env for env in wrapped]
 
 
 def unpickle_game(saved_game: bytes) -> gym.Env:

@@ -5,16 +5,14 @@
     python ppo/ppo.py --resume runs/<run>/checkpoint.pt           # carry on after Ctrl-C or a crash
     python ppo/ppo.py --evaluate runs/<run>/checkpoint.pt         # score a saved agent
 
-The file reads top to bottom: settings, environments, the agent, GAE, the clipped loss, then the
-training loop in `main()`. Each of the 13 core implementation details of PPO is marked where it
-happens with a comment such as `[Core 5: Generalized Advantage Estimation]`; docs/ppo.md lists them
-all. What a run needs beyond PPO comes from four modules beside this file, one concern each:
-command_line (flags, --resume and --evaluate), checkpoints, run_life (logs, progress, stop signals,
-speed options, evaluation) and exits (exit codes): copy them along with it.
+The file reads top to bottom: the settings, the environments, the agent, GAE and the clipped loss,
+then the training loop in `main()`. The 13 core implementation details of PPO are marked where they
+happen, `[Core 5: Generalized Advantage Estimation]` for one: 1 in make_envs, 2 and 13 in the agent,
+5 in compute_gae, 7 to 10 and 12 in ppo_loss, 3, 4, 6 and 11 in main; docs/ppo.md explains each.
+The run itself (its flags, checkpoints, logs, progress line and stop signals) comes from the modules
+beside this file, written once for every script: copy them along with it.
 """
 
-import os
-from collections import deque
 from dataclasses import dataclass
 
 import gymnasium as gym
@@ -25,17 +23,15 @@ import torch.optim as optim
 from torch.distributions.categorical import Categorical
 
 # The run machinery, beside this file: what a run needs that is not PPO.
-import checkpoints
 import command_line
-import exits
 import run_life
 
 VARIANT = "ppo"  # written into checkpoints, so another variant's checkpoint is refused
 
 
+@command_line.with_run_flags(VARIANT)  # then --seed, --cuda, --track, --save-model, --resume, ...
 @dataclass
 class Args:
-    # The algorithm
     env_id: str = "CartPole-v1"
     """the id of the environment"""
     total_timesteps: int = 500000
@@ -75,66 +71,19 @@ class Args:
     bootstrap_truncated: bool = False
     """if toggled, a time limit is no death: its last reward gets + gamma x V(final observation)"""
 
-    # The run: its name, seed and device, logs, checkpoints and evaluation
-    exp_name: str = VARIANT
-    """the name of this experiment, part of the run name"""
-    seed: int = 1
-    """seed of the experiment (Python, NumPy, PyTorch and the environments)"""
-    torch_deterministic: bool = True
-    """if toggled, sets `torch.backends.cudnn.deterministic`"""
-    cuda: bool = True
-    """if toggled, use CUDA when it is available"""
-    track: bool = False
-    """if toggled, log the run to Weights & Biases (WANDB_MODE=offline works without a network)"""
-    wandb_project_name: str = "ppo-scripts"
-    """the Weights & Biases project"""
-    wandb_entity: str | None = None
-    """the Weights & Biases entity (team); None uses your default"""
-    capture_video: bool = False
-    """if toggled, record videos of the first environment to `videos/<run_name>/`"""
-    save_model: bool = False
-    """if toggled, save runs/<run_name>/checkpoint.pt at the end and when a signal stops the run"""
-    save_interval: int = 100
-    """with --save-model, also save every this many iterations (0: only at the end)"""
-    save_minutes: float = 0.0
-    """with --save-model, also save after this many minutes (0: never): what a crash can lose"""
-    resume: str | None = None
-    """path of a checkpoint to continue training from; the run keeps the checkpoint's settings"""
-    trust_old_checkpoint: bool = False
-    """if toggled, --resume reads old-format checkpoints, which can run code: only your own files"""
-    evaluate: str | None = None
-    """path of a checkpoint to evaluate instead of training"""
-    eval_episodes: int = 10
-    """number of episodes to play with --evaluate"""
-
-    # Speed: how fast the run goes, never what it learns
-    compile: bool = False
-    """if toggled, torch.compile the policy step and minibatch loss (pays on a GPU, slow start)"""
-    cudagraphs: bool = False
-    """if toggled, compile as --compile does and replay both as CUDA graphs (needs CUDA)"""
-
-
-# --------------------------------------------------------------------------------------------------
-# Environments
-# --------------------------------------------------------------------------------------------------
-
 
 def make_env(env_id: str, idx: int, capture_video: bool, video_folder: str,
              video_episodes: int | None = None):
-    """Return a function that builds one environment; video is recorded from the first one only."""
+    """Return a function that builds one environment; video is recorded from the first one only.
+    RecordEpisodeStatistics reports each episode's return and length as it ends."""
 
     def thunk():
+        env = gym.make(env_id, render_mode="rgb_array" if capture_video and idx == 0 else None)
         if capture_video and idx == 0:
-            # The frames are drawn off screen, but pygame starts SDL's video anyway, which on a
-            # machine without a display prints an error; SDL's dummy driver needs none (a user's
-            # choice stands).
-            os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
-            env = run_life.record_video(gym.make(env_id, render_mode="rgb_array"), video_folder,
-                                        video_episodes)
-        else:
-            env = gym.make(env_id)
-        discrete = isinstance(env.observation_space, gym.spaces.Discrete)
-        return one_hot_observations(env) if discrete else env
+            env = run_life.record_video(env, video_folder, video_episodes)
+        if isinstance(env.observation_space, gym.spaces.Discrete):
+            env = one_hot_observations(env)
+        return gym.wrappers.RecordEpisodeStatistics(env)
 
     return thunk
 
@@ -154,39 +103,28 @@ def make_envs(env_id: str, num_envs: int, capture_video: bool = False, video_fol
               saved_envs: list | None = None,
               video_episodes: int | None = None) -> gym.vector.SyncVectorEnv:
     """Build the vector of environments (from `saved_envs`, the very ones a checkpoint saved),
-    checking that this script can train on them.
+    refusing those whose spaces this script cannot train on.
 
     [Core 1: Vectorized architecture] One learner steps `num_envs` copies of the environment in lock
     step, so each rollout holds num_envs x num_steps transitions.
 
-    Autoreset: gymnasium >= 1.0 by default resets a finished sub-environment on the *next* call to
-    step(), returning the reset observation with reward 0 and ignoring the action it was given.
-    Stored as a transition, that step would teach the agent an action that never happened. SAME_STEP
-    mode resets within the step that ends the episode instead: every step() is a real transition,
-    and the observation it returns for a finished environment is already the first of the next
-    episode."""
+    Autoreset (run_life.vector_env): gymnasium's default resets a finished environment on the *next*
+    step(), which then returns the reset observation with reward 0, ignoring its action: stored, it
+    would teach an action that never happened. SAME_STEP mode resets within the step that ends the
+    episode: every step() is a real transition, and the observation it returns for a finished
+    environment is already the first of the next episode."""
     command_line.check_gymnasium_id(env_id, VARIANT)
-    env_fns = [make_env(env_id, i, capture_video, video_folder, video_episodes)
-               for i in range(num_envs)]
-    # the environments built anew, then put back where the checkpoint saved them
-    if saved_envs is not None:
-        env_fns = checkpoints.restored_envs(env_fns, saved_envs)
-    with command_line.packages_checked(env_id, VARIANT):
-        envs = gym.vector.SyncVectorEnv(env_fns, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
-    check_spaces(env_id, envs)
+    envs = run_life.vector_env([make_env(env_id, i, capture_video, video_folder, video_episodes)
+                                for i in range(num_envs)], env_id, VARIANT, saved_envs)
+    command_line.check_spaces(envs, env_id, VARIANT, actions=(gym.spaces.Discrete,))
     return envs
 
 
-# --------------------------------------------------------------------------------------------------
-# Agent
-# --------------------------------------------------------------------------------------------------
-
-
-def layer_init(layer: nn.Linear, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Linear:
+def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Module:
     """[Core 2: Orthogonal initialization of weights, constant initialization of biases] Orthogonal
-    weights with gain sqrt(2) for the hidden layers, openai/baselines' choice, kept for fidelity
-    (sqrt(2) is the gain that suits ReLU; tanh's would be 5/3); the policy head uses 0.01 so the
-    first policy is close to uniform, the value head uses 1."""
+    weights with gain sqrt(2) for the hidden layers (openai/baselines' choice, the gain that suits
+    ReLU), 0.01 for the policy head so that the first policy is close to uniform, 1 for the value
+    head; biases 0."""
     torch.nn.init.orthogonal_(layer.weight, std)
     torch.nn.init.constant_(layer.bias, bias_const)
     return layer
@@ -216,6 +154,7 @@ class Agent(nn.Module):
     def get_value(self, obs: torch.Tensor) -> torch.Tensor:
         return self.critic(obs)
 
+    @run_life.compiled
     def get_action(self, obs: torch.Tensor) -> torch.Tensor:
         """The rollout's policy step: sample actions, and nothing else. The rollout needs only the
         actions at each step; their log-probabilities and values come after it, in one batched pass
@@ -232,11 +171,6 @@ class Agent(nn.Module):
         if action is None:
             action = distribution.sample()
         return action, distribution.log_prob(action), distribution.entropy(), self.critic(obs)
-
-
-# --------------------------------------------------------------------------------------------------
-# Generalized advantage estimation and the PPO loss
-# --------------------------------------------------------------------------------------------------
 
 
 def compute_gae(rewards: np.ndarray, values: np.ndarray, dones: np.ndarray, next_value: np.ndarray,
@@ -265,8 +199,7 @@ def compute_gae(rewards: np.ndarray, values: np.ndarray, dones: np.ndarray, next
 
 def ppo_loss(new_logprob: torch.Tensor, entropy: torch.Tensor, new_value: torch.Tensor,
              old_logprob: torch.Tensor, old_value: torch.Tensor, advantages: torch.Tensor,
-             returns: torch.Tensor, clip_coef: float,
-             args: Args) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+             returns: torch.Tensor, clip_coef: float, args: Args) -> tuple[torch.Tensor, dict]:
     """The PPO objective on one minibatch, with the clipping coefficient of this update; returns the
     loss to minimize and detached statistics."""
     logratio = new_logprob - old_logprob
@@ -291,8 +224,8 @@ def ppo_loss(new_logprob: torch.Tensor, entropy: torch.Tensor, new_value: torch.
     else:
         v_loss = 0.5 * ((new_value - returns) ** 2).mean()
 
-    # [Core 10: Overall loss and entropy bonus] one loss for both networks; the entropy term keeps
-    # the policy exploring.
+    # [Core 10: Overall loss and entropy bonus] one loss for the policy and the value function; the
+    # entropy term keeps the policy exploring.
     entropy_mean = entropy.mean()
     loss = pg_loss - args.ent_coef * entropy_mean + args.vf_coef * v_loss
 
@@ -307,6 +240,7 @@ def ppo_loss(new_logprob: torch.Tensor, entropy: torch.Tensor, new_value: torch.
     return loss, stats
 
 
+@run_life.compiled
 def minibatch_loss(agent: Agent, obs: torch.Tensor, actions: torch.Tensor,
                    old_logprob: torch.Tensor, old_value: torch.Tensor, advantages: torch.Tensor,
                    returns: torch.Tensor, clip_coef: float,
@@ -320,14 +254,11 @@ def minibatch_loss(agent: Agent, obs: torch.Tensor, actions: torch.Tensor,
 def truncated_value(agent: Agent, infos: dict, truncated: np.ndarray,
                     device: torch.device) -> np.ndarray:
     """[Truncation: bootstrap the value of a time limit's final observation] (--bootstrap-truncated)
-    V(final observation) for each environment whose episode the time limit cut off, 0 elsewhere.
-
-    A time limit is not a state of the task: the episode would have gone on, and its return with it.
-    With SAME_STEP autoreset the observation the step returned is already the next episode's; the
-    one the episode ended on is in info["final_obs"]. The caller adds gamma x this value to the
-    step's reward, so that the step's target is r + gamma V(s_final), where GAE, which stops at
-    every episode end, would otherwise take r alone (docs/notes/truncation.md shows that this is the
-    target a GAE bootstrapped at s_final gives)."""
+    V(final observation) for each environment whose episode the time limit cut off, 0 elsewhere. A
+    time limit is not a state of the task: the episode would have gone on. With SAME_STEP autoreset
+    the observation the step returned is already the next episode's; the one the episode ended on is
+    in info["final_obs"]. The caller adds gamma x this value to the step's reward, so that its
+    target is r + gamma V(s_final), where GAE, which stops at every episode end, takes r alone."""
     values = np.zeros(len(truncated), dtype=np.float32)
     if truncated.any():
         final_obs = np.stack(infos["final_obs"][truncated])
@@ -338,54 +269,24 @@ def truncated_value(agent: Agent, infos: dict, truncated: np.ndarray,
     return values
 
 
-def explained_variance(predicted: np.ndarray, target: np.ndarray) -> float:
-    """[Core 12: Debug variables] 1 - Var[target - predicted] / Var[target]: 1 is a perfect value
-    function, 0 no better than a constant, negative worse than one; nan when the targets do not
-    vary."""
-    target_variance = np.var(target)
-    if target_variance == 0:
-        return np.nan
-    return float(1 - np.var(target - predicted) / target_variance)
-
-
-# --------------------------------------------------------------------------------------------------
-# Training
-# --------------------------------------------------------------------------------------------------
-
-
-def episodes_at_start(envs: gym.vector.VectorEnv, checkpoint: dict | None, seed: int):
-    """Where the environments' episodes stand as training starts: the next observation, whether it
-    begins an episode, and each episode's running return and length. A resumed run goes on with the
-    episodes it left (`checkpoint`, whose environments were rebuilt as they were); a new run, or
-    one that starts new episodes (None), resets the environments on `seed`."""
-    if checkpoint is not None:
-        return (checkpoint["next_obs"], checkpoint["next_done"], checkpoint["episode_return"],
-                checkpoint["episode_length"])
-    next_obs, _ = envs.reset(seed=seed)
-    return (next_obs, np.zeros(envs.num_envs, dtype=bool), np.zeros(envs.num_envs),
-            np.zeros(envs.num_envs, dtype=np.int64))
-
-
 def main(args: Args, checkpoint: dict | None = None) -> dict:
-    """Train as `args` says, from `checkpoint` (read by parse_args) with --resume; returns a summary
-    of the run for callers such as tests."""
-    check_args(args)
+    """Train as `args` says, from `checkpoint` (read by command_line.parse_args) with --resume;
+    returns a summary of the run for callers such as tests."""
+    # The run: its flags checked, its name and folder, its device (run_life.Run).
+    run = run_life.Run(args, VARIANT, checkpoint)
+    device = run.device
     batch_size = args.num_envs * args.num_steps
     minibatch_size = batch_size // args.num_minibatches
     num_iterations = args.total_timesteps // batch_size
+    # Python's, NumPy's and PyTorch's random generators start from --seed; the environments are
+    # seeded at their reset, below.
+    run_life.seed_everything(args.seed, args.torch_deterministic)
     # Networks this small run fastest on one thread: more threads cost more in handing work out than
     # they save.
     torch.set_num_threads(1)
-    # The run: its name and folder, device and seeds, and the releases it records.
-    run = run_life.Run(args, VARIANT, checkpoint, num_iterations)
-    device = run.device
 
-    # A resumed run goes on with the saved environments, the very episodes it left; they cannot
-    # record video, so with --capture-video it starts new ones instead (and no longer ends exactly
-    # as an unbroken run would).
-    saved_envs = checkpoint["envs"] if checkpoint and not args.capture_video else None
     envs = make_envs(args.env_id, args.num_envs, args.capture_video, run.video_folder,
-                     saved_envs=saved_envs)
+                     saved_envs=run.saved_envs)
     obs_shape = envs.single_observation_space.shape
     agent = Agent(obs_shape[0], envs.single_action_space.n).to(device)
     # [Core 3: The Adam optimizer's epsilon parameter] 1e-5 as in the original code, not PyTorch's
@@ -393,12 +294,6 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
     # gradients are tiny, which Adam would otherwise scale up to full size. fused=True: the same
     # Adam, in one kernel for all parameters instead of a dozen small ops each.
     optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
-    # policy_step (the rollout's call of the agent) and loss_on_minibatch (the update's): the two
-    # functions as they are, or [Speed: torch.compile] compiled into a few fused kernels, so that a
-    # GPU does not wait for Python to launch many small ones.
-    policy_step, loss_on_minibatch = run_life.compiled(args, agent.get_action, minibatch_loss)
-    writer = run.open_logs(batch_size=batch_size, minibatch_size=minibatch_size,
-                           num_iterations=num_iterations)
 
     # Rollout storage, (num_steps, num_envs, ...), refilled every iteration. It is kept in NumPy,
     # beside the environments, and the whole batch moves to the training device once per iteration.
@@ -407,15 +302,15 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
     rewards = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
     dones = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
 
-    # Where the run starts: its iteration and step (0 unless resumed), where each environment's
-    # episode stands (new episodes begin on seeds that a resumed run has not played yet), and the
-    # returns of the latest finished episodes.
-    start_iteration, global_step = run.start(agent, optimizer, new_episodes=saved_envs is None)
-    next_obs, next_done, episode_return, episode_length = episodes_at_start(
-        envs, checkpoint if saved_envs is not None else None, seed=args.seed + global_step)
-    recent_returns = deque(checkpoint["recent_returns"] if checkpoint else [], maxlen=20)
+    # The run starts: its logs open and, resumed, it takes back its weights, optimizer, random
+    # generators and step count. The environments go on where the checkpoint left them, or are
+    # reset on seeds that a resumed run has not played yet.
+    global_step = run.start(agent, optimizer, num_iterations, envs, batch_size=batch_size,
+                            minibatch_size=minibatch_size)
+    next_obs, next_done = run.resumed("next_obs", "next_done") or (
+        envs.reset(seed=args.seed + global_step)[0], np.zeros(args.num_envs, dtype=bool))
 
-    for iteration in range(start_iteration + 1, num_iterations + 1):
+    for iteration in run.iterations():  # resumed: from the checkpoint's; a stop signal ends them
         # [Core 4: Adam learning rate annealing] linearly from learning_rate toward 0, which the end
         # of the run would reach: the last iteration uses learning_rate / num_iterations.
         # --anneal-clip lowers the clipping coefficient alike.
@@ -431,30 +326,22 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
             dones[step] = next_done
 
             with torch.inference_mode():
-                action = policy_step(torch.as_tensor(next_obs, dtype=torch.float32, device=device))
+                action = agent.get_action(torch.as_tensor(next_obs, dtype=torch.float32,
+                                                          device=device))
             # [Speed: one host transfer per step] the sampled action is the only thing the rollout
             # brings back from the device; log-probabilities and values wait for the batched pass
             # below.
             actions[step] = action.cpu().numpy()
 
             next_obs, reward, terminations, truncations, infos = envs.step(actions[step])
-            # A time-limit truncation ends the episode like a termination, as in the original PPO...
+            # A time limit ends the episode like a termination, as in the original PPO...
             next_done = np.logical_or(terminations, truncations)
             rewards[step] = reward
             if args.bootstrap_truncated:  # ...unless the run values what the time limit cut off
                 cut_off = truncations & ~terminations
                 rewards[step] += args.gamma * truncated_value(agent, infos, cut_off, device)
-
-            episode_return += reward
-            episode_length += 1
-            for i in np.flatnonzero(next_done):
-                writer.add_scalar("charts/episodic_return", episode_return[i], global_step)
-                writer.add_scalar("charts/episodic_length", episode_length[i], global_step)
-                recent_returns.append(episode_return[i])
-            episode_return[next_done] = 0.0
-            episode_length[next_done] = 0
-            # within a long rollout too, every few seconds
-            run.print_progress(global_step, recent_returns)
+            # the episodes that ended, logged with their scores; and the progress line now and then
+            run.record_step(global_step, run_life.finished_episodes(infos))
 
         # Flatten the rollout into one batch of num_envs x num_steps transitions.
         # b_ names an array of the whole batch, mb_ one of a minibatch.
@@ -486,10 +373,10 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
             epoch_inds = torch.from_numpy(b_inds).to(device)
             for start in range(0, batch_size, minibatch_size):
                 mb_inds = epoch_inds[start:start + minibatch_size]
-                loss, stats = loss_on_minibatch(agent, b_obs[mb_inds], b_actions[mb_inds],
-                                                b_logprobs[mb_inds],
-                                                b_values[mb_inds], b_advantages[mb_inds],
-                                                b_returns[mb_inds], clip_coef, args)
+                loss, stats = minibatch_loss(agent, b_obs[mb_inds], b_actions[mb_inds],
+                                             b_logprobs[mb_inds], b_values[mb_inds],
+                                             b_advantages[mb_inds], b_returns[mb_inds], clip_coef,
+                                             args)
                 optimizer.zero_grad()
                 loss.backward()
                 # [Core 11: Global gradient clipping] when the norm of all gradients together
@@ -506,140 +393,28 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
             if args.target_kl is not None and minibatch_stats[-1]["approx_kl"] > args.target_kl:
                 break
 
-        # [Core 12: Debug variables] averaged over every minibatch of this update.
+        # [Core 12: Debug variables] averaged over every minibatch of this update. The iteration's
+        # end (run.end_iteration): a NaN or infinity stops the run in one line; else the logs (with
+        # the values' explained variance), the progress line and, when due, a checkpoint.
         means = {key: torch.stack([s[key] for s in minibatch_stats]).mean().item()
                  for key in minibatch_stats[0]}
-        # a NaN or infinity ends the run here, in one line
-        run.stop_if_diverged(global_step, means, agent)
-        writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
-        for key in ("value_loss", "policy_loss", "entropy", "old_approx_kl", "approx_kl",
-                    "clipfrac"):
-            writer.add_scalar(f"losses/{key}", means[key], global_step)
-        writer.add_scalar("losses/explained_variance",
-                          explained_variance(host_values.reshape(-1), returns.reshape(-1)),
-                          global_step)
-        writer.add_scalar("charts/SPS", run.steps_per_second(global_step), global_step)
-        run.print_progress(global_step, recent_returns, iteration)
-
-        if run.checkpoint_due(iteration):
-            run.save_checkpoint(iteration, global_step, agent, optimizer,
-                                envs=checkpoints.save_envs(envs), next_obs=next_obs,
-                                next_done=next_done, episode_return=episode_return.copy(),
-                                episode_length=episode_length.copy(),
-                                recent_returns=list(recent_returns))
-        if run.stopping:  # Ctrl-C, kill or Slurm: this iteration was finished, logged and saved
-            break
+        run.end_iteration(iteration, global_step, means, host_values.reshape(-1),
+                          returns.reshape(-1), next_obs=next_obs, next_done=next_done)
 
     envs.close()
-    run.finish(global_step)
-    return {"run_name": run.name, "global_step": global_step, "interrupted": run.stopping,
-            "recent_returns": list(recent_returns), "agent": agent}
+    return run.finish(global_step, agent=agent)
 
 
 def evaluate(args: Args, checkpoint: dict) -> list[float]:
     """--evaluate: play episodes with the saved agent, its actions sampled as in training."""
-    check_args(args)
-    # the device and seeds; prints the returns
-    evaluation = run_life.Evaluation(args, VARIANT, checkpoint)
+    evaluation = run_life.Evaluation(args, VARIANT, checkpoint)  # the device and seeds
     envs = make_envs(args.env_id, 1, args.capture_video, evaluation.video_folder,
                      video_episodes=args.eval_episodes)
     agent = evaluation.load(Agent(envs.single_observation_space.shape[0],
                                   envs.single_action_space.n))
-    obs, _ = envs.reset(seed=evaluation.seed)
-    episode_return = 0.0
-    while evaluation.playing:
-        with torch.inference_mode():
-            action = agent.get_action(torch.as_tensor(obs, dtype=torch.float32,
-                                                      device=evaluation.device))
-        obs, reward, terminated, truncated, _ = envs.step(action.cpu().numpy())
-        episode_return += float(reward[0])
-        if terminated[0] or truncated[0]:
-            evaluation.episode_ended(episode_return)
-            episode_return = 0.0
-    envs.close()
-    return evaluation.report()
-
-
-# --------------------------------------------------------------------------------------------------
-# The command line: which settings a resumed run may change, and which settings and environments
-# make no run at all
-# --------------------------------------------------------------------------------------------------
-
-# Settings that may differ between a run and its resumption; every other field must stay the same.
-RUNTIME_FIELDS = {"cuda", "track", "wandb_project_name", "wandb_entity", "capture_video",
-                  "save_model", "save_interval", "save_minutes", "resume", "evaluate",
-                  "eval_episodes", "compile", "cudagraphs"}
-# The training setting an evaluation also reads and may change: the seed of its games.
-EVALUATION_FIELDS = {"seed"}
-
-
-def parse_args(argv: list[str] | None = None) -> tuple[Args, dict | None]:
-    """The settings of the command line, and the checkpoint that --resume or --evaluate names."""
-    return command_line.parse_args(Args, VARIANT, RUNTIME_FIELDS, EVALUATION_FIELDS, argv,
-                                   doc=__doc__)
-
-
-def check_args(args: Args) -> None:
-    """Refuse settings that cannot make a valid run, before any environment is built: first each
-    flag on its own, then the sizes that must fit together."""
-    # (flags, what each must be, which values are allowed)
-    command_line.check_rules(args, VARIANT, [
-        ("env_id", "an environment id such as CartPole-v1", lambda value: value.strip() != ""),
-        ("seed", "a whole number from 0 to 2**31 - 1", lambda value: 0 <= value < 2**31),
-        ("save_interval", "0 (save only at the end) or more", lambda value: value >= 0),
-        ("save_minutes", "0 (never save by the clock) or more", lambda value: 0 <= value < np.inf),
-        ("eval_episodes total_timesteps num_envs num_steps num_minibatches update_epochs", "at "
-                                                                                           "least "
-                                                                                           "1",
-         lambda value: value >= 1),
-        ("learning_rate", "a finite number above 0", lambda value: 0 < value < np.inf),
-        ("gamma gae_lambda", "between 0 and 1", lambda value: 0 <= value <= 1),
-        ("clip_coef max_grad_norm", "above 0", lambda value: value > 0),
-        ("ent_coef vf_coef", "0 or more", lambda value: value >= 0),
-        ("target_kl", "above 0 (leave it out to never stop early)",
-         lambda value: value is None or value > 0),
-    ])
-    batch_size = args.num_envs * args.num_steps
-    if batch_size % args.num_minibatches != 0:
-        exits.fail(VARIANT, f"--num-envs x --num-steps = {batch_size} does not divide into "
-                            f"--num-minibatches {args.num_minibatches} equal minibatches: pick "
-                            "sizes whose product is a multiple of it")
-    if args.norm_adv and batch_size // args.num_minibatches < 2:
-        exits.fail(VARIANT, f"minibatches of {batch_size // args.num_minibatches} transition "
-                            "cannot be normalized (--norm-adv divides by their standard "
-                            "deviation): use fewer --num-minibatches or a larger batch")
-    if args.total_timesteps < batch_size:
-        exits.fail(VARIANT, f"--total-timesteps {args.total_timesteps} is smaller than one batch "
-                            f"(--num-envs x --num-steps = {batch_size}): raise it or shrink the "
-                            "batch")
-
-
-
-def check_spaces(env_id: str, envs: gym.vector.VectorEnv) -> None:
-    """Refuse environments whose spaces this script cannot train on, naming the script that can.
-    (Discrete observations arrive here one-hot encoded, as flat vectors: see
-    one_hot_observations.)"""
-    action_space = envs.single_action_space
-    if not isinstance(action_space, gym.spaces.Discrete):
-        hint = ("use ppo/ppo_continuous_action.py for Box actions"
-                if isinstance(action_space, gym.spaces.Box) else
-                "no script here samples several actions at once: expose them as one Discrete "
-                "action (one per combination) in your environment")
-        exits.fail(VARIANT, f"{env_id} has a {type(action_space).__name__} action space but ppo.py "
-                            f"needs Discrete actions: {hint}")
-    space = envs.single_observation_space
-    if not isinstance(space, gym.spaces.Box) or len(space.shape) != 1:
-        if isinstance(space, (gym.spaces.Dict, gym.spaces.Tuple)):
-            hint = (": flatten them into one vector (gymnasium.wrappers.FlattenObservation) in "
-                    "your environment")
-        else:
-            images = len(getattr(space, "shape", ())) == 3
-            hint = ": use ppo/ppo_atari.py for images" if images else ""
-        exits.fail(VARIANT, f"{env_id} observations are {type(space).__name__}, but ppo.py needs "
-                            f"flat vectors (a one-dimensional Box){hint}")
+    return evaluation.play(envs, lambda obs, _: agent.get_action(
+        torch.as_tensor(obs, dtype=torch.float32, device=evaluation.device)).cpu().numpy())
 
 
 if __name__ == "__main__":
-    args, checkpoint = parse_args()
-    exits.run_and_exit(evaluate if args.evaluate else main, args, checkpoint, VARIANT,
-                       pip_extra="classic-control")
+    command_line.run_script(main, evaluate, Args, VARIANT, __doc__, pip_extra="classic-control")

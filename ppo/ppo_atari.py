@@ -6,14 +6,13 @@
     python ppo/ppo_atari.py --evaluate runs/<run>/checkpoint.pt # score a saved agent
 
 ppo/ppo.py with what Atari needs: the standard preprocessing wrappers and a shared convolutional
-network. The 13 core details of PPO are marked `[Core N: ...]` as in ppo.py, the 9 Atari details
-`[Atari N: ...]`; docs/ppo_atari.md lists them all. What a run needs beyond PPO comes from four
-modules beside this file, one concern each: command_line (flags, --resume and --evaluate),
-checkpoints, run_life (logs, progress, stop signals, speed options, evaluation) and exits (exit
-codes): copy them along with it.
+network. The 13 core implementation details of PPO are marked where they happen, as in ppo.py (13
+gives way to Atari 8), and so are the 9 Atari details: 1 to 7 in make_env and its wrappers, 8 and
+9 in the agent; docs/ppo_atari.md explains each.
+The run itself (its flags, checkpoints, logs, progress line and stop signals) comes from the modules
+beside this file, written once for every script: copy them along with it.
 """
 
-from collections import deque
 from dataclasses import dataclass
 
 import gymnasium as gym
@@ -26,20 +25,14 @@ from torch.distributions.categorical import Categorical
 # The run machinery, beside this file: what a run needs that is not PPO.
 import checkpoints
 import command_line
-import exits
 import run_life
-
-try:
-    import ale_py
-except ImportError:  # reported with the command that installs it when an environment is made
-    ale_py = None
 
 VARIANT = "ppo_atari"  # written into checkpoints, so another variant's checkpoint is refused
 
 
+@command_line.with_run_flags(VARIANT)  # then --seed, --cuda, --track, --save-model, --resume, ...
 @dataclass
 class Args:
-    # The algorithm
     env_id: str = "BreakoutNoFrameskip-v4"
     """the id of the environment: an ale-py game, `<Game>NoFrameskip-v4` or `ALE/<Game>-v5`"""
     total_timesteps: int = 10000000
@@ -78,62 +71,16 @@ class Args:
     """if set, stop the update epochs early once the approximate KL exceeds it"""
     bootstrap_truncated: bool = False
     """if toggled, a time limit is no death: its last reward gets + gamma x V(final observation)"""
-
-    # The run: its name, seed and device, logs, checkpoints and evaluation
-    exp_name: str = VARIANT
-    """the name of this experiment, part of the run name"""
-    seed: int = 1
-    """seed of the experiment (Python, NumPy, PyTorch and the environments)"""
-    torch_deterministic: bool = True
-    """if toggled, sets `torch.backends.cudnn.deterministic`"""
-    cuda: bool = True
-    """if toggled, use CUDA when it is available"""
-    track: bool = False
-    """if toggled, log the run to Weights & Biases (WANDB_MODE=offline works without a network)"""
-    wandb_project_name: str = "ppo-scripts"
-    """the Weights & Biases project"""
-    wandb_entity: str | None = None
-    """the Weights & Biases entity (team); None uses your default"""
-    capture_video: bool = False
-    """if toggled, record videos of the first environment to `videos/<run_name>/`"""
-    save_model: bool = False
-    """if toggled, save runs/<run_name>/checkpoint.pt at the end and when a signal stops the run"""
-    save_interval: int = 100
-    """with --save-model, also save every this many iterations (0: only at the end)"""
-    save_minutes: float = 0.0
-    """with --save-model, also save after this many minutes (0: never): what a crash can lose"""
-    resume: str | None = None
-    """path of a checkpoint to continue training from; the run keeps the checkpoint's settings"""
-    trust_old_checkpoint: bool = False
-    """if toggled, --resume reads old-format checkpoints, which can run code: only your own files"""
-    evaluate: str | None = None
-    """path of a checkpoint to evaluate instead of training"""
-    eval_episodes: int = 10
-    """number of games to play with --evaluate"""
-
-    # Speed: how fast the run goes, never what it learns
-    compile: bool = False
-    """if toggled, torch.compile the policy step and minibatch loss (pays on a GPU, slow start)"""
-    cudagraphs: bool = False
-    """if toggled, compile as --compile does and replay both as CUDA graphs (needs CUDA)"""
-    async_envs: bool = False
+    async_envs: command_line.ResumeMayChange[bool] = False
     """if toggled, step each game in a worker process of its own, all at once, not one by one"""
-
-
-# --------------------------------------------------------------------------------------------------
-# Environments: the Atari preprocessing
-# --------------------------------------------------------------------------------------------------
 
 
 class EpisodicLife(gym.Wrapper):
     """[Atari 3: EpisodicLifeEnv] Losing a life ends the episode for training (terminated=True), so
     the value of the state before a lost life is not bootstrapped from the next life. The game
-    itself goes on: after a lost life, reset() takes one no-op step instead of restarting the game,
-    and only a game that is really over is reset.
-
-    gymnasium's AtariPreprocessing(terminal_on_life_loss=True) is not the same: its environment is
-    then reset by the vector env, so every life would start a new game and the agent would never see
-    the later stages of a game."""
+    itself goes on: after a lost life, reset() takes one no-op step instead of restarting the game.
+    (gymnasium's AtariPreprocessing(terminal_on_life_loss=True) lets the vector env reset the game
+    at every lost life: the agent would never see a game's later stages.)"""
 
     def __init__(self, env: gym.Env):
         super().__init__(env)
@@ -185,18 +132,22 @@ def make_env(env_id: str, idx: int, capture_video: bool, video_folder: str,
     one only, at the game's full frame rate and in color, one file per real game."""
 
     def thunk():
-        # frameskip=1 for every id: the preprocessing below skips frames itself. ALE/<Game>-v5 would
-        # otherwise skip 4 frames per step on its own, and with the 4 below each step would span 16
-        # frames. v5's sticky actions (repeat_action_probability=0.25) are kept: they are what the
-        # v5 ids stand for. For the published setting use <Game>NoFrameskip-v4, which has none.
+        import ale_py
+        import cv2  # installed with ale-py: the atari extra holds both
+        # OpenCV resizes the frames on one thread (with --async-envs the games' worker processes
+        # share the cores), and ale-py prints no banner per game.
+        cv2.setNumThreads(1)
+        ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Error)
+        # frameskip=1 for every id: the preprocessing below skips frames itself (ALE/<Game>-v5 would
+        # skip 4 more). v5's sticky actions (repeat_action_probability=0.25) are kept: they are what
+        # the v5 ids stand for. The published setting is <Game>NoFrameskip-v4, which has none.
         env = gym.make(env_id, frameskip=1,
                        render_mode="rgb_array" if capture_video and idx == 0 else None)
         if capture_video and idx == 0:
             env = run_life.record_video(env, video_folder, video_episodes)
-        # gymnasium's AtariPreprocessing carries out three of the details as the original wrappers
-        # do, with one difference: it max-pools two grayscale frames where the original max-pools
-        # two color frames and then converts them. Breakout's observations come out identical; in
-        # Pong 0.2% of the pixels differ (tests/test_ppo_atari.py, docs/ppo_atari.md).
+        # gymnasium's AtariPreprocessing carries out three details as the original wrappers do, but
+        # it max-pools two grayscale frames where they max-pool two color ones and then convert:
+        # Breakout's frames come out the same, 0.2% of Pong's pixels differ (docs/ppo_atari.md).
         env = gym.wrappers.AtariPreprocessing(
             env,
             # [Atari 1: NoopResetEnv] 1 to 30 no-op frames (random) at the start of each game
@@ -209,9 +160,8 @@ def make_env(env_id: str, idx: int, capture_video: bool, video_folder: str,
             grayscale_obs=True,
             terminal_on_life_loss=False,  # lives are handled by EpisodicLife below
         )
-        # Below EpisodicLife and the reward clipping, this wrapper sees the real game: it adds the
-        # game's unclipped score and length to `info` when the game is over, not when a life is
-        # lost.
+        # Below EpisodicLife and the reward clipping, this wrapper sees the real game: it reports
+        # the game's unclipped score and length when the game is over, not when a life is lost.
         env = gym.wrappers.RecordEpisodeStatistics(env)
         env = EpisodicLife(env)
         if "FIRE" in env.unwrapped.get_action_meanings():
@@ -220,8 +170,7 @@ def make_env(env_id: str, idx: int, capture_video: bool, video_folder: str,
         # (gymnasium's ClipReward clips to a range; TransformReward with np.sign is the original.)
         env = gym.wrappers.TransformReward(env, np.sign)
         # [Atari 7: FrameStack] the last 4 frames as one (4, 84, 84) observation, so that motion is
-        # visible. gymnasium's FrameStackObservation fills the stack with the first frame on reset,
-        # as the original does.
+        # visible; on reset the stack is filled with the first frame, as the original does.
         env = gym.wrappers.FrameStackObservation(env, stack_size=4)
         return checkpoints.SavableGame(env)  # saves the game for a checkpoint, where the game runs
 
@@ -231,62 +180,32 @@ def make_env(env_id: str, idx: int, capture_video: bool, video_folder: str,
 def make_envs(env_id: str, num_envs: int, capture_video: bool = False, video_folder: str = "videos",
               saved_envs: list | None = None, async_envs: bool = False,
               video_episodes: int | None = None) -> gym.vector.VectorEnv:
-    """Build the vector of preprocessed games (from `saved_envs`, the very games a checkpoint
-    saved), checking that this script can train on them.
+    """Build the vector of environments (from `saved_envs`, the very ones a checkpoint saved),
+    refusing those whose spaces this script cannot train on.
 
-    [Core 1: Vectorized architecture] One learner steps `num_envs` copies of the game in lock step,
-    so each rollout holds num_envs x num_steps transitions.
+    [Core 1: Vectorized architecture] One learner steps `num_envs` copies of the environment in lock
+    step, so each rollout holds num_envs x num_steps transitions.
 
-    Autoreset: SAME_STEP, as in ppo.py: the step that ends an episode (here also a lost life) resets
-    it, so every stored step is a real transition.
-
-    [Speed: asynchronous environments] With async_envs each game runs in its own worker process and
-    all of them step at once; the frames come back through shared memory. The games, their seeds and
-    so their frames are the same as in this process: only the time differs.
-    """
-    check_env_id(env_id)
-    env_fns = [make_env(env_id, i, capture_video, video_folder, video_episodes)
-               for i in range(num_envs)]
-    # the games built anew, then put back where the checkpoint saved them
-    if saved_envs is not None:
-        env_fns = checkpoints.restored_envs(env_fns, saved_envs)
-    if async_envs:
-        envs = run_life.async_vector_env(env_fns, prepare_worker)
-    else:
-        envs = gym.vector.SyncVectorEnv(env_fns, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
-    check_spaces(env_id, envs)
+    Autoreset (run_life.vector_env): gymnasium's default resets a finished environment on the *next*
+    step(), which then returns the reset observation with reward 0, ignoring its action: stored, it
+    would teach an action that never happened. SAME_STEP mode resets within the step that ends the
+    episode: every step() is a real transition, and the observation it returns for a finished
+    environment is already the first of the next episode."""
+    command_line.check_gymnasium_id(env_id, VARIANT, atari=True)
+    # [Speed: asynchronous environments] With async_envs each game steps in a worker process of its
+    # own, all at once; the same games, seeds and frames as in this process, in less time.
+    envs = run_life.vector_env([make_env(env_id, i, capture_video, video_folder, video_episodes)
+                                for i in range(num_envs)], env_id, VARIANT, saved_envs, async_envs)
+    command_line.check_spaces(envs, env_id, VARIANT, actions=(gym.spaces.Discrete,),
+                              vector_observations=False)
     return envs
 
 
-def prepare_worker() -> None:
-    """Ready a worker process of --async-envs before its game is built: OpenCV resizes the frames on
-    one thread (the other workers have the other cores), and ale-py prints no banner per game."""
-    import cv2  # installed with ale-py: the atari extra holds both
-
-    cv2.setNumThreads(1)
-    ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Error)
-
-
-def finished_games(infos: dict) -> list[tuple[int, float, int]]:
-    """(env index, score, length) of every game that ended in this step. RecordEpisodeStatistics
-    reports a game only when it is really over; the vector env files the report of a step that ended
-    an episode under `final_info`."""
-    final = infos.get("final_info", {})
-    if "episode" not in final:
-        return []
-    return [(int(i), float(final["episode"]["r"][i]), int(final["episode"]["l"][i]))
-            for i in np.flatnonzero(final["_episode"])]
-
-
-# --------------------------------------------------------------------------------------------------
-# Agent
-# --------------------------------------------------------------------------------------------------
-
-
 def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Module:
-    """[Core 2: Orthogonal initialization of weights, constant initialization of biases]
-    Orthogonal weights scaled by sqrt(2) for the ReLU layers, 0.01 for the policy head so the first
-    policy is close to uniform, 1 for the value head; biases 0."""
+    """[Core 2: Orthogonal initialization of weights, constant initialization of biases] Orthogonal
+    weights with gain sqrt(2) for the hidden layers (openai/baselines' choice, the gain that suits
+    ReLU), 0.01 for the policy head so that the first policy is close to uniform, 1 for the value
+    head; biases 0."""
     torch.nn.init.orthogonal_(layer.weight, std)
     torch.nn.init.constant_(layer.bias, bias_const)
     return layer
@@ -294,9 +213,8 @@ def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.
 
 class Agent(nn.Module):
     """[Atari 8: Shared Nature-CNN] One convolutional trunk (Mnih et al., 2015) feeds both heads:
-    the image features are what both the policy and the value function need, and learning them once
-    is cheaper. This replaces [Core 13: Separate MLP networks for policy and value functions] of
-    ppo.py."""
+    both the policy and the value need the image's features, and learning them once is cheaper. It
+    replaces [Core 13: Separate MLP networks for policy and value functions] of ppo.py."""
 
     def __init__(self, num_actions: int):
         super().__init__()
@@ -326,6 +244,7 @@ class Agent(nn.Module):
     def get_value(self, obs: torch.Tensor) -> torch.Tensor:
         return self.critic(self.features(obs))
 
+    @run_life.compiled
     def get_action_and_value(self, obs: torch.Tensor, action: torch.Tensor | None = None):
         """Sample an action (or score a given one): returns action, log-prob, entropy and value."""
         hidden = self.features(obs)
@@ -336,11 +255,6 @@ class Agent(nn.Module):
         return action, distribution.log_prob(action), distribution.entropy(), self.critic(hidden)
 
 
-# --------------------------------------------------------------------------------------------------
-# Generalized advantage estimation and the PPO loss
-# --------------------------------------------------------------------------------------------------
-
-
 def compute_gae(rewards: np.ndarray, values: np.ndarray, dones: np.ndarray, next_value: np.ndarray,
                 next_done: np.ndarray, gamma: float,
                 gae_lambda: float) -> tuple[np.ndarray, np.ndarray]:
@@ -348,8 +262,8 @@ def compute_gae(rewards: np.ndarray, values: np.ndarray, dones: np.ndarray, next
 
     All arrays are (num_steps, num_envs) except next_value and next_done, (num_envs,), which
     describe the observation after the last step. dones[t] is 1 when obs[t] is the first observation
-    of a new episode (here: of a new life), that is, when the step before it ended one: then nothing
-    flows back across t."""
+    of a new episode, that is, when the step before it ended an episode: then nothing flows back
+    across t."""
     num_steps = rewards.shape[0]
     advantages = np.zeros_like(rewards)
     last_advantage = np.zeros_like(next_value)
@@ -367,8 +281,7 @@ def compute_gae(rewards: np.ndarray, values: np.ndarray, dones: np.ndarray, next
 
 def ppo_loss(new_logprob: torch.Tensor, entropy: torch.Tensor, new_value: torch.Tensor,
              old_logprob: torch.Tensor, old_value: torch.Tensor, advantages: torch.Tensor,
-             returns: torch.Tensor, clip_coef: float,
-             args: Args) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+             returns: torch.Tensor, clip_coef: float, args: Args) -> tuple[torch.Tensor, dict]:
     """The PPO objective on one minibatch, with the clipping coefficient of this update; returns the
     loss to minimize and detached statistics."""
     logratio = new_logprob - old_logprob
@@ -393,7 +306,7 @@ def ppo_loss(new_logprob: torch.Tensor, entropy: torch.Tensor, new_value: torch.
     else:
         v_loss = 0.5 * ((new_value - returns) ** 2).mean()
 
-    # [Core 10: Overall loss and entropy bonus] one loss for the shared network and both heads; the
+    # [Core 10: Overall loss and entropy bonus] one loss for the policy and the value function; the
     # entropy term keeps the policy exploring.
     entropy_mean = entropy.mean()
     loss = pg_loss - args.ent_coef * entropy_mean + args.vf_coef * v_loss
@@ -409,6 +322,7 @@ def ppo_loss(new_logprob: torch.Tensor, entropy: torch.Tensor, new_value: torch.
     return loss, stats
 
 
+@run_life.compiled
 def minibatch_loss(agent: Agent, obs: torch.Tensor, actions: torch.Tensor,
                    old_logprob: torch.Tensor, old_value: torch.Tensor, advantages: torch.Tensor,
                    returns: torch.Tensor, clip_coef: float,
@@ -422,66 +336,36 @@ def minibatch_loss(agent: Agent, obs: torch.Tensor, actions: torch.Tensor,
 def truncated_value(agent: Agent, infos: dict, truncated: np.ndarray,
                     device: torch.device) -> np.ndarray:
     """[Truncation: bootstrap the value of a time limit's final observation] (--bootstrap-truncated)
-    V(final observation) for each game that the time limit cut off, 0 elsewhere.
-
-    A time limit is not a state of the game: it would have gone on, and its score with it. With
-    SAME_STEP autoreset the observation the step returned is already the next game's; the one the
-    game ended on, its four frames stacked as the agent sees them, is in info["final_obs"]. The
-    caller adds gamma x this value to the step's (clipped) reward, so that the step's target is
-    r + gamma V(s_final) where GAE, which stops at every episode end, would otherwise take r
-    alone."""
+    V(final observation) for each environment whose episode the time limit cut off, 0 elsewhere. A
+    time limit is not a state of the task: the episode would have gone on. With SAME_STEP autoreset
+    the observation the step returned is already the next episode's; the one the episode ended on is
+    in info["final_obs"]. The caller adds gamma x this value to the step's reward, so that its
+    target is r + gamma V(s_final), where GAE, which stops at every episode end, takes r alone."""
     values = np.zeros(len(truncated), dtype=np.float32)
     if truncated.any():
         final_obs = np.stack(infos["final_obs"][truncated])
         with torch.inference_mode():
-            final_value = agent.get_value(torch.as_tensor(final_obs, device=device))
+            final_value = agent.get_value(torch.as_tensor(final_obs, dtype=torch.float32,
+                                                          device=device))
         values[truncated] = final_value.flatten().cpu().numpy()
     return values
 
 
-def explained_variance(predicted: np.ndarray, target: np.ndarray) -> float:
-    """[Core 12: Debug variables] 1 - Var[target - predicted] / Var[target]: 1 is a perfect value
-    function, 0 no better than a constant, negative worse than one; nan when the targets do not
-    vary."""
-    target_variance = np.var(target)
-    if target_variance == 0:
-        return np.nan
-    return float(1 - np.var(target - predicted) / target_variance)
-
-
-# --------------------------------------------------------------------------------------------------
-# Training
-# --------------------------------------------------------------------------------------------------
-
-
-def episodes_at_start(envs: gym.vector.VectorEnv, checkpoint: dict | None, seed: int):
-    """Where the games stand as training starts: the next observation, and whether it begins an
-    episode (a life). A resumed run goes on with the games it left (`checkpoint`, whose games were
-    rebuilt as they were, their statistics with them); a new run, or one that starts new games
-    (None), resets the games on `seed`."""
-    if checkpoint is not None:
-        return checkpoint["next_obs"], checkpoint["next_done"]
-    next_obs, _ = envs.reset(seed=seed)
-    return next_obs, np.zeros(envs.num_envs, dtype=bool)
-
-
 def main(args: Args, checkpoint: dict | None = None) -> dict:
-    """Train as `args` says, from `checkpoint` (read by parse_args) with --resume; returns a summary
-    of the run for callers such as tests."""
-    check_args(args)
+    """Train as `args` says, from `checkpoint` (read by command_line.parse_args) with --resume;
+    returns a summary of the run for callers such as tests."""
+    # The run: its flags checked, its name and folder, its device (run_life.Run).
+    run = run_life.Run(args, VARIANT, checkpoint, env_package="ale-py")
+    device = run.device
     batch_size = args.num_envs * args.num_steps
     minibatch_size = batch_size // args.num_minibatches
     num_iterations = args.total_timesteps // batch_size
-    # The run: its name and folder, device and seeds, and the releases it records.
-    run = run_life.Run(args, VARIANT, checkpoint, num_iterations, env_package="ale-py")
-    device = run.device
+    # Python's, NumPy's and PyTorch's random generators start from --seed; the environments are
+    # seeded at their reset, below.
+    run_life.seed_everything(args.seed, args.torch_deterministic)
 
-    # A resumed run goes on with the saved environments, the very episodes it left; they cannot
-    # record video, so with --capture-video it starts new ones instead (and no longer ends exactly
-    # as an unbroken run would).
-    saved_envs = checkpoint["envs"] if checkpoint and not args.capture_video else None
     envs = make_envs(args.env_id, args.num_envs, args.capture_video, run.video_folder,
-                     saved_envs=saved_envs, async_envs=args.async_envs)
+                     saved_envs=run.saved_envs, async_envs=args.async_envs)
     obs_shape = envs.single_observation_space.shape  # (4, 84, 84)
     agent = Agent(envs.single_action_space.n).to(device)
     # [Core 3: The Adam optimizer's epsilon parameter] 1e-5 as in the original code, not PyTorch's
@@ -489,19 +373,10 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
     # gradients are tiny, which Adam would otherwise scale up to full size. fused=True: the same
     # Adam, in one kernel for all parameters instead of a dozen small ops each.
     optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
-    # policy_step (the rollout's call of the agent) and loss_on_minibatch (the update's): the two
-    # functions as they are, or [Speed: torch.compile] compiled into a few fused kernels, so that a
-    # GPU does not wait for Python to launch many small ones.
-    policy_step, loss_on_minibatch = run_life.compiled(args, agent.get_action_and_value,
-                                                       minibatch_loss)
-    writer = run.open_logs(batch_size=batch_size, minibatch_size=minibatch_size,
-                           num_iterations=num_iterations)
 
-    # Rollout storage, (num_steps, num_envs, ...), refilled every iteration.
-    # [Speed: one host transfer per step] What the network reads or writes lives on the training
-    # device: frames (uint8 until the network scales them), actions, log-probs and values. Rewards
-    # and dones come from the games and stay on the host for GAE, whose results go to the device
-    # once per iteration.
+    # Rollout storage, (num_steps, num_envs, ...), refilled every iteration. [Speed: one host
+    # transfer per step] What the network reads or writes lives on its device (the frames as uint8,
+    # until the network scales them); rewards and dones stay on the host, where GAE runs.
     obs = torch.zeros((args.num_steps, args.num_envs) + obs_shape, dtype=torch.uint8, device=device)
     actions = torch.zeros((args.num_steps, args.num_envs), dtype=torch.long, device=device)
     logprobs = torch.zeros((args.num_steps, args.num_envs), device=device)
@@ -509,15 +384,15 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
     rewards = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
     dones = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
 
-    # Where the run starts: its iteration and step (0 unless resumed), where each game stands (new
-    # games begin on seeds that a resumed run has not played yet), and the scores of the latest
-    # finished games.
-    start_iteration, global_step = run.start(agent, optimizer, new_episodes=saved_envs is None)
-    next_obs, next_done = episodes_at_start(
-        envs, checkpoint if saved_envs is not None else None, seed=args.seed + global_step)
-    recent_returns = deque(checkpoint["recent_returns"] if checkpoint else [], maxlen=20)
+    # The run starts: its logs open and, resumed, it takes back its weights, optimizer, random
+    # generators and step count. The environments go on where the checkpoint left them, or are
+    # reset on seeds that a resumed run has not played yet.
+    global_step = run.start(agent, optimizer, num_iterations, envs, batch_size=batch_size,
+                            minibatch_size=minibatch_size)
+    next_obs, next_done = run.resumed("next_obs", "next_done") or (
+        envs.reset(seed=args.seed + global_step)[0], np.zeros(args.num_envs, dtype=bool))
 
-    for iteration in range(start_iteration + 1, num_iterations + 1):
+    for iteration in run.iterations():  # resumed: from the checkpoint's; a stop signal ends them
         # [Core 4: Adam learning rate annealing] linearly from learning_rate toward 0, which the end
         # of the run would reach: the last iteration uses learning_rate / num_iterations.
         # --anneal-clip lowers the clipping coefficient alike.
@@ -536,33 +411,19 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
             # the log-probability and value with it: they are recorded here, on the device
             # (ppo.py's separate critic would cost a second call; it scores the batch later).
             with torch.inference_mode():
-                action, logprob, _, value = policy_step(obs[step])
+                action, logprob, _, value = agent.get_action_and_value(obs[step])
             actions[step], logprobs[step], values[step] = action, logprob, value.flatten()
 
             # The step's one transfer to the host: the actions, which the games need.
             next_obs, reward, terminations, truncations, infos = envs.step(action.cpu().numpy())
-            # A lost life (EpisodicLife) or a time-limit truncation ends the episode like a
-            # termination...
+            # A time limit ends the episode like a termination, as in the original PPO...
             next_done = np.logical_or(terminations, truncations)
-            rewards[step] = reward  # clipped
+            rewards[step] = reward
             if args.bootstrap_truncated:  # ...unless the run values what the time limit cut off
                 cut_off = truncations & ~terminations
                 rewards[step] += args.gamma * truncated_value(agent, infos, cut_off, device)
-
-            for _, score, length in finished_games(infos):
-                writer.add_scalar("charts/episodic_return", score, global_step)
-                writer.add_scalar("charts/episodic_length", length, global_step)
-                recent_returns.append(score)
-            # within a long rollout too, every few seconds
-            run.print_progress(global_step, recent_returns)
-
-        with torch.no_grad():
-            next_value = agent.get_value(torch.as_tensor(next_obs, device=device))
-        # GAE runs on the host, in NumPy: one transfer of the rollout's values per iteration.
-        host_values = values.cpu().numpy()
-        advantages, returns = compute_gae(rewards, host_values, dones,
-                                          next_value.cpu().numpy().flatten(), next_done,
-                                          args.gamma, args.gae_lambda)
+            # the episodes that ended, logged with their scores; and the progress line now and then
+            run.record_step(global_step, run_life.finished_episodes(infos))
 
         # Flatten the rollout into one batch of num_envs x num_steps transitions.
         # b_ names an array of the whole batch, mb_ one of a minibatch.
@@ -570,6 +431,14 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
         b_actions = actions.reshape(-1)
         b_logprobs = logprobs.reshape(-1)
         b_values = values.reshape(-1)
+        with torch.no_grad():
+            next_value = agent.get_value(torch.as_tensor(next_obs, dtype=torch.float32,
+                                                         device=device))
+        # GAE runs on the host, in NumPy: one transfer of the rollout's values per iteration.
+        host_values = b_values.cpu().numpy().reshape(args.num_steps, args.num_envs)
+        advantages, returns = compute_gae(rewards, host_values, dones,
+                                          next_value.cpu().numpy().flatten(), next_done,
+                                          args.gamma, args.gae_lambda)
         b_advantages = torch.as_tensor(advantages.reshape(-1), device=device)
         b_returns = torch.as_tensor(returns.reshape(-1), device=device)
 
@@ -581,10 +450,10 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
             epoch_inds = torch.from_numpy(b_inds).to(device)
             for start in range(0, batch_size, minibatch_size):
                 mb_inds = epoch_inds[start:start + minibatch_size]
-                loss, stats = loss_on_minibatch(agent, b_obs[mb_inds], b_actions[mb_inds],
-                                                b_logprobs[mb_inds],
-                                                b_values[mb_inds], b_advantages[mb_inds],
-                                                b_returns[mb_inds], clip_coef, args)
+                loss, stats = minibatch_loss(agent, b_obs[mb_inds], b_actions[mb_inds],
+                                             b_logprobs[mb_inds], b_values[mb_inds],
+                                             b_advantages[mb_inds], b_returns[mb_inds], clip_coef,
+                                             args)
                 optimizer.zero_grad()
                 loss.backward()
                 # [Core 11: Global gradient clipping] when the norm of all gradients together
@@ -601,139 +470,28 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
             if args.target_kl is not None and minibatch_stats[-1]["approx_kl"] > args.target_kl:
                 break
 
-        # [Core 12: Debug variables] averaged over every minibatch of this update.
+        # [Core 12: Debug variables] averaged over every minibatch of this update. The iteration's
+        # end (run.end_iteration): a NaN or infinity stops the run in one line; else the logs (with
+        # the values' explained variance), the progress line and, when due, a checkpoint.
         means = {key: torch.stack([s[key] for s in minibatch_stats]).mean().item()
                  for key in minibatch_stats[0]}
-        # a NaN or infinity ends the run here, in one line
-        run.stop_if_diverged(global_step, means, agent)
-        writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
-        for key in ("value_loss", "policy_loss", "entropy", "old_approx_kl", "approx_kl",
-                    "clipfrac"):
-            writer.add_scalar(f"losses/{key}", means[key], global_step)
-        writer.add_scalar("losses/explained_variance",
-                          explained_variance(host_values.reshape(-1), returns.reshape(-1)),
-                          global_step)
-        writer.add_scalar("charts/SPS", run.steps_per_second(global_step), global_step)
-        run.print_progress(global_step, recent_returns, iteration)
-
-        if run.checkpoint_due(iteration):
-            run.save_checkpoint(iteration, global_step, agent, optimizer,
-                                envs=checkpoints.save_games(envs), next_obs=next_obs,
-                                next_done=next_done, recent_returns=list(recent_returns))
-        if run.stopping:  # Ctrl-C, kill or Slurm: this iteration was finished, logged and saved
-            break
+        run.end_iteration(iteration, global_step, means, host_values.reshape(-1),
+                          returns.reshape(-1), next_obs=next_obs, next_done=next_done)
 
     envs.close()
-    run.finish(global_step)
-    return {"run_name": run.name, "global_step": global_step, "interrupted": run.stopping,
-            "recent_returns": list(recent_returns), "agent": agent}
+    return run.finish(global_step, agent=agent)
 
 
 def evaluate(args: Args, checkpoint: dict) -> list[float]:
-    """--evaluate: play games with the saved agent, its actions sampled as in training. The games
-    run through the training wrappers, so a game lasts all its lives and its score is the real,
-    unclipped one."""
-    check_args(args)
-    # the device and seeds; prints the scores
-    evaluation = run_life.Evaluation(args, VARIANT, checkpoint)
+    """--evaluate: play episodes with the saved agent, its actions sampled as in training. An
+    episode is a whole game, scored with the game's own rewards (RecordEpisodeStatistics)."""
+    evaluation = run_life.Evaluation(args, VARIANT, checkpoint)  # the device and seeds
     envs = make_envs(args.env_id, 1, args.capture_video, evaluation.video_folder,
                      video_episodes=args.eval_episodes)
     agent = evaluation.load(Agent(envs.single_action_space.n))
-    obs, _ = envs.reset(seed=evaluation.seed)
-    while evaluation.playing:
-        with torch.inference_mode():
-            action, _, _, _ = agent.get_action_and_value(torch.as_tensor(obs,
-                                                                         device=evaluation.device))
-        obs, _, _, _, infos = envs.step(action.cpu().numpy())
-        for _, score, length in finished_games(infos):
-            evaluation.episode_ended(score, length)
-    envs.close()
-    return evaluation.report()
-
-
-# --------------------------------------------------------------------------------------------------
-# The command line: which settings a resumed run may change, and which settings and environments
-# make no run at all
-# --------------------------------------------------------------------------------------------------
-
-# Settings that may differ between a run and its resumption; every other field must stay the same.
-RUNTIME_FIELDS = {"cuda", "track", "wandb_project_name", "wandb_entity", "capture_video",
-                  "save_model", "save_interval", "save_minutes", "resume", "evaluate",
-                  "eval_episodes", "compile", "cudagraphs", "async_envs"}
-# The training setting an evaluation also reads and may change: the seed of its games.
-EVALUATION_FIELDS = {"seed"}
-
-
-def parse_args(argv: list[str] | None = None) -> tuple[Args, dict | None]:
-    """The settings of the command line, and the checkpoint that --resume or --evaluate names."""
-    return command_line.parse_args(Args, VARIANT, RUNTIME_FIELDS, EVALUATION_FIELDS, argv,
-                                   doc=__doc__)
-
-
-def check_args(args: Args) -> None:
-    """Refuse settings that cannot make a valid run, before any environment is built: first each
-    flag on its own, then the sizes that must fit together."""
-    # (flags, what each must be, which values are allowed)
-    command_line.check_rules(args, VARIANT, [
-        ("env_id", "an Atari id such as BreakoutNoFrameskip-v4", lambda value: value.strip() != ""),
-        ("seed", "a whole number from 0 to 2**31 - 1", lambda value: 0 <= value < 2**31),
-        ("save_interval", "0 (save only at the end) or more", lambda value: value >= 0),
-        ("save_minutes", "0 (never save by the clock) or more", lambda value: 0 <= value < np.inf),
-        ("eval_episodes total_timesteps num_envs num_steps num_minibatches update_epochs", "at "
-                                                                                           "least "
-                                                                                           "1",
-         lambda value: value >= 1),
-        ("learning_rate", "a finite number above 0", lambda value: 0 < value < np.inf),
-        ("gamma gae_lambda", "between 0 and 1", lambda value: 0 <= value <= 1),
-        ("clip_coef max_grad_norm", "above 0", lambda value: value > 0),
-        ("ent_coef vf_coef", "0 or more", lambda value: value >= 0),
-        ("target_kl", "above 0 (leave it out to never stop early)",
-         lambda value: value is None or value > 0),
-    ])
-    batch_size = args.num_envs * args.num_steps
-    if batch_size % args.num_minibatches != 0:
-        exits.fail(VARIANT, f"--num-envs x --num-steps = {batch_size} does not divide into "
-                            f"--num-minibatches {args.num_minibatches} equal minibatches: pick "
-                            "sizes whose product is a multiple of it")
-    if args.norm_adv and batch_size // args.num_minibatches < 2:
-        exits.fail(VARIANT, f"minibatches of {batch_size // args.num_minibatches} transition "
-                            "cannot be normalized (--norm-adv divides by their standard "
-                            "deviation): use fewer --num-minibatches or a larger batch")
-    if args.total_timesteps < batch_size:
-        exits.fail(VARIANT, f"--total-timesteps {args.total_timesteps} is smaller than one batch "
-                            f"(--num-envs x --num-steps = {batch_size}): raise it or shrink the "
-                            "batch")
-
-
-
-def check_env_id(env_id: str) -> None:
-    """Refuse, with the script to use instead, an id that is not an ale-py Atari game."""
-    if ale_py is None:
-        exits.fail(VARIANT, f"{VARIANT}.py needs ale-py and opencv-python: pip install -e "
-                            "'.[atari]'")
-    gym.register_envs(ale_py)  # ale-py >= 0.9 registers its games only when asked
-    ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Error)  # no banner for every game made
-    hint = ""
-    if env_id.endswith("-v5") and not env_id.startswith("ALE/"):
-        hint = (f" (ale-py names it ALE/{env_id}; envpool ids such as {env_id} need "
-                "ppo/ppo_atari_envpool.py)")
-    spec = command_line.gymnasium_spec(env_id, VARIANT, hint)
-    if spec.entry_point != "ale_py.env:AtariEnv":
-        exits.fail(VARIANT, f"{env_id} is not an Atari game of ale-py: {VARIANT}.py trains on "
-                            "Atari frames only; use ppo/ppo.py for vector observations and "
-                            "ppo/ppo_continuous_action.py for Box actions")
-
-
-def check_spaces(env_id: str, envs: gym.vector.VectorEnv) -> None:
-    """Refuse a game whose actions this script cannot take (a continuous-action Atari game)."""
-    if not isinstance(envs.single_action_space, gym.spaces.Discrete):
-        envs.close()
-        exits.fail(VARIANT, f"{env_id} has a {type(envs.single_action_space).__name__} action "
-                            f"space but {VARIANT}.py needs Discrete actions: use "
-                            "ppo/ppo_continuous_action.py for Box actions")
+    return evaluation.play(envs, lambda obs, _: agent.get_action_and_value(
+        torch.as_tensor(obs, dtype=torch.float32, device=evaluation.device))[0].cpu().numpy())
 
 
 if __name__ == "__main__":
-    args, checkpoint = parse_args()
-    exits.run_and_exit(evaluate if args.evaluate else main, args, checkpoint, VARIANT,
-                       pip_extra="atari")
+    command_line.run_script(main, evaluate, Args, VARIANT, __doc__, pip_extra="atari")

@@ -6,20 +6,19 @@
     python ppo/ppo_atari_envpool.py --evaluate runs/<run>/checkpoint.pt
 
 ppo/ppo_atari.py with the games run by envpool: its C++ thread pool steps all environments and does
-the whole Atari preprocessing, so the Python side is one call per step. The agent, the loss and the
-settings are ppo_atari.py's. What changes is how episodes end: envpool resets a finished environment
-on the *next* step, which it spends on the reset and whose action it ignores; those steps are kept
-out of training. The 13 core details are marked `[Core N: ...]`, the 9 Atari details `[Atari N:
-...]`; docs/ppo_atari_envpool.md lists them all. Works with envpool 1.0.x and 1.2.x. What a run
-needs beyond PPO comes from four modules beside this file, one concern each: command_line (flags,
---resume and --evaluate), checkpoints, run_life (logs, progress, stop signals, speed options,
-evaluation) and exits (exit codes): copy them along with it.
+the whole Atari preprocessing, so the Python side is one call per step. What changes is how episodes
+end: envpool resets a finished environment on the *next* step, which it spends on the reset and
+whose action it ignores; those steps are kept out of training. The 13 core details and the 9 Atari
+details are marked where they happen, as in ppo_atari.py (1 to 7 in make_envs here);
+docs/ppo_atari_envpool.md explains each. Works with envpool 1.0.x and 1.2.x.
+The run itself (its flags, checkpoints, logs, progress line and stop signals) comes from the modules
+beside this file, written once for every script: copy them along with it.
 """
 
 import contextlib
 import io
-from collections import deque
 from dataclasses import dataclass
+from typing import Annotated
 
 import gymnasium as gym
 import numpy as np
@@ -44,18 +43,22 @@ except ImportError:  # reported with the command that installs it when an enviro
 
 # written into checkpoints, so another variant's checkpoint is refused
 VARIANT = "ppo_atari_envpool"
+# [Speed: asynchronous environments] --async-envs splits the games into two equal envpools
+EVEN_WITH_ASYNC = command_line.Rule("even with --async-envs, which splits the games into two "
+                                    "equal envpools", lambda value, args: not args.async_envs
+                                    or value % 2 == 0, with_args=True)
 
 
+@command_line.with_run_flags(VARIANT)  # then --seed, --cuda, --track, --save-model, --resume, ...
 @dataclass
 class Args:
-    # The algorithm
     env_id: str = "Breakout-v5"
     """the id of the environment: an envpool Atari game, `<Game>-v5`"""
     total_timesteps: int = 10000000
     """total environment steps of the experiment (each step is 4 frames of the game)"""
     learning_rate: float = 2.5e-4
     """the learning rate of the optimizer"""
-    num_envs: int = 8
+    num_envs: Annotated[int, EVEN_WITH_ASYNC] = 8
     """the number of parallel environments"""
     num_steps: int = 128
     """the number of steps to run in each environment per rollout"""
@@ -87,51 +90,8 @@ class Args:
     """if set, stop the update epochs early once the approximate KL exceeds it"""
     bootstrap_truncated: bool = False
     """if toggled, a time limit is no death: its last reward gets + gamma x V(final observation)"""
-
-    # The run: its name, seed and device, logs, checkpoints and evaluation
-    exp_name: str = VARIANT
-    """the name of this experiment, part of the run name"""
-    seed: int = 1
-    """seed of the experiment (Python, NumPy, PyTorch and the environments)"""
-    torch_deterministic: bool = True
-    """if toggled, sets `torch.backends.cudnn.deterministic`"""
-    cuda: bool = True
-    """if toggled, use CUDA when it is available"""
-    track: bool = False
-    """if toggled, log the run to Weights & Biases (WANDB_MODE=offline works without a network)"""
-    wandb_project_name: str = "ppo-scripts"
-    """the Weights & Biases project"""
-    wandb_entity: str | None = None
-    """the Weights & Biases entity (team); None uses your default"""
-    capture_video: bool = False
-    """if toggled, film the first environment's games 0, 1, 8, 27, ... into videos/<run_name>/"""
-    save_model: bool = False
-    """if toggled, save runs/<run_name>/checkpoint.pt at the end and when a signal stops the run"""
-    save_interval: int = 100
-    """with --save-model, also save every this many iterations (0: only at the end)"""
-    save_minutes: float = 0.0
-    """with --save-model, also save after this many minutes (0: never): what a crash can lose"""
-    resume: str | None = None
-    """path of a checkpoint to continue training from; the run keeps the checkpoint's settings"""
-    trust_old_checkpoint: bool = False
-    """if toggled, --resume reads old-format checkpoints, which can run code: only your own files"""
-    evaluate: str | None = None
-    """path of a checkpoint to evaluate instead of training"""
-    eval_episodes: int = 10
-    """number of games to play with --evaluate"""
-
-    # Speed: how fast the run goes, never what it learns
-    compile: bool = False
-    """if toggled, torch.compile the policy step and minibatch loss (pays on a GPU, slow start)"""
-    cudagraphs: bool = False
-    """if toggled, compile as --compile does and replay both as CUDA graphs (needs CUDA)"""
-    async_envs: bool = False
+    async_envs: command_line.ResumeMayChange[bool] = False
     """if toggled, two envpools: one plays its step while the network picks the other's actions"""
-
-
-# --------------------------------------------------------------------------------------------------
-# Environments: envpool does the Atari preprocessing
-# --------------------------------------------------------------------------------------------------
 
 
 def make_envs(env_id: str, num_envs: int, seed: int = 0, capture_video: bool = False):
@@ -169,7 +129,8 @@ def make_envs(env_id: str, num_envs: int, seed: int = 0, capture_video: bool = F
         max_episode_steps=27000,  # 108,000 frames, as ALE's v4 and v5 games
         **({"render_mode": "rgb_array"} if capture_video else {}),
     )
-    check_spaces(env_id, envs)
+    command_line.check_spaces(envs, env_id, VARIANT, actions=(gym.spaces.Discrete,),
+                              vector_observations=False)
     return envs
 
 
@@ -194,15 +155,11 @@ class VideoRecorder:
             self.game, self.frames = self.game + 1, []
 
 
-# --------------------------------------------------------------------------------------------------
-# Agent
-# --------------------------------------------------------------------------------------------------
-
-
 def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Module:
-    """[Core 2: Orthogonal initialization of weights, constant initialization of biases]
-    Orthogonal weights scaled by sqrt(2) for the ReLU layers, 0.01 for the policy head so the first
-    policy is close to uniform, 1 for the value head; biases 0."""
+    """[Core 2: Orthogonal initialization of weights, constant initialization of biases] Orthogonal
+    weights with gain sqrt(2) for the hidden layers (openai/baselines' choice, the gain that suits
+    ReLU), 0.01 for the policy head so that the first policy is close to uniform, 1 for the value
+    head; biases 0."""
     torch.nn.init.orthogonal_(layer.weight, std)
     torch.nn.init.constant_(layer.bias, bias_const)
     return layer
@@ -210,9 +167,8 @@ def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.
 
 class Agent(nn.Module):
     """[Atari 8: Shared Nature-CNN] One convolutional trunk (Mnih et al., 2015) feeds both heads:
-    the image features are what both the policy and the value function need, and learning them once
-    is cheaper. This replaces [Core 13: Separate MLP networks for policy and value functions] of
-    ppo.py."""
+    both the policy and the value need the image's features, and learning them once is cheaper. It
+    replaces [Core 13: Separate MLP networks for policy and value functions] of ppo.py."""
 
     def __init__(self, num_actions: int):
         super().__init__()
@@ -242,6 +198,7 @@ class Agent(nn.Module):
     def get_value(self, obs: torch.Tensor) -> torch.Tensor:
         return self.critic(self.features(obs))
 
+    @run_life.compiled
     def get_action_and_value(self, obs: torch.Tensor, action: torch.Tensor | None = None):
         """Sample an action (or score a given one): returns action, log-prob, entropy and value."""
         hidden = self.features(obs)
@@ -252,21 +209,15 @@ class Agent(nn.Module):
         return action, distribution.log_prob(action), distribution.entropy(), self.critic(hidden)
 
 
-# --------------------------------------------------------------------------------------------------
-# Generalized advantage estimation and the PPO loss
-# --------------------------------------------------------------------------------------------------
-
-
 def compute_gae(rewards: np.ndarray, values: np.ndarray, dones: np.ndarray, next_value: np.ndarray,
                 next_done: np.ndarray, gamma: float,
                 gae_lambda: float) -> tuple[np.ndarray, np.ndarray]:
     """[Core 5: Generalized Advantage Estimation] Advantages and value targets of one rollout.
 
     All arrays are (num_steps, num_envs) except next_value and next_done, (num_envs,), which
-    describe the observation after the last step. dones[t] is 1 when the step before t ended an
-    episode (here: a life): nothing flows back across t. With envpool's autoreset, obs[t] is then
-    still the ended episode's last observation and step t is the reset step that main() leaves out
-    of the batch."""
+    describe the observation after the last step. dones[t] is 1 when obs[t] is the first observation
+    of a new episode, that is, when the step before it ended an episode: then nothing flows back
+    across t."""
     num_steps = rewards.shape[0]
     advantages = np.zeros_like(rewards)
     last_advantage = np.zeros_like(next_value)
@@ -284,16 +235,13 @@ def compute_gae(rewards: np.ndarray, values: np.ndarray, dones: np.ndarray, next
 
 def ppo_loss(new_logprob: torch.Tensor, entropy: torch.Tensor, new_value: torch.Tensor,
              old_logprob: torch.Tensor, old_value: torch.Tensor, advantages: torch.Tensor,
-             returns: torch.Tensor, clip_coef: float,
-             args: Args) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+             returns: torch.Tensor, clip_coef: float, args: Args) -> tuple[torch.Tensor, dict]:
     """The PPO objective on one minibatch, with the clipping coefficient of this update; returns the
     loss to minimize and detached statistics."""
     logratio = new_logprob - old_logprob
     ratio = logratio.exp()
 
-    # (With the reset steps left out, a minibatch of the smallest sizes may keep a single
-    # transition, which has no spread to divide by: it is left as it is.)
-    if args.norm_adv and len(advantages) > 1:
+    if args.norm_adv:
         # [Core 7: Normalization of advantages] per minibatch, not per batch.
         advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
 
@@ -312,7 +260,7 @@ def ppo_loss(new_logprob: torch.Tensor, entropy: torch.Tensor, new_value: torch.
     else:
         v_loss = 0.5 * ((new_value - returns) ** 2).mean()
 
-    # [Core 10: Overall loss and entropy bonus] one loss for the shared network and both heads; the
+    # [Core 10: Overall loss and entropy bonus] one loss for the policy and the value function; the
     # entropy term keeps the policy exploring.
     entropy_mean = entropy.mean()
     loss = pg_loss - args.ent_coef * entropy_mean + args.vf_coef * v_loss
@@ -328,6 +276,7 @@ def ppo_loss(new_logprob: torch.Tensor, entropy: torch.Tensor, new_value: torch.
     return loss, stats
 
 
+@run_life.compiled
 def minibatch_loss(agent: Agent, obs: torch.Tensor, actions: torch.Tensor,
                    old_logprob: torch.Tensor, old_value: torch.Tensor, advantages: torch.Tensor,
                    returns: torch.Tensor, clip_coef: float,
@@ -354,30 +303,17 @@ def truncated_values(values: np.ndarray, next_value: np.ndarray,
     return np.where(time_limit_cuts, following_values, 0.0).astype(np.float32)
 
 
-def explained_variance(predicted: np.ndarray, target: np.ndarray) -> float:
-    """[Core 12: Debug variables] 1 - Var[target - predicted] / Var[target]: 1 is a perfect value
-    function, 0 no better than a constant, negative worse than one; nan when the targets do not
-    vary."""
-    target_variance = np.var(target)
-    if target_variance == 0:
-        return np.nan
-    return float(1 - np.var(target - predicted) / target_variance)
-
-
-# --------------------------------------------------------------------------------------------------
-# Training
-# --------------------------------------------------------------------------------------------------
-
-
 def main(args: Args, checkpoint: dict | None = None) -> dict:
-    """Train as `args` says, from `checkpoint` (read by parse_args) with --resume; returns a summary
-    of the run for callers such as tests."""
-    check_args(args)
+    """Train as `args` says, from `checkpoint` (read by command_line.parse_args) with --resume;
+    returns a summary of the run for callers such as tests."""
+    # The run: its flags checked, its name and folder, its device (run_life.Run).
+    run = run_life.Run(args, VARIANT, checkpoint, env_package="envpool")
+    device = run.device
     batch_size = args.num_envs * args.num_steps
     num_iterations = args.total_timesteps // batch_size
-    # The run: its name and folder, device and seeds, and the releases it records.
-    run = run_life.Run(args, VARIANT, checkpoint, num_iterations, env_package="envpool")
-    device = run.device
+    # Python's, NumPy's and PyTorch's random generators start from --seed; the environments are
+    # seeded when they are made, below.
+    run_life.seed_everything(args.seed, args.torch_deterministic)
 
     # envpool is seeded when it is made, and its games cannot be saved: a resumed run starts new
     # games, on seeds that depend on where it resumes so that it does not replay the games it began
@@ -399,13 +335,6 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
     # gradients are tiny, which Adam would otherwise scale up to full size. fused=True: the same
     # Adam, in one kernel for all parameters instead of a dozen small ops each.
     optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
-    # policy_step (the rollout's call of the agent) and loss_on_minibatch (the update's): the two
-    # functions as they are, or [Speed: torch.compile] compiled into a few fused kernels, so that a
-    # GPU does not wait for Python to launch many small ones.
-    policy_step, loss_on_minibatch = run_life.compiled(args, agent.get_action_and_value,
-                                                       minibatch_loss)
-    writer = run.open_logs(batch_size=batch_size, minibatch_size=batch_size // args.num_minibatches,
-                           num_iterations=num_iterations)
     # the first game of pools[0]
     recorder = VideoRecorder(run.video_folder) if args.capture_video else None
 
@@ -423,12 +352,12 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
     # for --bootstrap-truncated
     time_limit_cuts = np.zeros((args.num_steps, args.num_envs), dtype=bool)
 
-    # Where the games stand: the running score (the sum of the unclipped rewards, over all lives) of
-    # each environment's current game, kept here from envpool's info for all games at once, and the
-    # scores of the latest finished games.
-    start_iteration, global_step = run.start(agent, optimizer, new_episodes=True)
+    # The run starts: its logs open and, resumed, it takes back its weights, optimizer, random
+    # generators and step count. Where the games stand: the running score (the sum of the unclipped
+    # rewards, over all lives) of each environment's current game, from envpool's info.
+    global_step = run.start(agent, optimizer, num_iterations, batch_size=batch_size,
+                            minibatch_size=batch_size // args.num_minibatches)
     game_score = np.zeros(args.num_envs)
-    recent_returns = deque(checkpoint["recent_returns"] if checkpoint else [], maxlen=20)
     # The games' latest observations, waiting for the network. On a GPU machine they are kept in
     # page-locked ("pinned") memory, which the GPU copies from directly and without blocking.
     next_obs_pinned = torch.zeros((args.num_envs,) + obs_shape, dtype=torch.uint8,
@@ -437,7 +366,7 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
     next_obs[:] = np.concatenate([pool.reset()[0] for pool in pools])
     next_done = np.zeros(args.num_envs, dtype=bool)
 
-    for iteration in range(start_iteration + 1, num_iterations + 1):
+    for iteration in run.iterations():  # resumed: from the checkpoint's; a stop signal ends them
         # [Core 4: Adam learning rate annealing] linearly from learning_rate toward 0, which the end
         # of the run would reach: the last iteration uses learning_rate / num_iterations.
         # --anneal-clip lowers the clipping coefficient alike.
@@ -472,14 +401,10 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
                     game_over = info["terminated"].astype(bool) | truncations
                     if recorder and games.start == 0:
                         recorder.step(pool, game_over[0])
-                    for i in np.flatnonzero(game_over):
-                        writer.add_scalar("charts/episodic_return", scores[i], global_step)
-                        writer.add_scalar("charts/episodic_length", info["elapsed_step"][i],
-                                          global_step)
-                        recent_returns.append(scores[i])
+                    # the games that ended, logged with their scores; and the progress line
+                    run.record_step(global_step, [(scores[i], info["elapsed_step"][i])
+                                                  for i in np.flatnonzero(game_over)])
                     scores[game_over] = 0.0
-                    # within a long rollout too, every few seconds
-                    run.print_progress(global_step, recent_returns)
                 if step == args.num_steps:
                     # every pool has played the rollout's last step: the rollout is complete
                     continue
@@ -493,7 +418,7 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
                 # device (ppo.py's separate critic would cost a second call; it scores the batch
                 # later).
                 with torch.inference_mode():
-                    action, logprob, _, value = policy_step(obs[step, games])
+                    action, logprob, _, value = agent.get_action_and_value(obs[step, games])
                 actions[step, games], logprobs[step, games] = action, logprob
                 values[step, games] = value.flatten()
                 pool.send(action.cpu().numpy())  # the one copy to the host
@@ -535,10 +460,10 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
         for epoch in range(args.update_epochs):
             np.random.shuffle(b_inds)
             for mb_inds in torch.tensor_split(torch.from_numpy(b_inds).to(device), num_minibatches):
-                loss, stats = loss_on_minibatch(agent, b_obs[mb_inds], b_actions[mb_inds],
-                                                b_logprobs[mb_inds],
-                                                b_values[mb_inds], b_advantages[mb_inds],
-                                                b_returns[mb_inds], clip_coef, args)
+                loss, stats = minibatch_loss(agent, b_obs[mb_inds], b_actions[mb_inds],
+                                             b_logprobs[mb_inds], b_values[mb_inds],
+                                             b_advantages[mb_inds], b_returns[mb_inds], clip_coef,
+                                             args)
                 optimizer.zero_grad()
                 loss.backward()
                 # [Core 11: Global gradient clipping] when the norm of all gradients together
@@ -555,41 +480,25 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
             if args.target_kl is not None and minibatch_stats[-1]["approx_kl"] > args.target_kl:
                 break
 
-        # [Core 12: Debug variables] averaged over every minibatch of this update.
+        # [Core 12: Debug variables] averaged over every minibatch of this update. The iteration's
+        # end (run.end_iteration): a NaN or infinity stops the run in one line; else the logs (with
+        # the values' explained variance, over the acted steps), the progress line and, when due, a
+        # checkpoint: envpool's games cannot be saved, so a resumed run starts new ones.
         means = {key: torch.stack([s[key] for s in minibatch_stats]).mean().item()
                  for key in minibatch_stats[0]}
-        # a NaN or infinity ends the run here, in one line
-        run.stop_if_diverged(global_step, means, agent)
-        writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
-        for key in ("value_loss", "policy_loss", "entropy", "old_approx_kl", "approx_kl",
-                    "clipfrac"):
-            writer.add_scalar(f"losses/{key}", means[key], global_step)
-        writer.add_scalar("losses/explained_variance",
-                          explained_variance(host_values.reshape(-1)[acted_steps],
-                                             returns.reshape(-1)[acted_steps]), global_step)
-        writer.add_scalar("charts/SPS", run.steps_per_second(global_step), global_step)
-        run.print_progress(global_step, recent_returns, iteration)
-
-        if run.checkpoint_due(iteration):
-            run.save_checkpoint(iteration, global_step, agent, optimizer,
-                                recent_returns=list(recent_returns))
-        if run.stopping:  # Ctrl-C, kill or Slurm: this iteration was finished, logged and saved
-            break
+        run.end_iteration(iteration, global_step, means, host_values.reshape(-1)[acted_steps],
+                          returns.reshape(-1)[acted_steps])
 
     for pool in pools:
         pool.close()
-    run.finish(global_step)
-    return {"run_name": run.name, "global_step": global_step, "interrupted": run.stopping,
-            "recent_returns": list(recent_returns), "agent": agent}
+    return run.finish(global_step, agent=agent)
 
 
 def evaluate(args: Args, checkpoint: dict) -> list[float]:
     """--evaluate: play games with the saved agent, its actions sampled as in training, and score
     them as the sums of envpool's unclipped rewards over all the lives of a game, in the same
     environment as training."""
-    check_args(args)
-    # the device and seeds; prints the scores
-    evaluation = run_life.Evaluation(args, VARIANT, checkpoint)
+    evaluation = run_life.Evaluation(args, VARIANT, checkpoint)  # the device and seeds
     envs = make_envs(args.env_id, 1, seed=evaluation.seed, capture_video=args.capture_video)
     agent = evaluation.load(Agent(envs.action_space.n))
     recorder = VideoRecorder(evaluation.video_folder) if args.capture_video else None
@@ -609,63 +518,6 @@ def evaluate(args: Args, checkpoint: dict) -> list[float]:
             score = 0.0
     envs.close()
     return evaluation.report()
-
-# --------------------------------------------------------------------------------------------------
-# The command line: which settings a resumed run may change, and which settings and environments
-# make no run at all
-# --------------------------------------------------------------------------------------------------
-
-# Settings that may differ between a run and its resumption; every other field must stay the same.
-RUNTIME_FIELDS = {"cuda", "track", "wandb_project_name", "wandb_entity", "capture_video",
-                  "save_model", "save_interval", "save_minutes", "resume", "evaluate",
-                  "eval_episodes", "async_envs", "compile", "cudagraphs"}
-# The training setting an evaluation also reads and may change: the seed of its games.
-EVALUATION_FIELDS = {"seed"}
-
-
-def parse_args(argv: list[str] | None = None) -> tuple[Args, dict | None]:
-    """The settings of the command line, and the checkpoint that --resume or --evaluate names."""
-    return command_line.parse_args(Args, VARIANT, RUNTIME_FIELDS, EVALUATION_FIELDS, argv,
-                                   doc=__doc__)
-
-
-def check_args(args: Args) -> None:
-    """Refuse settings that cannot make a valid run, before any environment is built: first each
-    flag on its own, then the sizes that must fit together."""
-    # (flags, what each must be, which values are allowed)
-    command_line.check_rules(args, VARIANT, [
-        ("env_id", "an envpool Atari id such as Breakout-v5", lambda value: value.strip() != ""),
-        ("seed", "a whole number from 0 to 2**31 - 1", lambda value: 0 <= value < 2**31),
-        ("save_interval", "0 (save only at the end) or more", lambda value: value >= 0),
-        ("save_minutes", "0 (never save by the clock) or more", lambda value: 0 <= value < np.inf),
-        ("eval_episodes total_timesteps num_envs num_steps num_minibatches update_epochs", "at "
-                                                                                           "least "
-                                                                                           "1",
-         lambda value: value >= 1),
-        ("learning_rate", "a finite number above 0", lambda value: 0 < value < np.inf),
-        ("gamma gae_lambda", "between 0 and 1", lambda value: 0 <= value <= 1),
-        ("clip_coef max_grad_norm", "above 0", lambda value: value > 0),
-        ("ent_coef vf_coef", "0 or more", lambda value: value >= 0),
-        ("target_kl", "above 0 (leave it out to never stop early)",
-         lambda value: value is None or value > 0),
-    ])
-    batch_size = args.num_envs * args.num_steps
-    if batch_size % args.num_minibatches != 0:
-        exits.fail(VARIANT, f"--num-envs x --num-steps = {batch_size} does not divide into "
-                            f"--num-minibatches {args.num_minibatches} equal minibatches: pick "
-                            "sizes whose product is a multiple of it")
-    if args.norm_adv and batch_size // args.num_minibatches < 2:
-        exits.fail(VARIANT, f"minibatches of {batch_size // args.num_minibatches} transition "
-                            "cannot be normalized (--norm-adv divides by their standard "
-                            "deviation): use fewer --num-minibatches or a larger batch")
-    if args.total_timesteps < batch_size:
-        exits.fail(VARIANT, f"--total-timesteps {args.total_timesteps} is smaller than one batch "
-                            f"(--num-envs x --num-steps = {batch_size}): raise it or shrink the "
-                            "batch")
-    if args.async_envs and args.num_envs % 2 != 0:
-        exits.fail(VARIANT, "--async-envs splits the games into two equal envpools, so --num-envs "
-                            f"must be even, not {args.num_envs}")
-
 
 
 def check_env_id(env_id: str) -> None:
@@ -687,16 +539,5 @@ def check_env_id(env_id: str) -> None:
                             "ppo/ppo_continuous_action.py for Box actions")
 
 
-def check_spaces(env_id: str, envs) -> None:
-    """Refuse a game whose actions this script cannot take. (envpool's action_space is one game's,
-    where a gymnasium vector env's would be the batch's.)"""
-    if not isinstance(envs.action_space, gym.spaces.Discrete):
-        exits.fail(VARIANT, f"{env_id} has a {type(envs.action_space).__name__} action space but "
-                            f"{VARIANT}.py needs Discrete actions: use "
-                            "ppo/ppo_continuous_action.py for Box actions")
-
-
 if __name__ == "__main__":
-    args, checkpoint = parse_args()
-    exits.run_and_exit(evaluate if args.evaluate else main, args, checkpoint, VARIANT,
-                       pip_extra="envpool")
+    command_line.run_script(main, evaluate, Args, VARIANT, __doc__, pip_extra="envpool")

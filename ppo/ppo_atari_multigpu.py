@@ -6,24 +6,20 @@
     torchrun --standalone --nproc-per-node 2 ppo/ppo_atari_multigpu.py --resume runs/<run>/...pt
     python ppo/ppo_atari_multigpu.py --evaluate runs/<run>/checkpoint.pt  # one process is enough
 
-The same PPO as ppo/ppo_atari.py, the same preprocessing and network, but the environments are split
-between N processes (ranks). Each rank collects its share of the rollout and computes gradients on
-its share of every minibatch; the gradients are averaged over the ranks before each optimizer step,
-so every rank applies the same update to the same weights and the world trains one agent, as one
-process with all the environments and the full minibatches would. Started without torchrun, the
-script runs as a world of one process.
-
-The 13 core details are marked `[Core N: ...]`, the 9 Atari details `[Atari N: ...]` and the 3 data-
-parallel ones `[Multi-GPU N: ...]`; docs/ppo_atari_multigpu.md lists them all. What a run needs
-beyond PPO comes from four modules beside this file, one concern each: command_line (flags, --resume
-and --evaluate), checkpoints, run_life (logs, progress, stop signals, speed options, evaluation) and
-exits (exit codes): copy them along with it.
+ppo/ppo_atari.py with its environments split between N processes (ranks). Each rank collects its
+share of the rollout and computes gradients on its share of every minibatch; the gradients are
+averaged over the ranks before each optimizer step, so every rank applies the same update and the
+world trains one agent, as one process with all the environments would. Without torchrun the script
+runs as a world of one process. The 13 core details, the 9 Atari details and the 3 data-parallel
+ones are marked where they happen: Multi-GPU 1 and 2 in main, 3 in average_gradients;
+docs/ppo_atari_multigpu.md explains each.
+The run itself (its flags, checkpoints, logs, progress line and stop signals) comes from the modules
+beside this file, written once for every script: copy them along with it.
 """
 
 import os
-from collections import deque
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Annotated, Literal
 
 import gymnasium as gym
 import numpy as np
@@ -39,18 +35,15 @@ import command_line
 import exits
 import run_life
 
-try:
-    import ale_py
-except ImportError:  # reported with the command that installs it when an environment is made
-    ale_py = None
-
 # written into checkpoints, so another variant's checkpoint is refused
 VARIANT = "ppo_atari_multigpu"
+GPU_NUMBERS = command_line.Rule("GPU numbers, 0 or more (or none)",
+                                lambda value: all(i >= 0 for i in value))
 
 
+@command_line.with_run_flags(VARIANT)  # then --seed, --cuda, --track, --save-model, --resume, ...
 @dataclass
 class Args:
-    # The algorithm
     env_id: str = "BreakoutNoFrameskip-v4"
     """the id of the environment: an ale-py game, `<Game>NoFrameskip-v4` or `ALE/<Game>-v5`"""
     total_timesteps: int = 10000000
@@ -58,10 +51,7 @@ class Args:
     learning_rate: float = 2.5e-4
     """the learning rate of the optimizer"""
     num_envs: int = 8
-    """the number of parallel environments over ALL processes (as CleanRL's 2022 PPO docs read it;
-    its current script counts them per process): each of N processes steps num_envs / N, so a batch
-    is num_envs x num_steps for any N (1024 by default: 8 x 128 in 1 process, 4 x 128 in each of 2,
-    2 x 128 in each of 4)"""
+    """the number of parallel environments over ALL processes, split evenly between them"""
     num_steps: int = 128
     """the number of steps to run in each environment per rollout"""
     anneal_lr: bool = True
@@ -92,70 +82,21 @@ class Args:
     """if set, stop the update epochs early once the approximate KL exceeds it"""
     bootstrap_truncated: bool = False
     """if toggled, a time limit is no death: its last reward gets + gamma x V(final observation)"""
-
-    # Distributed training
-    backend: Literal["gloo", "nccl"] = "gloo"
-    """the torch.distributed backend: gloo works on CPUs and GPUs, nccl needs one GPU per process"""
-    device_ids: list[int] = field(default_factory=list)
-    """the GPU of each process on a node, in local-rank order (`0 0 1 1`: two processes per GPU);
-    empty: process i uses GPU i, modulo the number of GPUs"""
-
-    # The run: its name, seed and device, logs, checkpoints and evaluation
-    exp_name: str = VARIANT
-    """the name of this experiment, part of the run name"""
-    seed: int = 1
-    """seed of the experiment; rank r seeds Python, NumPy and its environments from seed + r"""
-    torch_deterministic: bool = True
-    """if toggled, sets `torch.backends.cudnn.deterministic`"""
-    cuda: bool = True
-    """if toggled, use CUDA when it is available"""
-    track: bool = False
-    """if toggled, log the run to Weights & Biases (WANDB_MODE=offline works without a network)"""
-    wandb_project_name: str = "ppo-scripts"
-    """the Weights & Biases project"""
-    wandb_entity: str | None = None
-    """the Weights & Biases entity (team); None uses your default"""
-    capture_video: bool = False
-    """if toggled, record videos of rank 0's first environment to `videos/<run_name>/`"""
-    save_model: bool = False
-    """if toggled, save runs/<run_name>/checkpoint.pt at the end and when a signal stops the run"""
-    save_interval: int = 100
-    """with --save-model, also save every this many iterations (0: only at the end)"""
-    save_minutes: float = 0.0
-    """with --save-model, also save after this many minutes (0: never): what a crash can lose"""
-    resume: str | None = None
-    """path of a checkpoint to continue training from (the same path on every node); the run keeps
-    the checkpoint's settings and needs as many processes as wrote it"""
-    trust_old_checkpoint: bool = False
-    """if toggled, --resume reads old-format checkpoints, which can run code: only your own files"""
-    evaluate: str | None = None
-    """path of a checkpoint to evaluate instead of training (in one process, started with python)"""
-    eval_episodes: int = 10
-    """number of games to play with --evaluate"""
-
-    # Speed: how fast the run goes, never what it learns
-    compile: bool = False
-    """if toggled, torch.compile the policy step and minibatch loss (pays on a GPU, slow start)"""
-    cudagraphs: bool = False
-    """if toggled, compile as --compile does and replay both as CUDA graphs (needs CUDA)"""
-    async_envs: bool = False
+    async_envs: command_line.ResumeMayChange[bool] = False
     """if toggled, each process steps its games in worker processes of their own, all at once"""
-
-
-# --------------------------------------------------------------------------------------------------
-# Environments: the Atari preprocessing
-# --------------------------------------------------------------------------------------------------
+    backend: command_line.ResumeMayChange[Literal["gloo", "nccl"]] = "gloo"
+    """the torch.distributed backend: gloo works on CPUs and GPUs, nccl needs one GPU per process"""
+    device_ids: command_line.ResumeMayChange[Annotated[list[int], GPU_NUMBERS]] = field(
+        default_factory=list)
+    """each process's GPU on a node, in local-rank order (`0 0 1 1`); empty: process i uses GPU i"""
 
 
 class EpisodicLife(gym.Wrapper):
     """[Atari 3: EpisodicLifeEnv] Losing a life ends the episode for training (terminated=True), so
     the value of the state before a lost life is not bootstrapped from the next life. The game
-    itself goes on: after a lost life, reset() takes one no-op step instead of restarting the game,
-    and only a game that is really over is reset.
-
-    gymnasium's AtariPreprocessing(terminal_on_life_loss=True) is not the same: its environment is
-    then reset by the vector env, so every life would start a new game and the agent would never see
-    the later stages of a game."""
+    itself goes on: after a lost life, reset() takes one no-op step instead of restarting the game.
+    (gymnasium's AtariPreprocessing(terminal_on_life_loss=True) lets the vector env reset the game
+    at every lost life: the agent would never see a game's later stages.)"""
 
     def __init__(self, env: gym.Env):
         super().__init__(env)
@@ -207,18 +148,22 @@ def make_env(env_id: str, idx: int, capture_video: bool, video_folder: str,
     one only, at the game's full frame rate and in color, one file per real game."""
 
     def thunk():
-        # frameskip=1 for every id: the preprocessing below skips frames itself. ALE/<Game>-v5 would
-        # otherwise skip 4 frames per step on its own, and with the 4 below each step would span 16
-        # frames. v5's sticky actions (repeat_action_probability=0.25) are kept: they are what the
-        # v5 ids stand for. For the published setting use <Game>NoFrameskip-v4, which has none.
+        import ale_py
+        import cv2  # installed with ale-py: the atari extra holds both
+        # OpenCV resizes the frames on one thread (with --async-envs the games' worker processes
+        # share the cores), and ale-py prints no banner per game.
+        cv2.setNumThreads(1)
+        ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Error)
+        # frameskip=1 for every id: the preprocessing below skips frames itself (ALE/<Game>-v5 would
+        # skip 4 more). v5's sticky actions (repeat_action_probability=0.25) are kept: they are what
+        # the v5 ids stand for. The published setting is <Game>NoFrameskip-v4, which has none.
         env = gym.make(env_id, frameskip=1,
                        render_mode="rgb_array" if capture_video and idx == 0 else None)
         if capture_video and idx == 0:
             env = run_life.record_video(env, video_folder, video_episodes)
-        # gymnasium's AtariPreprocessing carries out three of the details as the original wrappers
-        # do, with one difference: it max-pools two grayscale frames where the original max-pools
-        # two color frames and then converts them. Breakout's observations come out identical; in
-        # Pong 0.2% of the pixels differ (tests/test_ppo_atari.py, docs/ppo_atari.md).
+        # gymnasium's AtariPreprocessing carries out three details as the original wrappers do, but
+        # it max-pools two grayscale frames where they max-pool two color ones and then convert:
+        # Breakout's frames come out the same, 0.2% of Pong's pixels differ (docs/ppo_atari.md).
         env = gym.wrappers.AtariPreprocessing(
             env,
             # [Atari 1: NoopResetEnv] 1 to 30 no-op frames (random) at the start of each game
@@ -231,9 +176,8 @@ def make_env(env_id: str, idx: int, capture_video: bool, video_folder: str,
             grayscale_obs=True,
             terminal_on_life_loss=False,  # lives are handled by EpisodicLife below
         )
-        # Below EpisodicLife and the reward clipping, this wrapper sees the real game: it adds the
-        # game's unclipped score and length to `info` when the game is over, not when a life is
-        # lost.
+        # Below EpisodicLife and the reward clipping, this wrapper sees the real game: it reports
+        # the game's unclipped score and length when the game is over, not when a life is lost.
         env = gym.wrappers.RecordEpisodeStatistics(env)
         env = EpisodicLife(env)
         if "FIRE" in env.unwrapped.get_action_meanings():
@@ -242,8 +186,7 @@ def make_env(env_id: str, idx: int, capture_video: bool, video_folder: str,
         # (gymnasium's ClipReward clips to a range; TransformReward with np.sign is the original.)
         env = gym.wrappers.TransformReward(env, np.sign)
         # [Atari 7: FrameStack] the last 4 frames as one (4, 84, 84) observation, so that motion is
-        # visible. gymnasium's FrameStackObservation fills the stack with the first frame on reset,
-        # as the original does.
+        # visible; on reset the stack is filled with the first frame, as the original does.
         env = gym.wrappers.FrameStackObservation(env, stack_size=4)
         return checkpoints.SavableGame(env)  # saves the game for a checkpoint, where the game runs
 
@@ -253,62 +196,32 @@ def make_env(env_id: str, idx: int, capture_video: bool, video_folder: str,
 def make_envs(env_id: str, num_envs: int, capture_video: bool = False, video_folder: str = "videos",
               saved_envs: list | None = None, async_envs: bool = False,
               video_episodes: int | None = None) -> gym.vector.VectorEnv:
-    """Build the vector of preprocessed games (from `saved_envs`, the very games a checkpoint
-    saved), checking that this script can train on them.
+    """Build the vector of environments (from `saved_envs`, the very ones a checkpoint saved),
+    refusing those whose spaces this script cannot train on.
 
-    [Core 1: Vectorized architecture] Each process steps `num_envs` copies of the game in lock step,
-    its share of the world's environments, so its rollout holds num_envs x num_steps transitions.
+    [Core 1: Vectorized architecture] Each process steps `num_envs` copies of the environment in
+    lock step, its share of the world's, so its rollout holds num_envs x num_steps transitions.
 
-    Autoreset: SAME_STEP, as in ppo.py: the step that ends an episode (here also a lost life) resets
-    it, so every stored step is a real transition.
-
-    [Speed: asynchronous environments] With async_envs each game runs in its own worker process and
-    all of them step at once; the frames come back through shared memory. The games, their seeds and
-    so their frames are the same as in this process: only the time differs.
-    """
-    check_env_id(env_id)
-    env_fns = [make_env(env_id, i, capture_video, video_folder, video_episodes)
-               for i in range(num_envs)]
-    # the games built anew, then put back where the checkpoint saved them
-    if saved_envs is not None:
-        env_fns = checkpoints.restored_envs(env_fns, saved_envs)
-    if async_envs:
-        envs = run_life.async_vector_env(env_fns, prepare_worker)
-    else:
-        envs = gym.vector.SyncVectorEnv(env_fns, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
-    check_spaces(env_id, envs)
+    Autoreset (run_life.vector_env): gymnasium's default resets a finished environment on the *next*
+    step(), which then returns the reset observation with reward 0, ignoring its action: stored, it
+    would teach an action that never happened. SAME_STEP mode resets within the step that ends the
+    episode: every step() is a real transition, and the observation it returns for a finished
+    environment is already the first of the next episode."""
+    command_line.check_gymnasium_id(env_id, VARIANT, atari=True)
+    # [Speed: asynchronous environments] With async_envs each game steps in a worker process of its
+    # own, all at once; the same games, seeds and frames as in this process, in less time.
+    envs = run_life.vector_env([make_env(env_id, i, capture_video, video_folder, video_episodes)
+                                for i in range(num_envs)], env_id, VARIANT, saved_envs, async_envs)
+    command_line.check_spaces(envs, env_id, VARIANT, actions=(gym.spaces.Discrete,),
+                              vector_observations=False)
     return envs
 
 
-def prepare_worker() -> None:
-    """Ready a worker process of --async-envs before its game is built: OpenCV resizes the frames on
-    one thread (the other workers have the other cores), and ale-py prints no banner per game."""
-    import cv2  # installed with ale-py: the atari extra holds both
-
-    cv2.setNumThreads(1)
-    ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Error)
-
-
-def finished_games(infos: dict) -> list[tuple[int, float, int]]:
-    """(env index, score, length) of every game that ended in this step. RecordEpisodeStatistics
-    reports a game only when it is really over; the vector env files the report of a step that ended
-    an episode under `final_info`."""
-    final = infos.get("final_info", {})
-    if "episode" not in final:
-        return []
-    return [(int(i), float(final["episode"]["r"][i]), int(final["episode"]["l"][i]))
-            for i in np.flatnonzero(final["_episode"])]
-
-
-# --------------------------------------------------------------------------------------------------
-# Agent
-# --------------------------------------------------------------------------------------------------
-
-
 def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Module:
-    """[Core 2: Orthogonal initialization of weights, constant initialization of biases]
-    Orthogonal weights scaled by sqrt(2) for the ReLU layers, 0.01 for the policy head so the first
-    policy is close to uniform, 1 for the value head; biases 0."""
+    """[Core 2: Orthogonal initialization of weights, constant initialization of biases] Orthogonal
+    weights with gain sqrt(2) for the hidden layers (openai/baselines' choice, the gain that suits
+    ReLU), 0.01 for the policy head so that the first policy is close to uniform, 1 for the value
+    head; biases 0."""
     torch.nn.init.orthogonal_(layer.weight, std)
     torch.nn.init.constant_(layer.bias, bias_const)
     return layer
@@ -316,9 +229,8 @@ def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.
 
 class Agent(nn.Module):
     """[Atari 8: Shared Nature-CNN] One convolutional trunk (Mnih et al., 2015) feeds both heads:
-    the image features are what both the policy and the value function need, and learning them once
-    is cheaper. This replaces [Core 13: Separate MLP networks for policy and value functions] of
-    ppo.py."""
+    both the policy and the value need the image's features, and learning them once is cheaper. It
+    replaces [Core 13: Separate MLP networks for policy and value functions] of ppo.py."""
 
     def __init__(self, num_actions: int):
         super().__init__()
@@ -348,6 +260,7 @@ class Agent(nn.Module):
     def get_value(self, obs: torch.Tensor) -> torch.Tensor:
         return self.critic(self.features(obs))
 
+    @run_life.compiled
     def get_action_and_value(self, obs: torch.Tensor, action: torch.Tensor | None = None):
         """Sample an action (or score a given one): returns action, log-prob, entropy and value."""
         hidden = self.features(obs)
@@ -358,11 +271,6 @@ class Agent(nn.Module):
         return action, distribution.log_prob(action), distribution.entropy(), self.critic(hidden)
 
 
-# --------------------------------------------------------------------------------------------------
-# Generalized advantage estimation and the PPO loss
-# --------------------------------------------------------------------------------------------------
-
-
 def compute_gae(rewards: np.ndarray, values: np.ndarray, dones: np.ndarray, next_value: np.ndarray,
                 next_done: np.ndarray, gamma: float,
                 gae_lambda: float) -> tuple[np.ndarray, np.ndarray]:
@@ -370,9 +278,8 @@ def compute_gae(rewards: np.ndarray, values: np.ndarray, dones: np.ndarray, next
 
     All arrays are (num_steps, num_envs) except next_value and next_done, (num_envs,), which
     describe the observation after the last step. dones[t] is 1 when obs[t] is the first observation
-    of a new episode (here: of a new life), that is, when the step before it ended one: then nothing
-    flows back across t. Each rank computes them for its own environments: no episode spans two
-    ranks."""
+    of a new episode, that is, when the step before it ended an episode: then nothing flows back
+    across t. Each rank computes them for its own environments: no episode spans two ranks."""
     num_steps = rewards.shape[0]
     advantages = np.zeros_like(rewards)
     last_advantage = np.zeros_like(next_value)
@@ -407,8 +314,7 @@ def world_mean_and_std(x: torch.Tensor, world_size: int) -> tuple[torch.Tensor, 
 
 def ppo_loss(new_logprob: torch.Tensor, entropy: torch.Tensor, new_value: torch.Tensor,
              old_logprob: torch.Tensor, old_value: torch.Tensor, advantages: torch.Tensor,
-             returns: torch.Tensor, clip_coef: float,
-             args: Args) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+             returns: torch.Tensor, clip_coef: float, args: Args) -> tuple[torch.Tensor, dict]:
     """The PPO objective on this rank's share of one minibatch, with the clipping coefficient of
     this update and its advantages already normalized (by gradient_step); returns the loss to
     minimize and detached statistics. Every term is a mean over the share, so the average of the
@@ -431,7 +337,7 @@ def ppo_loss(new_logprob: torch.Tensor, entropy: torch.Tensor, new_value: torch.
     else:
         v_loss = 0.5 * ((new_value - returns) ** 2).mean()
 
-    # [Core 10: Overall loss and entropy bonus] one loss for the shared network and both heads; the
+    # [Core 10: Overall loss and entropy bonus] one loss for the policy and the value function; the
     # entropy term keeps the policy exploring.
     entropy_mean = entropy.mean()
     loss = pg_loss - args.ent_coef * entropy_mean + args.vf_coef * v_loss
@@ -447,6 +353,7 @@ def ppo_loss(new_logprob: torch.Tensor, entropy: torch.Tensor, new_value: torch.
     return loss, stats
 
 
+@run_life.compiled
 def minibatch_loss(agent: Agent, obs: torch.Tensor, actions: torch.Tensor,
                    old_logprob: torch.Tensor, old_value: torch.Tensor, advantages: torch.Tensor,
                    returns: torch.Tensor, clip_coef: float,
@@ -462,62 +369,19 @@ def minibatch_loss(agent: Agent, obs: torch.Tensor, actions: torch.Tensor,
 def truncated_value(agent: Agent, infos: dict, truncated: np.ndarray,
                     device: torch.device) -> np.ndarray:
     """[Truncation: bootstrap the value of a time limit's final observation] (--bootstrap-truncated)
-    V(final observation) for each game that the time limit cut off, 0 elsewhere.
-
-    A time limit is not a state of the game: it would have gone on, and its score with it. With
-    SAME_STEP autoreset the observation the step returned is already the next game's; the one the
-    game ended on, its four frames stacked as the agent sees them, is in info["final_obs"]. The
-    caller adds gamma x this value to the step's (clipped) reward, so that the step's target is
-    r + gamma V(s_final) where GAE, which stops at every episode end, would otherwise take r
-    alone."""
+    V(final observation) for each environment whose episode the time limit cut off, 0 elsewhere. A
+    time limit is not a state of the task: the episode would have gone on. With SAME_STEP autoreset
+    the observation the step returned is already the next episode's; the one the episode ended on is
+    in info["final_obs"]. The caller adds gamma x this value to the step's reward, so that its
+    target is r + gamma V(s_final), where GAE, which stops at every episode end, takes r alone."""
     values = np.zeros(len(truncated), dtype=np.float32)
     if truncated.any():
         final_obs = np.stack(infos["final_obs"][truncated])
         with torch.inference_mode():
-            final_value = agent.get_value(torch.as_tensor(final_obs, device=device))
+            final_value = agent.get_value(torch.as_tensor(final_obs, dtype=torch.float32,
+                                                          device=device))
         values[truncated] = final_value.flatten().cpu().numpy()
     return values
-
-
-def explained_variance(predicted: np.ndarray, target: np.ndarray) -> float:
-    """[Core 12: Debug variables] 1 - Var[target - predicted] / Var[target]: 1 is a perfect value
-    function, 0 no better than a constant, negative worse than one; nan when the targets do not
-    vary."""
-    target_variance = np.var(target)
-    if target_variance == 0:
-        return np.nan
-    return float(1 - np.var(target - predicted) / target_variance)
-
-
-# --------------------------------------------------------------------------------------------------
-# Data parallelism: where the ranks talk to each other
-# --------------------------------------------------------------------------------------------------
-
-
-def device_of_this_rank(args: Args, local_rank: int, local_world_size: int) -> torch.device:
-    """The device of this process: a GPU from --device-ids (or GPU local_rank, modulo the GPUs there
-    are) when CUDA is there and wanted, else the CPU. Refuses settings that cannot work."""
-    if args.device_ids and len(args.device_ids) != local_world_size:
-        exits.fail(VARIANT, f"--device-ids names {len(args.device_ids)} GPUs for the "
-                            f"{local_world_size} processes of this node: give one id per process "
-                            f"(torchrun --nproc-per-node {len(args.device_ids)}, or "
-                            f"{local_world_size} ids)")
-    use_cuda = args.cuda and torch.cuda.is_available()
-    if args.backend == "nccl" and not use_cuda:
-        why = "--no-cuda was given" if not args.cuda else "no CUDA GPU is available"
-        exits.fail(VARIANT, f"--backend nccl needs a CUDA GPU per process, but {why}: use "
-                            "--backend gloo")
-    if not use_cuda:
-        return torch.device("cpu")
-    device_ids = args.device_ids or [i % torch.cuda.device_count() for i in range(local_world_size)]
-    if max(device_ids) >= torch.cuda.device_count() or min(device_ids) < 0:
-        exits.fail(VARIANT, f"--device-ids {' '.join(map(str, device_ids))}: this node has GPUs 0 "
-                            f"to {torch.cuda.device_count() - 1}")
-    if args.backend == "nccl" and len(set(device_ids)) < len(device_ids):
-        exits.fail(VARIANT, "nccl cannot run two processes on one GPU (GPUs "
-                            f"{' '.join(map(str, device_ids))}): use --backend gloo to share GPUs, "
-                            "or one process per GPU")
-    return torch.device("cuda", device_ids[local_rank])
 
 
 def average_gradients(parameters: list[nn.Parameter], world_size: int) -> None:
@@ -537,13 +401,11 @@ def average_gradients(parameters: list[nn.Parameter], world_size: int) -> None:
 
 
 def gradient_step(agent: nn.Module, optimizer: optim.Optimizer, minibatch: tuple[torch.Tensor, ...],
-                  clip_coef: float, args: Args, world_size: int,
-                  loss_on_minibatch=None) -> dict[str, torch.Tensor]:
+                  clip_coef: float, args: Args, world_size: int) -> dict[str, torch.Tensor]:
     """One optimizer step on this rank's share of a minibatch (obs, actions, log-probs, values,
     advantages, returns). After the gradients' all-reduce every rank holds the same averaged
-    gradient, so every rank takes the same step and the copies of the agent stay identical.
-    loss_on_minibatch is minibatch_loss or its compiled form; both all-reduces stay outside it."""
-    loss_on_minibatch = loss_on_minibatch or minibatch_loss
+    gradient, so every rank takes the same step and the copies of the agent stay identical. Both
+    all-reduces stay outside minibatch_loss, the function --compile compiles."""
     obs, actions, old_logprob, old_value, advantages, returns = minibatch
     if args.norm_adv:
         # [Core 7: Normalization of advantages] per minibatch, not per batch. The minibatch is the
@@ -553,8 +415,8 @@ def gradient_step(agent: nn.Module, optimizer: optim.Optimizer, minibatch: tuple
         # hold gloo's, whose reduction runs on the CPU.
         mean, std = world_mean_and_std(advantages, world_size)
         advantages = (advantages - mean) / (std + 1e-8)
-    loss, stats = loss_on_minibatch(agent, obs, actions, old_logprob, old_value, advantages,
-                                    returns, clip_coef, args)
+    loss, stats = minibatch_loss(agent, obs, actions, old_logprob, old_value, advantages, returns,
+                                 clip_coef, args)
     optimizer.zero_grad()
     loss.backward()
     average_gradients(list(agent.parameters()), world_size)
@@ -569,110 +431,70 @@ def gradient_step(agent: nn.Module, optimizer: optim.Optimizer, minibatch: tuple
     return {**{key: value.clone() for key, value in stats.items()}, "grad_norm": grad_norm}
 
 
-def gather_from_all_ranks(item, world_size: int) -> list:
-    """[item of rank 0, item of rank 1, ...] on every rank (any picklable item). Used once per
-    iteration for what is logged and for the checkpoint, never per step."""
-    if world_size == 1:
-        return [item]
-    items = [None] * world_size
-    dist.all_gather_object(items, item)
-    return items
-
-
-# --------------------------------------------------------------------------------------------------
-# Training
-# --------------------------------------------------------------------------------------------------
-
-
-def episodes_at_start(envs: gym.vector.VectorEnv, checkpoint: dict | None, seed: int, rank: int):
-    """Where this rank's games stand as training starts: the next observation, and whether it
-    begins an episode (a life). A resumed run goes on with the games it left (`checkpoint`, which
-    holds every rank's, and whose games were rebuilt as they were, their statistics with them); a
-    new run, or one that starts new games (None), resets the games on `seed`."""
-    if checkpoint is not None:
-        return checkpoint["next_obs"][rank], checkpoint["next_done"][rank]
-    next_obs, _ = envs.reset(seed=seed)
-    return next_obs, np.zeros(envs.num_envs, dtype=bool)
-
-
 def main(args: Args, checkpoint: dict | None = None) -> dict:
-    """Train as `args` says, from `checkpoint` (read by parse_args) with --resume; returns a summary
-    of the run for callers such as tests."""
+    """Train as `args` says, from `checkpoint` (read by command_line.parse_args) with --resume;
+    returns a summary of the run for callers such as tests."""
     # torchrun tells each process who it is through environment variables. Without torchrun the
     # script is a world of one process.
     rank = int(os.environ.get("RANK", "0"))  # this process among all, on all nodes
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))  # this process among those of its node
     local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-
+    # The run: its flags checked, its name and folder (rank 0 logs, prints and saves for the world),
+    # its device (a GPU of its node from --device-ids, or the CPU).
+    device = run_life.device_of_rank(VARIANT, args.cuda, args.device_ids, args.backend, local_rank,
+                                     local_world_size)
+    run = run_life.Run(args, VARIANT, checkpoint, device, rank, world_size, env_package="ale-py")
     # [Multi-GPU 1: Shard the environments] The world's num_envs environments are split evenly
     # between the ranks. Each rank collects and learns from its share, so its batch and minibatches
     # are 1/world_size of those of ppo_atari.py with the same settings; the number of iterations
     # and the global-step increment count the world's steps, so they stay the same.
-    check_args(args, world_size)
+    if args.num_envs % world_size != 0:
+        exits.fail(VARIANT, f"--num-envs {args.num_envs} does not split evenly between "
+                            f"{world_size} processes: make it a multiple of {world_size} or start "
+                            "another number of processes")
     local_num_envs = args.num_envs // world_size
     local_batch_size = local_num_envs * args.num_steps
+    if local_batch_size % args.num_minibatches != 0:
+        exits.fail(VARIANT, f"each process's share of the batch, --num-envs / {world_size} "
+                            f"processes x --num-steps = {local_batch_size}, does not divide into "
+                            f"--num-minibatches {args.num_minibatches} equal minibatches: pick "
+                            "sizes for which it does")
     local_minibatch_size = local_batch_size // args.num_minibatches
     batch_size = local_batch_size * world_size
     num_iterations = args.total_timesteps // batch_size
-    device = device_of_this_rank(args, local_rank, local_world_size)
     # One PyTorch thread unless OMP_NUM_THREADS asks for more (torchrun sets it to 1): the
     # environments share the cores with the network, and so do the other ranks of this node.
     if "OMP_NUM_THREADS" not in os.environ:
         torch.set_num_threads(1)
-    check_env_id(args.env_id)
-    if checkpoint and checkpoint["world_size"] != world_size:
-        exits.fail(VARIANT, f"the checkpoint was written by {checkpoint['world_size']} processes, "
-                            f"not {world_size}: resume it with as many (torchrun --nproc-per-node "
-                            f"{checkpoint['world_size']} on one node)")
     # [Multi-GPU 2: Adjust seed per process] Each rank draws its actions, its minibatch order and
     # its games from its own seed, so the ranks do not collect the same data; rank r's environments
     # get the seeds seed + r x local_num_envs + i, so the world plays the same games as ppo_atari.py
     # with all the environments in one process. The weights, though, must start identical on every
     # rank, so torch is seeded with the shared seed until the agent is built.
-    run = run_life.Run(args, VARIANT, checkpoint, num_iterations, device, rank,
-                       seed=args.seed + rank, env_package="ale-py")
+    run_life.seed_everything(args.seed + rank, args.torch_deterministic)
     torch.manual_seed(args.seed)
 
-    # A resumed run goes on with the saved environments, the very episodes it left; they cannot
-    # record video, so with --capture-video it starts new ones instead (and no longer ends exactly
-    # as an unbroken run would).
-    records_video = args.capture_video and rank == 0
-    saved_envs = checkpoint["envs"][rank] if checkpoint and not records_video else None
-    envs = make_envs(args.env_id, local_num_envs, records_video, run.video_folder,
-                     saved_envs=saved_envs, async_envs=args.async_envs)
+    envs = make_envs(args.env_id, local_num_envs, args.capture_video and rank == 0,
+                     run.video_folder, saved_envs=run.saved_envs, async_envs=args.async_envs)
     obs_shape = envs.single_observation_space.shape  # (4, 84, 84)
     agent = Agent(envs.single_action_space.n).to(device)
-    # [Multi-GPU 2] the agent is built: from here on, each its own
-    torch.manual_seed(args.seed + rank)
+    torch.manual_seed(args.seed + rank)  # [Multi-GPU 2] the agent is built: now each its own seed
     # [Core 3: The Adam optimizer's epsilon parameter] 1e-5 as in the original code, not PyTorch's
     # 1e-8. Adam divides each step by sqrt(v) + eps: the larger eps damps the steps of weights whose
     # gradients are tiny, which Adam would otherwise scale up to full size. fused=True: the same
     # Adam, in one kernel for all parameters instead of a dozen small ops each.
     optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
-    # policy_step (the rollout's call of the agent) and loss_on_minibatch (the update's): the two
-    # functions as they are, or [Speed: torch.compile] compiled into a few fused kernels, so that a
-    # GPU does not wait for Python to launch many small ones. Both all-reduces (the advantages'
-    # statistics and the gradients) stay outside, in gradient_step.
-    policy_step, loss_on_minibatch = run_life.compiled(args, agent.get_action_and_value,
-                                                       minibatch_loss)
-
     # Every input has been checked: only now join the others, so a mistake stops every rank the same
     # way instead of leaving some waiting for the rest.
     if world_size > 1:
         if device.type == "cuda":
             torch.cuda.set_device(device)
         dist.init_process_group(backend=args.backend)  # address and rank from torchrun's variables
-    # Only rank 0 logs, tracks and records: its logs describe the world. (writer is None elsewhere.)
-    writer = run.open_logs(world_size=world_size, batch_size=batch_size,
-                           local_batch_size=local_batch_size,
-                           local_minibatch_size=local_minibatch_size, num_iterations=num_iterations)
 
     # This rank's rollout storage, (num_steps, local_num_envs, ...), refilled every iteration.
-    # [Speed: one host transfer per step] What the network reads or writes lives on the training
-    # device: frames (uint8 until the network scales them), actions, log-probs and values. Rewards
-    # and dones come from the games and stay on the host for GAE, whose results go to the device
-    # once per iteration.
+    # [Speed: one host transfer per step] What the network reads or writes lives on its device (the
+    # frames as uint8, until the network scales them); rewards and dones stay on the host for GAE.
     obs = torch.zeros((args.num_steps, local_num_envs) + obs_shape, dtype=torch.uint8,
                       device=device)
     actions = torch.zeros((args.num_steps, local_num_envs), dtype=torch.long, device=device)
@@ -681,16 +503,17 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
     rewards = np.zeros((args.num_steps, local_num_envs), dtype=np.float32)
     dones = np.zeros((args.num_steps, local_num_envs), dtype=np.float32)
 
-    # Where the run starts: its iteration and step (0 unless resumed), where each of this rank's
-    # games stands (new games begin on seeds of this rank's own, [Multi-GPU 2], that a resumed run
-    # has not played yet), and on rank 0 the scores of the world's latest finished games.
-    start_iteration, global_step = run.start(agent, optimizer, new_episodes=saved_envs is None)
-    next_obs, next_done = episodes_at_start(
-        envs, checkpoint if saved_envs is not None else None,
-        seed=args.seed + rank * local_num_envs + global_step, rank=rank)
-    recent_returns = deque(checkpoint["recent_returns"] if checkpoint else [], maxlen=20)
+    # The run starts: its logs open and, resumed, it takes back its weights, optimizer, random
+    # generators and step count. The environments go on where the checkpoint left them, or are
+    # reset on seeds that a resumed run has not played yet.
+    global_step = run.start(agent, optimizer, num_iterations, envs, world_size=world_size,
+                            batch_size=batch_size, local_batch_size=local_batch_size,
+                            local_minibatch_size=local_minibatch_size)
+    next_obs, next_done = run.resumed("next_obs", "next_done") or (
+        envs.reset(seed=args.seed + rank * local_num_envs + global_step)[0],
+        np.zeros(local_num_envs, dtype=bool))
 
-    for iteration in range(start_iteration + 1, num_iterations + 1):
+    for iteration in run.iterations():  # resumed: from the checkpoint's; a stop signal ends them
         # [Core 4: Adam learning rate annealing] linearly from learning_rate toward 0, which the end
         # of the run would reach: the last iteration uses learning_rate / num_iterations.
         # --anneal-clip lowers the clipping coefficient alike.
@@ -700,7 +523,6 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
         clip_coef = fraction_left * args.clip_coef if args.anneal_clip else args.clip_coef
 
         # Rollout: num_steps steps in each of this rank's environments with the current policy.
-        games = []  # (global step, score, length) of the games that ended on this rank
         for step in range(args.num_steps):
             global_step += local_num_envs * world_size  # [Multi-GPU 1] every rank steps at once
             obs[step] = torch.as_tensor(next_obs, device=device)
@@ -710,37 +532,34 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
             # the log-probability and value with it: they are recorded here, on the device
             # (ppo.py's separate critic would cost a second call; it scores the batch later).
             with torch.inference_mode():
-                action, logprob, _, value = policy_step(obs[step])
+                action, logprob, _, value = agent.get_action_and_value(obs[step])
             actions[step], logprobs[step], values[step] = action, logprob, value.flatten()
 
             # The step's one transfer to the host: the actions, which the games need.
             next_obs, reward, terminations, truncations, infos = envs.step(action.cpu().numpy())
-            # A lost life (EpisodicLife) or a time-limit truncation ends the episode like a
-            # termination...
+            # A time limit ends the episode like a termination, as in the original PPO...
             next_done = np.logical_or(terminations, truncations)
-            rewards[step] = reward  # clipped
+            rewards[step] = reward
             if args.bootstrap_truncated:  # ...unless the run values what the time limit cut off
                 cut_off = truncations & ~terminations
                 rewards[step] += args.gamma * truncated_value(agent, infos, cut_off, device)
-            games += [(global_step, score, length) for _, score, length in finished_games(infos)]
-            # within a long rollout too, every few seconds
-            run.print_progress(global_step, recent_returns)
+            # the episodes that ended, logged with their scores; and the progress line now and then
+            run.record_step(global_step, run_life.finished_episodes(infos))
 
-        with torch.no_grad():
-            next_value = agent.get_value(torch.as_tensor(next_obs, device=device))
-        # GAE runs on the host, in NumPy: one transfer of the rollout's values per iteration.
-        host_values = values.cpu().numpy()
-        advantages, returns = compute_gae(rewards, host_values, dones,
-                                          next_value.cpu().numpy().flatten(), next_done,
-                                          args.gamma, args.gae_lambda)
-
-        # Flatten this rank's rollout into its share of the batch: local_num_envs x num_steps
-        # transitions.
+        # Flatten the rollout into one batch of num_envs x num_steps transitions.
         # b_ names an array of the whole batch, mb_ one of a minibatch.
         b_obs = obs.reshape((-1,) + obs_shape)
         b_actions = actions.reshape(-1)
         b_logprobs = logprobs.reshape(-1)
         b_values = values.reshape(-1)
+        with torch.no_grad():
+            next_value = agent.get_value(torch.as_tensor(next_obs, dtype=torch.float32,
+                                                         device=device))
+        # GAE runs on the host, in NumPy: one transfer of the rollout's values per iteration.
+        host_values = b_values.cpu().numpy().reshape(args.num_steps, local_num_envs)
+        advantages, returns = compute_gae(rewards, host_values, dones,
+                                          next_value.cpu().numpy().flatten(), next_done,
+                                          args.gamma, args.gae_lambda)
         b_advantages = torch.as_tensor(advantages.reshape(-1), device=device)
         b_returns = torch.as_tensor(returns.reshape(-1), device=device)
 
@@ -757,7 +576,7 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
                 minibatch = (b_obs[mb_inds], b_actions[mb_inds], b_logprobs[mb_inds],
                              b_values[mb_inds], b_advantages[mb_inds], b_returns[mb_inds])
                 minibatch_stats.append(gradient_step(agent, optimizer, minibatch, clip_coef, args,
-                                                     world_size, loss_on_minibatch))
+                                                     world_size))
             if args.target_kl is not None:
                 # The ranks must agree to stop, or some would wait forever in the next all-reduce.
                 world_kl = minibatch_stats[-1]["approx_kl"].clone()
@@ -766,182 +585,35 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
                 if world_kl.item() / world_size > args.target_kl:
                     break
 
-        # One message from each rank per iteration: its losses, its batch's values and returns, its
-        # finished games, and whether it would stop (it was signalled) or save (--save-minutes).
-        # Rank 0 logs the world's figures. All ranks stop, or save, as soon as one of them would: a
-        # signal that reaches one rank late, or clocks a moment apart, must not split them (a rank
-        # that saved alone would wait forever for the others).
-        report = {"stats": {key: torch.stack([s[key] for s in minibatch_stats]).mean().item()
-                            for key in minibatch_stats[0]},
-                  "values": host_values.reshape(-1), "returns": returns.reshape(-1), "games": games,
-                  "stop": run.stop_requested, "save": run.save_minutes_passed}
-        reports = gather_from_all_ranks(report, world_size)
-        run.all_ranks_stop = any(r["stop"] for r in reports)
-        run.all_ranks_save = any(r["save"] for r in reports)
-        # A NaN or infinity on any rank ends the run here, on every rank alike, in one line.
-        run.stop_if_diverged(global_step,
-                             {key: np.mean([r["stats"][key] for r in reports])
-                              for key in report["stats"]},
-                             agent)
-
-        if rank == 0:
-            for game_step, score, length in sorted(game for r in reports for game in r["games"]):
-                writer.add_scalar("charts/episodic_return", score, game_step)
-                writer.add_scalar("charts/episodic_length", length, game_step)
-                recent_returns.append(score)
-            # [Core 12: Debug variables] averaged over every minibatch of this update, on all ranks.
-            writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
-            for key in ("value_loss", "policy_loss", "entropy", "old_approx_kl", "approx_kl",
-                        "clipfrac"):
-                writer.add_scalar(f"losses/{key}", np.mean([r["stats"][key] for r in reports]),
-                                  global_step)
-            writer.add_scalar("losses/explained_variance",
-                              explained_variance(np.concatenate([r["values"] for r in reports]),
-                                                 np.concatenate([r["returns"] for r in reports])),
-                                                 global_step)
-            writer.add_scalar("charts/SPS", run.steps_per_second(global_step), global_step)
-            run.print_progress(global_step, recent_returns, iteration)
-
-        if run.checkpoint_due(iteration):
-            # Every rank's own games and random generators go into the one file that rank 0 writes,
-            # so the whole world can resume.
-            this_rank = {"rng": checkpoints.rng_state(device), "envs": checkpoints.save_games(envs),
-                         "next_obs": next_obs, "next_done": next_done}
-            all_ranks = gather_from_all_ranks(this_rank, world_size)
-            run.save_checkpoint(iteration, global_step, agent, optimizer, world_size=world_size,
-                                recent_returns=list(recent_returns),
-                                # one entry per rank
-                                **{key: [state[key] for state in all_ranks] for key in this_rank})
-        if run.stopping:  # a signal on some rank: this iteration was finished, logged and saved
-            break
+        # [Core 12: Debug variables] averaged over every minibatch of this update. The iteration's
+        # end (run.end_iteration), on all ranks at once: a NaN or infinity on any stops the run in
+        # one line; else rank 0 logs the world's figures (with the values' explained variance) and
+        # prints the progress line, and, when due, writes a checkpoint that holds every rank's own.
+        means = {key: torch.stack([s[key] for s in minibatch_stats]).mean().item()
+                 for key in minibatch_stats[0]}
+        run.end_iteration(iteration, global_step, means, host_values.reshape(-1),
+                          returns.reshape(-1), next_obs=next_obs, next_done=next_done)
 
     envs.close()
     if world_size > 1:
         dist.destroy_process_group()
-    run.finish(global_step, how_to_resume="resume with the same launch command and --resume "
-                                          f"{run.checkpoint_path}")
-    return {"run_name": run.name, "global_step": global_step, "interrupted": run.stopping,
-            "rank": rank, "world_size": world_size, "recent_returns": list(recent_returns),
-            "agent": agent}
+    return run.finish(global_step, agent=agent, rank=rank, world_size=world_size)
 
 
 def evaluate(args: Args, checkpoint: dict) -> list[float]:
-    """--evaluate: play games with the saved agent, its actions sampled as in training. The games
-    run through the training wrappers, so a game lasts all its lives and its score is the real,
-    unclipped one. It plays in one process."""
-    check_args(args, 1)
+    """--evaluate: play episodes with the saved agent, its actions sampled as in training. An
+    episode is a whole game, scored with the game's own rewards (RecordEpisodeStatistics). It plays
+    in one process."""
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         exits.fail(VARIANT, f"--evaluate plays in one process: run python ppo/{VARIANT}.py "
                             f"--evaluate {args.evaluate}")
-    # the device and seeds; prints the scores
-    evaluation = run_life.Evaluation(args, VARIANT, checkpoint)
+    evaluation = run_life.Evaluation(args, VARIANT, checkpoint)  # the device and seeds
     envs = make_envs(args.env_id, 1, args.capture_video, evaluation.video_folder,
                      video_episodes=args.eval_episodes)
     agent = evaluation.load(Agent(envs.single_action_space.n))
-    obs, _ = envs.reset(seed=evaluation.seed)
-    while evaluation.playing:
-        with torch.inference_mode():
-            action, _, _, _ = agent.get_action_and_value(torch.as_tensor(obs,
-                                                                         device=evaluation.device))
-        obs, _, _, _, infos = envs.step(action.cpu().numpy())
-        for _, score, length in finished_games(infos):
-            evaluation.episode_ended(score, length)
-    envs.close()
-    return evaluation.report()
-
-
-# --------------------------------------------------------------------------------------------------
-# The command line: which settings a resumed run may change, and which settings and environments
-# make no run at all
-# --------------------------------------------------------------------------------------------------
-
-# Settings that may differ between a run and its resumption; every other field must stay the same.
-RUNTIME_FIELDS = {"cuda", "track", "wandb_project_name", "wandb_entity", "capture_video",
-                  "save_model", "save_interval", "save_minutes", "resume", "evaluate",
-                  "eval_episodes", "compile", "cudagraphs", "async_envs", "backend", "device_ids"}
-# The training setting an evaluation also reads and may change: the seed of its games.
-EVALUATION_FIELDS = {"seed"}
-
-
-def parse_args(argv: list[str] | None = None) -> tuple[Args, dict | None]:
-    """The settings of the command line, and the checkpoint that --resume or --evaluate names."""
-    return command_line.parse_args(Args, VARIANT, RUNTIME_FIELDS, EVALUATION_FIELDS, argv,
-                                   doc=__doc__)
-
-
-def check_args(args: Args, world_size: int) -> None:
-    """Refuse settings that cannot make a valid run, before any environment is built: first each
-    flag on its own, then the sizes that must fit together, also between the `world_size`
-    processes."""
-    # (flags, what each must be, which values are allowed)
-    command_line.check_rules(args, VARIANT, [
-        ("env_id", "an Atari id such as BreakoutNoFrameskip-v4", lambda value: value.strip() != ""),
-        ("seed", "a whole number from 0 to 2**31 - 1", lambda value: 0 <= value < 2**31),
-        ("backend", "gloo or nccl", lambda value: value in ("gloo", "nccl")),
-        ("device_ids", "GPU numbers, 0 or more (or none)",
-         lambda value: all(i >= 0 for i in value)),
-        ("save_interval", "0 (save only at the end) or more", lambda value: value >= 0),
-        ("save_minutes", "0 (never save by the clock) or more", lambda value: 0 <= value < np.inf),
-        ("eval_episodes total_timesteps num_envs num_steps num_minibatches update_epochs", "at "
-                                                                                           "least "
-                                                                                           "1",
-         lambda value: value >= 1),
-        ("learning_rate", "a finite number above 0", lambda value: 0 < value < np.inf),
-        ("gamma gae_lambda", "between 0 and 1", lambda value: 0 <= value <= 1),
-        ("clip_coef max_grad_norm", "above 0", lambda value: value > 0),
-        ("ent_coef vf_coef", "0 or more", lambda value: value >= 0),
-        ("target_kl", "above 0 (leave it out to never stop early)",
-         lambda value: value is None or value > 0),
-    ])
-    if args.num_envs % world_size != 0:
-        exits.fail(VARIANT, f"--num-envs {args.num_envs} does not split evenly between "
-                            f"{world_size} processes: make it a multiple of {world_size} or start "
-                            "another number of processes")
-    local_batch_size = args.num_envs // world_size * args.num_steps
-    if local_batch_size % args.num_minibatches != 0:
-        exits.fail(VARIANT, f"each process's share of the batch, --num-envs / {world_size} "
-                            f"processes x --num-steps = {local_batch_size}, does not divide into "
-                            f"--num-minibatches {args.num_minibatches} equal minibatches: pick "
-                            "sizes for which it does")
-    batch_size = args.num_envs * args.num_steps
-    if args.norm_adv and batch_size // args.num_minibatches < 2:
-        exits.fail(VARIANT, f"minibatches of {batch_size // args.num_minibatches} transition "
-                            "cannot be normalized (--norm-adv divides by their standard "
-                            "deviation): use fewer --num-minibatches or a larger batch")
-    if args.total_timesteps < batch_size:
-        exits.fail(VARIANT, f"--total-timesteps {args.total_timesteps} is smaller than one batch "
-                            f"(--num-envs x --num-steps = {batch_size}): raise it or shrink the "
-                            "batch")
-
-
-def check_env_id(env_id: str) -> None:
-    """Refuse, with the script to use instead, an id that is not an ale-py Atari game."""
-    if ale_py is None:
-        exits.fail(VARIANT, f"{VARIANT}.py needs ale-py and opencv-python: pip install -e "
-                            "'.[atari]'")
-    gym.register_envs(ale_py)  # ale-py >= 0.9 registers its games only when asked
-    ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Error)  # no banner for every game made
-    hint = ""
-    if env_id.endswith("-v5") and not env_id.startswith("ALE/"):
-        hint = (f" (ale-py names it ALE/{env_id}; envpool ids such as {env_id} need "
-                "ppo/ppo_atari_envpool.py)")
-    spec = command_line.gymnasium_spec(env_id, VARIANT, hint)
-    if spec.entry_point != "ale_py.env:AtariEnv":
-        exits.fail(VARIANT, f"{env_id} is not an Atari game of ale-py: {VARIANT}.py trains on "
-                            "Atari frames only; use ppo/ppo.py for vector observations and "
-                            "ppo/ppo_continuous_action.py for Box actions")
-
-
-def check_spaces(env_id: str, envs: gym.vector.VectorEnv) -> None:
-    """Refuse a game whose actions this script cannot take (a continuous-action Atari game)."""
-    if not isinstance(envs.single_action_space, gym.spaces.Discrete):
-        envs.close()
-        exits.fail(VARIANT, f"{env_id} has a {type(envs.single_action_space).__name__} action "
-                            f"space but {VARIANT}.py needs Discrete actions: use "
-                            "ppo/ppo_continuous_action.py for Box actions")
+    return evaluation.play(envs, lambda obs, _: agent.get_action_and_value(
+        torch.as_tensor(obs, dtype=torch.float32, device=evaluation.device))[0].cpu().numpy())
 
 
 if __name__ == "__main__":
-    args, checkpoint = parse_args()
-    exits.run_and_exit(evaluate if args.evaluate else main, args, checkpoint, VARIANT,
-                       pip_extra="atari")
+    command_line.run_script(main, evaluate, Args, VARIANT, __doc__, pip_extra="atari")

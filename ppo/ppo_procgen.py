@@ -6,27 +6,25 @@
     python ppo/ppo_procgen.py --evaluate runs/<run>/checkpoint.pt    # score a saved agent
 
 Procgen comes with the extra: pip install -e ".[procgen]" (OpenAI's procgen, published on PyPI as
-procgen-mirror). The file follows ppo/ppo.py: settings, environments, the agent, GAE, the clipped
-loss, then the training loop in `main()`. The 13 core details are marked `[Core N: ...]` where they
-happen, the network `[Procgen: IMPALA CNN]`, and the two settings of openai/train-procgen that the
-other scripts lack (no learning-rate annealing, rewards scaled and clipped) `[Procgen N: ...]`;
-docs/ppo_procgen.md lists them all. The games are played on the easy levels. What a run needs beyond
-PPO comes from four modules beside this file, one concern each: command_line (flags, --resume and
---evaluate), checkpoints, run_life (logs, progress, stop signals, speed options, evaluation) and
-exits (exit codes): copy them along with it.
-"""
+procgen-mirror). The file follows ppo/ppo_atari.py; its 13 core details are marked where they happen
+as there, and so are the network, `[Procgen: IMPALA CNN]`, and the two settings of
+openai/train-procgen that the other scripts lack (no learning-rate annealing in Args, rewards scaled
+and clipped in RewardScaler): docs/ppo_procgen.md explains each. The games play the easy levels.
+The run itself (its flags, checkpoints, logs, progress line and stop signals) comes from the modules
+beside this file, written once for every script: copy them along with it."""
 
 import contextlib
 import io
 import warnings
-from collections import deque
 from dataclasses import dataclass
+from typing import Annotated
 
 import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn as nn
 import torch.optim as optim
+from gymnasium.wrappers.utils import RunningMeanStd
 from torch.distributions.categorical import Categorical
 
 # The run machinery, beside this file: what a run needs that is not PPO.
@@ -55,19 +53,24 @@ DISTRIBUTION_MODES = ("easy", "hard", "extreme", "memory", "exploration")
 MODE_GAMES = {"memory": ("caveflyer", "dodgeball", "heist", "jumper", "maze", "miner"),
               "exploration": ("caveflyer", "climber", "coinrun", "heist", "jumper", "leaper",
                               "maze", "ninja")}
+# The rules of --distribution-mode and --num-levels (Procgen's own flags).
+ONE_OF_THE_MODES = command_line.Rule(f"one of {', '.join(DISTRIBUTION_MODES)}",
+                                     lambda value: value in DISTRIBUTION_MODES)
+LEVELS = command_line.Rule("0 (unlimited levels) or more", lambda value: value >= 0)
 
 
+@command_line.with_run_flags(VARIANT)  # then --seed, --cuda, --track, --save-model, --resume, ...
 @dataclass
 class Args:
-    # The algorithm
     env_id: str = "starpilot"
     """the Procgen game: bigfish, bossfight, caveflyer, chaser, climber, coinrun, dodgeball,
     fruitbot, heist, jumper, leaper, maze, miner, ninja, plunder or starpilot"""
-    distribution_mode: str = "easy"
+    # An evaluation may play other levels than training did (all of them, say: --num-levels 0).
+    distribution_mode: command_line.EvaluationMayChange[Annotated[str, ONE_OF_THE_MODES]] = "easy"
     """the Procgen level distribution: easy, hard, extreme, memory or exploration"""
-    num_levels: int = 0
+    num_levels: command_line.EvaluationMayChange[Annotated[int, LEVELS]] = 0
     """the number of distinct levels to train on (0: unlimited)"""
-    start_level: int = 0
+    start_level: command_line.EvaluationMayChange[Annotated[int, command_line.ZERO_OR_MORE]] = 0
     """the seed of the first level, with --num-levels above 0"""
     total_timesteps: int = 25000000
     """total environment steps of the experiment"""
@@ -104,52 +107,8 @@ class Args:
     """the maximum norm for global gradient clipping"""
     target_kl: float | None = None
     """if set, stop the update epochs early once the approximate KL exceeds it"""
-    reward_clip: float = 10.0
+    reward_clip: Annotated[float, command_line.ABOVE_ZERO] = 10.0
     """scaled rewards are clipped to [-reward_clip, reward_clip]"""
-
-    # The run: its name, seed and device, logs, checkpoints and evaluation
-    exp_name: str = VARIANT
-    """the name of this experiment, part of the run name"""
-    seed: int = 1
-    """seed of the experiment (Python, NumPy, PyTorch and the levels the games draw)"""
-    torch_deterministic: bool = True
-    """if toggled, sets `torch.backends.cudnn.deterministic`"""
-    cuda: bool = True
-    """if toggled, use CUDA when it is available"""
-    track: bool = False
-    """if toggled, log the run to Weights & Biases (WANDB_MODE=offline works without a network)"""
-    wandb_project_name: str = "ppo-scripts"
-    """the Weights & Biases project"""
-    wandb_entity: str | None = None
-    """the Weights & Biases entity (team); None uses your default"""
-    capture_video: bool = False
-    """if toggled, record videos of the first game to `videos/<run_name>/`"""
-    save_model: bool = False
-    """if toggled, save runs/<run_name>/checkpoint.pt at the end and when a signal stops the run"""
-    save_interval: int = 100
-    """with --save-model, also save every this many iterations (0: only at the end)"""
-    save_minutes: float = 0.0
-    """with --save-model, also save after this many minutes (0: never): what a crash can lose"""
-    resume: str | None = None
-    """path of a checkpoint to continue training from; the run keeps the checkpoint's settings"""
-    trust_old_checkpoint: bool = False
-    """if toggled, --resume reads old-format checkpoints, which can run code: only your own files"""
-    evaluate: str | None = None
-    """path of a checkpoint to evaluate instead of training"""
-    eval_episodes: int = 10
-    """number of episodes to play with --evaluate"""
-
-    # Speed: how fast the run goes, never what it learns
-    compile: bool = False
-    """if toggled, torch.compile the policy step and minibatch loss (pays on a GPU, slow start)"""
-    cudagraphs: bool = False
-    """if toggled, compile as --compile does and replay both as CUDA graphs (needs CUDA)"""
-
-
-# --------------------------------------------------------------------------------------------------
-# Environments
-# --------------------------------------------------------------------------------------------------
-
 
 class ProcgenVectorEnv:
     """`num_envs` Procgen games behind the calls of a gymnasium vector environment: reset(seed),
@@ -165,8 +124,10 @@ class ProcgenVectorEnv:
     15 actions.
 
     A game cannot be restarted on demand, so reset(seed) builds the games anew; their levels are
-    drawn from that seed. With `video_folder`, the first game's episodes are written as mp4 files on
-    gymnasium's schedule (episodes 0, 1, 8, 27, ..., 1000, 2000, ...), from what the agent sees."""
+    drawn from that seed. Each step's info reports the episodes that ended as gymnasium's
+    RecordEpisodeStatistics does (the game's own score and length). With `video_folder`, the first
+    game's episodes are written as mp4 files on gymnasium's schedule (episodes 0, 1, 8, 27, ...,
+    1000, 2000, ...), from what the agent sees."""
 
     single_observation_space = gym.spaces.Box(0, 255, (64, 64, 3), np.uint8)
     single_action_space = gym.spaces.Discrete(15)
@@ -178,7 +139,7 @@ class ProcgenVectorEnv:
         self.options = dict(env_name=game, distribution_mode=distribution_mode)
         if distribution_mode != "exploration":  # which sets its own level
             self.options.update(num_levels=num_levels, start_level=start_level)
-        self.games = None
+        self.games, self.episode_return, self.episode_length = None, None, None
         self.video_folder, self.frames, self.episode = video_folder, [], 0
         if video_folder is not None:
             # needs moviepy
@@ -194,6 +155,8 @@ class ProcgenVectorEnv:
         seed = None if seed is None else seed % 2**31
         self.games = ProcgenGym3Env(num=self.num_envs, rand_seed=seed, **self.options)
         _, obs, _ = self.games.observe()
+        self.episode_return = np.zeros(self.num_envs)
+        self.episode_length = np.zeros(self.num_envs, dtype=np.int64)
         self.frames = []
         self.record(obs["rgb"], episode_ended=False)
         return obs["rgb"], {}
@@ -203,7 +166,12 @@ class ProcgenVectorEnv:
         self.games.act(np.asarray(actions, dtype=np.int32))
         reward, obs, first = self.games.observe()  # first: this observation begins a new episode
         self.record(obs["rgb"], episode_ended=first[0])
-        return obs["rgb"], reward, first, np.zeros_like(first), {}
+        self.episode_return += reward
+        self.episode_length += 1
+        info = {"final_info": {"episode": {"r": self.episode_return.copy(),
+                                           "l": self.episode_length.copy()}, "_episode": first}}
+        self.episode_return[first], self.episode_length[first] = 0.0, 0
+        return obs["rgb"], reward, first, np.zeros_like(first), info
 
     def record(self, obs: np.ndarray, episode_ended: bool) -> None:
         """Keep the first game's frames (scaled up 4x) while the schedule picks its episode, and
@@ -237,11 +205,6 @@ def make_envs(env_id: str, num_envs: int, capture_video: bool = False, video_fol
     check_env_id(env_id, distribution_mode, num_levels, start_level)
     return ProcgenVectorEnv(env_id, num_envs, distribution_mode, num_levels, start_level,
                             video_folder if capture_video else None)
-
-
-# --------------------------------------------------------------------------------------------------
-# Agent
-# --------------------------------------------------------------------------------------------------
 
 
 def layer_init(layer: nn.Linear, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Linear:
@@ -317,6 +280,7 @@ class Agent(nn.Module):
     def get_value(self, obs: torch.Tensor) -> torch.Tensor:
         return self.critic(self.features(obs))
 
+    @run_life.compiled
     def get_action_and_value(self, obs: torch.Tensor, action: torch.Tensor | None = None):
         """Sample an action (or score a given one): returns action, log-prob, entropy and value.
         One pass through the trunk gives all four, so the rollout asks for them at every step."""
@@ -326,31 +290,6 @@ class Agent(nn.Module):
         if action is None:
             action = distribution.sample()
         return action, distribution.log_prob(action), distribution.entropy(), self.critic(hidden)
-
-
-class RunningMeanStd:
-    """Running mean and variance of a stream of batches, merged batch by batch (Chan et al.'s
-    parallel algorithm) in float64. Starts at mean 0, variance 1, with a tiny pseudo-count."""
-
-    def __init__(self, shape: tuple[int, ...] = ()):
-        self.mean = np.zeros(shape, dtype=np.float64)
-        self.var = np.ones(shape, dtype=np.float64)
-        self.count = 1e-4
-
-    def update(self, batch: np.ndarray) -> None:
-        batch_mean, batch_var, batch_count = batch.mean(axis=0), batch.var(axis=0), batch.shape[0]
-        delta = batch_mean - self.mean
-        total = self.count + batch_count
-        self.mean = self.mean + delta * batch_count / total
-        self.var = (self.var * self.count + batch_var * batch_count
-                    + np.square(delta) * self.count * batch_count / total) / total
-        self.count = total
-
-    def state_dict(self) -> dict:
-        return {"mean": self.mean.copy(), "var": self.var.copy(), "count": self.count}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.mean, self.var, self.count = state["mean"].copy(), state["var"].copy(), state["count"]
 
 
 class RewardScaler:
@@ -366,7 +305,7 @@ class RewardScaler:
 
     def __init__(self, num_envs: int, gamma: float):
         self.gamma = gamma
-        self.return_rms = RunningMeanStd(())
+        self.return_rms = RunningMeanStd(shape=())
         self.discounted_return = np.zeros(num_envs)
 
     def scale(self, reward: np.ndarray, done: np.ndarray) -> np.ndarray:
@@ -376,12 +315,22 @@ class RewardScaler:
         return reward / np.sqrt(self.return_rms.var + 1e-8)
 
     def state_dict(self) -> dict:
-        return {"return_rms": self.return_rms.state_dict(),
+        return {"return_rms": statistics(self.return_rms),
                 "discounted_return": self.discounted_return.copy()}
 
     def load_state_dict(self, state: dict) -> None:
-        self.return_rms.load_state_dict(state["return_rms"])
+        self.return_rms = statistics(state["return_rms"])
         self.discounted_return = state["discounted_return"].copy()
+
+
+def statistics(saved: RunningMeanStd | dict) -> dict | RunningMeanStd:
+    """A running mean and variance (gymnasium's RunningMeanStd: Chan et al.'s parallel merge of
+    batches, in float64) as a checkpoint keeps it, and back."""
+    if isinstance(saved, RunningMeanStd):
+        return {"mean": saved.mean.copy(), "var": saved.var.copy(), "count": saved.count}
+    kept = RunningMeanStd(shape=np.shape(saved["mean"]))
+    kept.mean, kept.var, kept.count = saved["mean"].copy(), saved["var"].copy(), saved["count"]
+    return kept
 
 
 # --------------------------------------------------------------------------------------------------
@@ -415,8 +364,7 @@ def compute_gae(rewards: np.ndarray, values: np.ndarray, dones: np.ndarray, next
 
 def ppo_loss(new_logprob: torch.Tensor, entropy: torch.Tensor, new_value: torch.Tensor,
              old_logprob: torch.Tensor, old_value: torch.Tensor, advantages: torch.Tensor,
-             returns: torch.Tensor, clip_coef: float,
-             args: Args) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+             returns: torch.Tensor, clip_coef: float, args: Args) -> tuple[torch.Tensor, dict]:
     """The PPO objective on one minibatch, with the clipping coefficient of this update; returns the
     loss to minimize and detached statistics."""
     logratio = new_logprob - old_logprob
@@ -441,7 +389,7 @@ def ppo_loss(new_logprob: torch.Tensor, entropy: torch.Tensor, new_value: torch.
     else:
         v_loss = 0.5 * ((new_value - returns) ** 2).mean()
 
-    # [Core 10: Overall loss and entropy bonus] one loss for both heads and the shared trunk; the
+    # [Core 10: Overall loss and entropy bonus] one loss for the policy and the value function; the
     # entropy term keeps the policy exploring.
     entropy_mean = entropy.mean()
     loss = pg_loss - args.ent_coef * entropy_mean + args.vf_coef * v_loss
@@ -457,6 +405,7 @@ def ppo_loss(new_logprob: torch.Tensor, entropy: torch.Tensor, new_value: torch.
     return loss, stats
 
 
+@run_life.compiled
 def minibatch_loss(agent: Agent, obs: torch.Tensor, actions: torch.Tensor,
                    old_logprob: torch.Tensor, old_value: torch.Tensor, advantages: torch.Tensor,
                    returns: torch.Tensor, clip_coef: float,
@@ -467,48 +416,18 @@ def minibatch_loss(agent: Agent, obs: torch.Tensor, actions: torch.Tensor,
                     returns, clip_coef, args)
 
 
-def explained_variance(predicted: np.ndarray, target: np.ndarray) -> float:
-    """[Core 12: Debug variables] 1 - Var[target - predicted] / Var[target]: 1 is a perfect value
-    function, 0 no better than a constant, negative worse than one; nan when the targets do not
-    vary."""
-    target_variance = np.var(target)
-    if target_variance == 0:
-        return np.nan
-    return float(1 - np.var(target - predicted) / target_variance)
-
-
-# --------------------------------------------------------------------------------------------------
-# Training
-# --------------------------------------------------------------------------------------------------
-
-
-def episodes_at_start(envs: ProcgenVectorEnv, checkpoint: dict | None, seed: int,
-                      reward_scaler: RewardScaler):
-    """Where the games' episodes stand as training starts: the next observation, whether it begins
-    an episode, and each episode's running score and length. Procgen builds its games anew at a
-    reset; a resumed run (`checkpoint`) then puts the saved games' own states back and goes on with
-    the very episodes it left. A new run, or one that starts new episodes (None), plays the games
-    the reset on `seed` built, and the reward scaler's discounted returns start again from 0."""
-    next_obs, _ = envs.reset(seed=seed)
-    if checkpoint is not None:
-        envs.set_state(checkpoint["envs"])
-        return (checkpoint["next_obs"], checkpoint["next_done"], checkpoint["episode_return"],
-                checkpoint["episode_length"])
-    reward_scaler.discounted_return[:] = 0.0
-    return (next_obs, np.zeros(envs.num_envs, dtype=bool), np.zeros(envs.num_envs),
-            np.zeros(envs.num_envs, dtype=np.int64))
-
-
 def main(args: Args, checkpoint: dict | None = None) -> dict:
-    """Train as `args` says, from `checkpoint` (read by parse_args) with --resume; returns a summary
-    of the run for callers such as tests."""
-    check_args(args)
+    """Train as `args` says, from `checkpoint` (read by command_line.parse_args) with --resume;
+    returns a summary of the run for callers such as tests."""
+    # The run: its flags checked, its name and folder, its device (run_life.Run).
+    run = run_life.Run(args, VARIANT, checkpoint, env_package="procgen-mirror", recent_episodes=100)
+    device = run.device
     batch_size = args.num_envs * args.num_steps
     minibatch_size = batch_size // args.num_minibatches
     num_iterations = args.total_timesteps // batch_size
-    # The run: its name and folder, device and seeds, and the releases it records.
-    run = run_life.Run(args, VARIANT, checkpoint, num_iterations, env_package="procgen-mirror")
-    device = run.device
+    # Python's, NumPy's and PyTorch's random generators start from --seed; the environments are
+    # seeded at their reset, below.
+    run_life.seed_everything(args.seed, args.torch_deterministic)
     # PyTorch keeps its default of one thread per core here: on a CPU nearly all the time goes to
     # the IMPALA CNN, which a dedicated many-core machine runs faster on all its cores. On a shared
     # machine set OMP_NUM_THREADS=1: docs/ppo_procgen.md, Speed, measured the default up to 80x
@@ -516,7 +435,7 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
 
     envs = make_envs(args.env_id, args.num_envs, args.capture_video, run.video_folder,
                      args.distribution_mode, args.num_levels, args.start_level)
-    obs_shape = envs.single_observation_space.shape
+    obs_shape = envs.single_observation_space.shape  # (64, 64, 3)
     agent = Agent(obs_shape, envs.single_action_space.n).to(device)
     reward_scaler = RewardScaler(args.num_envs, args.gamma)
     # [Core 3: The Adam optimizer's epsilon parameter] 1e-5 as in the original code, not PyTorch's
@@ -524,19 +443,10 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
     # gradients are tiny, which Adam would otherwise scale up to full size. fused=True: the same
     # Adam, in one kernel for all parameters instead of a dozen small ops each.
     optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
-    # policy_step (the rollout's call of the agent) and loss_on_minibatch (the update's): the two
-    # functions as they are, or [Speed: torch.compile] compiled into a few fused kernels, so that a
-    # GPU does not wait for Python to launch many small ones.
-    policy_step, loss_on_minibatch = run_life.compiled(args, agent.get_action_and_value,
-                                                       minibatch_loss)
-    writer = run.open_logs(batch_size=batch_size, minibatch_size=minibatch_size,
-                           num_iterations=num_iterations)
 
-    # Rollout storage, (num_steps, num_envs, ...), refilled every iteration. What the network reads
-    # and writes lives on the training device, allocated once: the images as they come, uint8 (200
-    # MB at the default sizes, four times that as floats; the network scales them), the actions,
-    # their log-probabilities and the values. Rewards and episode ends come from the games as NumPy
-    # and stay there until GAE.
+    # Rollout storage, (num_steps, num_envs, ...), refilled every iteration. [Speed: one host
+    # transfer per step] What the network reads or writes lives on its device (the frames as uint8,
+    # until the network scales them); rewards and dones stay on the host, where GAE runs.
     obs = torch.zeros((args.num_steps, args.num_envs) + obs_shape, dtype=torch.uint8, device=device)
     actions = torch.zeros((args.num_steps, args.num_envs), dtype=torch.long, device=device)
     logprobs = torch.zeros((args.num_steps, args.num_envs), device=device)
@@ -544,19 +454,24 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
     rewards = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
     dones = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
 
-    # Where the run starts: its iteration and step (0 unless resumed), where each game's episode
-    # stands (new episodes begin on seeds that a resumed run has not played yet), and the scores of
-    # the latest finished episodes. A recording run saved no games; resuming it starts new ones.
-    saved_games = checkpoint["envs"] if checkpoint else None
-    start_iteration, global_step = run.start(agent, optimizer, new_episodes=saved_games is None)
+    # The run starts: its logs open and, resumed, it takes back its weights, optimizer, random
+    # generators and step count, and the reward scaler's statistics. Procgen builds its games anew
+    # at a reset, on seeds that a resumed run has not played yet; a resumed run then puts the saved
+    # games back, the very episodes it left (their scores so far with them), and a new one's
+    # discounted returns that scale the rewards start from 0.
+    global_step = run.start(agent, optimizer, num_iterations, batch_size=batch_size,
+                            minibatch_size=minibatch_size)
     if checkpoint:
         reward_scaler.load_state_dict(checkpoint["reward_scaler"])
-    next_obs, next_done, episode_return, episode_length = episodes_at_start(
-        envs, checkpoint if saved_games is not None else None, seed=args.seed + global_step,
-        reward_scaler=reward_scaler)
-    recent_returns = deque(checkpoint["recent_returns"] if checkpoint else [], maxlen=100)
+    next_obs, next_done = envs.reset(seed=args.seed + global_step)[0], np.zeros(args.num_envs, bool)
+    resumed = run.resumed("next_obs", "next_done", "episode_return", "episode_length")
+    if resumed:
+        envs.set_state(run.saved_envs)
+        next_obs, next_done, envs.episode_return, envs.episode_length = resumed
+    else:
+        reward_scaler.discounted_return[:] = 0.0
 
-    for iteration in range(start_iteration + 1, num_iterations + 1):
+    for iteration in run.iterations():  # resumed: from the checkpoint's; a stop signal ends them
         # [Core 4: Adam learning rate annealing] off by default here ([Procgen 1]); when on,
         # linearly from learning_rate toward 0, which the end of the run would reach: the last
         # iteration uses learning_rate / num_iterations. --anneal-clip lowers the clipping
@@ -566,46 +481,29 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
             optimizer.param_groups[0]["lr"] = fraction_left * args.learning_rate
         clip_coef = fraction_left * args.clip_coef if args.anneal_clip else args.clip_coef
 
-        # Rollout: num_steps steps in every game with the current policy.
+        # Rollout: num_steps steps in every environment with the current policy.
         for step in range(args.num_steps):
             global_step += args.num_envs
-            obs[step] = torch.as_tensor(next_obs, device=device)  # uint8 on its way to the device
+            obs[step] = torch.as_tensor(next_obs, device=device)
             dones[step] = next_done
 
             # The network runs once per step anyway to choose the action, and its one trunk gives
             # the log-probability and value with it: they are recorded here, on the device
             # (ppo.py's separate critic would cost a second call; it scores the batch later).
             with torch.inference_mode():
-                action, logprob, _, value = policy_step(obs[step])
+                action, logprob, _, value = agent.get_action_and_value(obs[step])
             actions[step], logprobs[step], values[step] = action, logprob, value.flatten()
 
-            # [Speed: one host transfer per step] the actions, which the games need, and nothing
-            # else.
-            next_obs, reward, terminations, truncations, _ = envs.step(action.cpu().numpy())
+            # The step's one transfer to the host: the actions, which the games need.
+            next_obs, reward, terminations, truncations, infos = envs.step(action.cpu().numpy())
             next_done = np.logical_or(terminations, truncations)
             # [Procgen 2] Rewards scaled by the std of the discounted return, then clipped to
             # ±reward_clip.
             rewards[step] = np.clip(reward_scaler.scale(reward, next_done), -args.reward_clip,
                                     args.reward_clip)
-
-            episode_return += reward  # the game's own score, not the scaled reward
-            episode_length += 1
-            for i in np.flatnonzero(next_done):
-                writer.add_scalar("charts/episodic_return", episode_return[i], global_step)
-                writer.add_scalar("charts/episodic_length", episode_length[i], global_step)
-                recent_returns.append(episode_return[i])
-            episode_return[next_done] = 0.0
-            episode_length[next_done] = 0
-            # within a long rollout too, every few seconds
-            run.print_progress(global_step, recent_returns)
-
-        with torch.no_grad():
-            next_value = agent.get_value(torch.as_tensor(next_obs, device=device))
-        # GAE runs on the host, in NumPy: one transfer of the rollout's values per iteration.
-        host_values = values.cpu().numpy()
-        advantages, returns = compute_gae(rewards, host_values, dones,
-                                          next_value.cpu().numpy().flatten(), next_done,
-                                          args.gamma, args.gae_lambda)
+            # the episodes that ended, logged with the games' own scores; and the progress line now
+            # and then
+            run.record_step(global_step, run_life.finished_episodes(infos))
 
         # Flatten the rollout into one batch of num_envs x num_steps transitions.
         # b_ names an array of the whole batch, mb_ one of a minibatch.
@@ -613,6 +511,14 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
         b_actions = actions.reshape(-1)
         b_logprobs = logprobs.reshape(-1)
         b_values = values.reshape(-1)
+        with torch.no_grad():
+            next_value = agent.get_value(torch.as_tensor(next_obs, dtype=torch.float32,
+                                                         device=device))
+        # GAE runs on the host, in NumPy: one transfer of the rollout's values per iteration.
+        host_values = b_values.cpu().numpy().reshape(args.num_steps, args.num_envs)
+        advantages, returns = compute_gae(rewards, host_values, dones,
+                                          next_value.cpu().numpy().flatten(), next_done,
+                                          args.gamma, args.gae_lambda)
         b_advantages = torch.as_tensor(advantages.reshape(-1), device=device)
         b_returns = torch.as_tensor(returns.reshape(-1), device=device)
 
@@ -624,10 +530,10 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
             epoch_inds = torch.from_numpy(b_inds).to(device)
             for start in range(0, batch_size, minibatch_size):
                 mb_inds = epoch_inds[start:start + minibatch_size]
-                loss, stats = loss_on_minibatch(agent, b_obs[mb_inds], b_actions[mb_inds],
-                                                b_logprobs[mb_inds],
-                                                b_values[mb_inds], b_advantages[mb_inds],
-                                                b_returns[mb_inds], clip_coef, args)
+                loss, stats = minibatch_loss(agent, b_obs[mb_inds], b_actions[mb_inds],
+                                             b_logprobs[mb_inds], b_values[mb_inds],
+                                             b_advantages[mb_inds], b_returns[mb_inds], clip_coef,
+                                             args)
                 optimizer.zero_grad()
                 loss.backward()
                 # [Core 11: Global gradient clipping] when the norm of all gradients together
@@ -644,120 +550,31 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
             if args.target_kl is not None and minibatch_stats[-1]["approx_kl"] > args.target_kl:
                 break
 
-        # [Core 12: Debug variables] averaged over every minibatch of this update.
+        # [Core 12: Debug variables] averaged over every minibatch of this update. The iteration's
+        # end (run.end_iteration): a NaN or infinity stops the run in one line; else the logs (with
+        # the values' explained variance), the progress line and, when due, a checkpoint.
         means = {key: torch.stack([s[key] for s in minibatch_stats]).mean().item()
                  for key in minibatch_stats[0]}
-        # a NaN or infinity ends the run here, in one line
-        run.stop_if_diverged(global_step, means, agent)
-        writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
-        for key in ("value_loss", "policy_loss", "entropy", "old_approx_kl", "approx_kl",
-                    "clipfrac"):
-            writer.add_scalar(f"losses/{key}", means[key], global_step)
-        writer.add_scalar("losses/explained_variance",
-                          explained_variance(host_values.reshape(-1), returns.reshape(-1)),
-                          global_step)
-        writer.add_scalar("charts/SPS", run.steps_per_second(global_step), global_step)
-        run.print_progress(global_step, recent_returns, iteration)
-
-        if run.checkpoint_due(iteration):
-            # A recording run's games are not saved: its video would restart mid-episode anyway.
-            run.save_checkpoint(iteration, global_step, agent, optimizer,
-                                reward_scaler=reward_scaler.state_dict(),
-                                envs=None if args.capture_video else envs.get_state(),
-                                next_obs=next_obs, next_done=next_done,
-                                episode_return=episode_return.copy(),
-                                episode_length=episode_length.copy(),
-                                recent_returns=list(recent_returns))
-        if run.stopping:  # Ctrl-C, kill or Slurm: this iteration was finished, logged and saved
-            break
+        run.end_iteration(iteration, global_step, means, host_values.reshape(-1),
+                          returns.reshape(-1), next_obs=next_obs, next_done=next_done,
+                          reward_scaler=reward_scaler.state_dict(),
+                          # a recording run's games are not saved: a resumed one starts new ones
+                          envs=None if args.capture_video else envs.get_state(),
+                          episode_return=envs.episode_return, episode_length=envs.episode_length)
 
     envs.close()
-    run.finish(global_step)
-    return {"run_name": run.name, "global_step": global_step, "interrupted": run.stopping,
-            "recent_returns": list(recent_returns), "agent": agent, "reward_scaler": reward_scaler}
+    return run.finish(global_step, agent=agent, reward_scaler=reward_scaler)
 
 
 def evaluate(args: Args, checkpoint: dict) -> list[float]:
     """--evaluate: play episodes with the saved agent, its actions sampled as in training. With
     unlimited levels, the evaluation's seeds draw levels the agent most likely never saw."""
-    check_args(args)
-    # the device and seeds; prints the scores
-    evaluation = run_life.Evaluation(args, VARIANT, checkpoint)
+    evaluation = run_life.Evaluation(args, VARIANT, checkpoint)  # the device and seeds
     envs = make_envs(args.env_id, 1, args.capture_video, evaluation.video_folder,
                      args.distribution_mode, args.num_levels, args.start_level)
     agent = evaluation.load(Agent(envs.single_observation_space.shape, envs.single_action_space.n))
-    obs, _ = envs.reset(seed=evaluation.seed)
-    episode_return = 0.0
-    while evaluation.playing:
-        with torch.inference_mode():
-            action, _, _, _ = agent.get_action_and_value(torch.as_tensor(obs,
-                                                                         device=evaluation.device))
-        obs, reward, terminated, truncated, _ = envs.step(action.cpu().numpy())
-        episode_return += float(reward[0])
-        if terminated[0] or truncated[0]:
-            evaluation.episode_ended(episode_return)
-            episode_return = 0.0
-    envs.close()
-    return evaluation.report()
-
-# --------------------------------------------------------------------------------------------------
-# The command line: which settings a resumed run may change, and which settings and environments
-# make no run at all
-# --------------------------------------------------------------------------------------------------
-
-# Settings that may differ between a run and its resumption; every other field must stay the same.
-RUNTIME_FIELDS = {"cuda", "track", "wandb_project_name", "wandb_entity", "capture_video",
-                  "save_model", "save_interval", "save_minutes", "resume", "evaluate",
-                  "eval_episodes", "compile", "cudagraphs"}
-# Training settings an evaluation also reads and may change: the seed of its games, and which levels
-# it plays (an agent trained on 200 levels can be evaluated on all of them: --num-levels 0).
-EVALUATION_FIELDS = {"seed", "distribution_mode", "num_levels", "start_level"}
-
-
-def parse_args(argv: list[str] | None = None) -> tuple[Args, dict | None]:
-    """The settings of the command line, and the checkpoint that --resume or --evaluate names."""
-    return command_line.parse_args(Args, VARIANT, RUNTIME_FIELDS, EVALUATION_FIELDS, argv,
-                                   doc=__doc__)
-
-
-def check_args(args: Args) -> None:
-    """Refuse settings that cannot make a valid run, before any environment is built: first each
-    flag on its own, then the sizes that must fit together."""
-    # (flags, what each must be, which values are allowed)
-    command_line.check_rules(args, VARIANT, [
-        ("env_id", "a Procgen game such as starpilot", lambda value: value.strip() != ""),
-        ("seed", "a whole number from 0 to 2**31 - 1", lambda value: 0 <= value < 2**31),
-        ("distribution_mode", f"one of {', '.join(DISTRIBUTION_MODES)}",
-         lambda value: value in DISTRIBUTION_MODES),
-        ("num_levels", "0 (unlimited levels) or more", lambda value: value >= 0),
-        ("start_level", "0 or more", lambda value: value >= 0),
-        ("save_interval", "0 (save only at the end) or more", lambda value: value >= 0),
-        ("save_minutes", "0 (never save by the clock) or more", lambda value: 0 <= value < np.inf),
-        ("eval_episodes total_timesteps num_envs num_steps num_minibatches update_epochs", "at "
-                                                                                           "least "
-                                                                                           "1",
-         lambda value: value >= 1),
-        ("learning_rate", "a finite number above 0", lambda value: 0 < value < np.inf),
-        ("gamma gae_lambda", "between 0 and 1", lambda value: 0 <= value <= 1),
-        ("clip_coef max_grad_norm reward_clip", "above 0", lambda value: value > 0),
-        ("ent_coef vf_coef", "0 or more", lambda value: value >= 0),
-        ("target_kl", "above 0 (leave it out to never stop early)",
-         lambda value: value is None or value > 0),
-    ])
-    batch_size = args.num_envs * args.num_steps
-    if batch_size % args.num_minibatches != 0:
-        exits.fail(VARIANT, f"--num-envs x --num-steps = {batch_size} does not divide into "
-                            f"--num-minibatches {args.num_minibatches} equal minibatches: pick "
-                            "sizes whose product is a multiple of it")
-    if args.norm_adv and batch_size // args.num_minibatches < 2:
-        exits.fail(VARIANT, f"minibatches of {batch_size // args.num_minibatches} transition "
-                            "cannot be normalized (--norm-adv divides by their standard "
-                            "deviation): use fewer --num-minibatches or a larger batch")
-    if args.total_timesteps < batch_size:
-        exits.fail(VARIANT, f"--total-timesteps {args.total_timesteps} is smaller than one batch "
-                            f"(--num-envs x --num-steps = {batch_size}): raise it or shrink the "
-                            "batch")
-
+    return evaluation.play(envs, lambda obs, _: agent.get_action_and_value(
+        torch.as_tensor(obs, dtype=torch.float32, device=evaluation.device))[0].cpu().numpy())
 
 
 def check_env_id(env_id: str, distribution_mode: str, num_levels: int, start_level: int) -> None:
@@ -787,6 +604,4 @@ def check_env_id(env_id: str, distribution_mode: str, num_levels: int, start_lev
 
 
 if __name__ == "__main__":
-    args, checkpoint = parse_args()
-    exits.run_and_exit(evaluate if args.evaluate else main, args, checkpoint, VARIANT,
-                       pip_extra="procgen")
+    command_line.run_script(main, evaluate, Args, VARIANT, __doc__, pip_extra="procgen")

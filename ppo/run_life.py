@@ -1,7 +1,7 @@
-"""A run's life, from its start line to its last word: its name and folder, device and seeds, the
-TensorBoard and W&B logs, the progress line, the stop signals, the checkpoints it writes and the
-divergence guard; the speed options (torch.compile, CUDA graphs, environments in worker
-processes); and the evaluation of a saved agent.
+"""A run's life, from its first line to its last word: its name and folder, device and logs, the
+iterations it runs, what it records after each step and at each iteration's end (the progress line,
+the divergence guard, the checkpoints), the stop signals and torchrun's ranks; the speed options
+(torch.compile, CUDA graphs, environments in worker processes); and the evaluation of a saved agent.
 """
 
 import contextlib
@@ -13,6 +13,7 @@ import signal
 import sys
 import time
 import warnings
+from collections import deque
 from dataclasses import asdict
 from typing import Callable, NoReturn
 
@@ -22,6 +23,7 @@ import torch
 from torch.utils.tensorboard import SummaryWriter
 
 import checkpoints
+import command_line
 from exits import STOP_SIGNALS, UNUSED_RUN_FOLDERS, Diverged, StoppedAtOnce, fail, signal_name
 
 # A second stop signal this soon after the first is the same request arriving twice, not a second
@@ -32,7 +34,10 @@ SAME_REQUEST_SECONDS = 1.0
 def record_video(env: gym.Env, folder: str, episodes: int | None = None) -> gym.Env:
     """`env` filmed into `folder` on gymnasium's schedule: episodes 0, 1, 8, 27, ..., 1000, 2000,
     ...; an evaluation of `episodes` episodes films none past its last (the reset after it starts
-    one)."""
+    one). The frames are drawn off screen, but pygame (classic control's renderer) starts SDL's
+    video anyway, which on a machine without a display prints an error: SDL's dummy driver needs
+    none (a user's choice stands)."""
+    os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
     trigger = None
     if episodes is not None:
         from gymnasium.utils.save_video import capped_cubic_video_schedule as schedule
@@ -159,23 +164,37 @@ def claim_run_folder(name: str, variant: str) -> str:
 
 
 class Run:
-    """One training run: its name, folder, device and seeds, then its logs, clock, progress line and
-    Ctrl-C, the checkpoints it writes, and what it says at the end.
+    """One training run, from its first line to its last: its flags checked, its name, folder and
+    device; then (`start`) its logs, its clock and Ctrl-C, and a resumed run's weights, optimizer,
+    random generators and step count; the iterations it runs (`iterations`), what it records after
+    each step (`record_step`) and at each iteration's end (`end_iteration`: the divergence guard,
+    the logs, the progress line, the checkpoint), and what it says at the end (`finish`).
 
     A new run is named `<env_id>__<exp_name>__<seed>__<unix time>` and keeps its TensorBoard log and
-    checkpoint in runs/<name>/. A resumed run (`checkpoint`, read by parse_args) keeps its name and
-    goes on in the folder of the checkpoint it was given, from wherever it is started. `seed`
-    defaults to --seed (the multi-GPU script seeds each rank apart); under torchrun only rank 0
-    logs, prints and writes the checkpoint. `env_package` is the package the script's environments
-    come from, whose release the run records with PyTorch's, gymnasium's and NumPy's."""
+    checkpoint in runs/<name>/. A resumed run (`checkpoint`, read by command_line.parse_args) keeps
+    its name and goes on in the folder of the checkpoint it was given, from wherever it is started.
+    `env_package` is the package the script's environments come from, whose release the run records
+    with PyTorch's, gymnasium's and NumPy's; the progress line shows the mean return of the
+    `recent_episodes` last episodes.
 
-    def __init__(self, args, variant: str, checkpoint: dict | None, num_iterations: int,
-                 device: torch.device | None = None, rank: int = 0, seed: int | None = None,
-                 env_package: str | None = None):
-        self.args, self.variant, self.checkpoint, self.num_iterations, self.rank = \
-            args, variant, checkpoint, num_iterations, rank
+    Under torchrun, `rank` is this process among the `world_size` the script runs as: only rank 0
+    logs, prints and writes the checkpoint; the ranks agree once an iteration on whether to stop and
+    to save; and the checkpoint holds each rank's own state (random generators, environments, where
+    they stand) as a list, one entry per rank. A script that runs in one process leaves world_size
+    None, and its checkpoint holds one of each."""
+
+    def __init__(self, args, variant: str, checkpoint: dict | None,
+                 device: torch.device | None = None, rank: int = 0, world_size: int | None = None,
+                 env_package: str | None = None, recent_episodes: int = 20):
+        command_line.check_args(args, variant)
+        self.args, self.variant, self.checkpoint, self.rank, self.world_size = \
+            args, variant, checkpoint, rank, world_size
         self.env_package = env_package
         self.device = choose_device(args, variant, device)
+        if checkpoint and world_size and checkpoint["world_size"] != world_size:
+            fail(variant, f"the checkpoint was written by {checkpoint['world_size']} processes, "
+                          f"not {world_size}: resume it with as many (torchrun --nproc-per-node "
+                          f"{checkpoint['world_size']} on one node)")
         if checkpoint:
             self.name, self.folder = checkpoint["run_name"], os.path.dirname(args.resume) or "."
         # ALE/Pong-v5 -> ALE-Pong-v5, mymodule:MyEnv-v0 -> mymodule-MyEnv-v0: the name is a folder's
@@ -189,30 +208,90 @@ class Run:
         # A resumed run's videos go into a folder of their own: its episode count starts again at 0.
         self.video_folder = f"videos/{self.name}" + (f"/resumed-at-step-{checkpoint['global_step']}"
                                                      if checkpoint else "")
+        # A resumed run goes on with the saved environments, the very episodes it left; they cannot
+        # record video, so the process that records (rank 0) starts new ones instead, and the run
+        # no longer ends exactly as an unbroken one would. None where the checkpoint holds none.
+        records_video = args.capture_video and rank == 0
+        self.saved_envs = (self.this_ranks(checkpoint.get("envs"))
+                           if checkpoint and not records_video else None)
         if args.track:
             try:
-                # Checked now, before anything is built; W&B starts in open_logs.
+                # Checked now, before anything is built; W&B starts in `start`.
                 import wandb  # noqa: F401
             except ImportError:
                 fail(variant, "--track needs wandb: pip install wandb")
-        # A resumed run overwrites the random generators' states with the checkpoint's in `start`.
-        seed_everything(args.seed if seed is None else seed, args.torch_deterministic)
+        global compile_mode
+        compile_mode = "reduce-overhead" if args.cudagraphs else "default" if args.compile else None
         self.writer, self.interrupt, self.finished_earlier, self.last_save = None, None, False, 0.0
-        # Under torchrun the ranks decide together, once an iteration, whether to stop and whether
-        # to save by the clock (the multi-GPU script sets these two); None: this process decides
-        # alone.
-        self.all_ranks_stop: bool | None = None
-        self.all_ranks_save: bool | None = None
+        self.all_ranks_stop: bool | None = None  # under torchrun: some rank was asked to stop
+        self.all_ranks_save: bool | None = None  # under torchrun: some rank's save clock ran out
+        self.recent_returns = deque(checkpoint["recent_returns"] if checkpoint else [],
+                                    maxlen=recent_episodes)
+        self.episodes_of_this_iteration: list[tuple[int, float, int]] = []
         # The newest checkpoint of this run on disk, and its step: what a diverged run leaves
         # behind.
         self.last_good_checkpoint = (args.resume, checkpoint["global_step"]) if checkpoint else None
 
-    def open_logs(self, **sizes) -> SummaryWriter | None:
+    def this_ranks(self, saved):
+        """What the checkpoint saved of this process: its own entry under torchrun, else all of
+        it."""
+        return saved[self.rank] if self.world_size and saved is not None else saved
+
+    def resumed(self, *names: str) -> tuple | None:
+        """The checkpoint's `names` (this rank's), tensors on the run's device, when the run goes on
+        with the saved episodes; None for a new run, or one that starts new episodes (the script
+        then resets its environments)."""
+        if self.saved_envs is None:
+            return None
+        on_device = lambda value: value.to(self.device) if torch.is_tensor(value) else value  # noqa: E731
+        values = [self.this_ranks(self.checkpoint[name]) for name in names]
+        return tuple(type(value)(map(on_device, value)) if isinstance(value, tuple)
+                     else on_device(value) for value in values)
+
+    def start(self, agent: torch.nn.Module, optimizer: torch.optim.Optimizer, num_iterations: int,
+              envs=None, **sizes) -> int:
+        """Just before the first iteration: open the logs (the settings and derived `sizes` as a
+        table), restore a resumed run's weights, optimizer and random generators (and say so), then
+        start the clock and the Ctrl-C handler. `envs`, whose state each checkpoint saves, are
+        gymnasium vector environments (None where they cannot be saved). Returns the environment
+        steps so far."""
+        self.agent, self.optimizer, self.envs, self.num_iterations = \
+            agent, optimizer, envs, num_iterations
+        self.open_logs(num_iterations=num_iterations, **sizes)
+        self.start_iteration, global_step = 0, 0
+        if self.checkpoint:
+            agent.load_state_dict(self.checkpoint["model"])
+            optimizer.load_state_dict(self.checkpoint["optimizer"])
+            rng = self.checkpoint["rng"]
+            checkpoints.restore_rng(rng[self.rank] if isinstance(rng, list) else rng, self.device)
+            self.start_iteration = self.checkpoint["iteration"]
+            global_step = self.checkpoint["global_step"]
+            self.finished_earlier = self.start_iteration >= num_iterations
+        if self.rank == 0 and self.finished_earlier:
+            print(f"{self.name} is already finished ({global_step:,} of "
+                  f"{self.args.total_timesteps:,} steps): evaluate it with: python "
+                  f"ppo/{self.variant}.py --evaluate {self.checkpoint_path}")
+        # the start line: what runs where, and where its logs and checkpoint go
+        elif self.rank == 0:
+            saved = (self.checkpoint_path if self.args.save_model
+                     else "none (--save-model keeps one)")
+            new_episodes = " (with new episodes)" if self.saved_envs is None else ""
+            print((f"resuming {self.name} at step {global_step:,} of {self.args.total_timesteps:,}"
+                   + new_episodes if self.checkpoint else
+                   f"{self.name}: {self.args.total_timesteps:,} steps")
+                  + f" on {self.device}\n  logs in {self.folder}/ (tensorboard --logdir "
+                  f"{os.path.dirname(self.folder) or '.'}), checkpoint: {saved}", flush=True)
+        self.start_time, self.start_step, self.last_print = time.time(), global_step, 0.0
+        self.last_save = self.start_time
+        self.interrupt = StopOnInterrupt()
+        return global_step
+
+    def open_logs(self, **sizes) -> None:
         """The run's TensorBoard writer (and, with --track, a W&B run that mirrors it), with the
-        settings and the derived `sizes` as a table; None on ranks other than 0. After a resume,
+        settings and the derived `sizes` as a table; none on ranks other than 0. After a resume,
         TensorBoard drops whatever the interrupted run logged past the checkpoint (purge_step)."""
         if self.rank != 0:
-            return None
+            return
         settings = {**asdict(self.args), **sizes}
         if self.args.track:
             import wandb
@@ -237,39 +316,15 @@ class Run:
         self.writer.add_text("hyperparameters", text_table("param", "value", settings))
         self.writer.add_text("versions",
                              text_table("package", "version", software_versions(self.env_package)))
-        return self.writer
 
-    def start(self, agent: torch.nn.Module, optimizer: torch.optim.Optimizer,
-              new_episodes: bool = False) -> tuple[int, int]:
-        """Just before the first iteration: restore a resumed run's weights, optimizer and random
-        generators (and say so; `new_episodes`: it could not go on with the saved ones), then start
-        the clock and the Ctrl-C handler. Returns the last iteration done and the environment steps
-        so far."""
-        iteration, global_step = 0, 0
-        if self.checkpoint:
-            agent.load_state_dict(self.checkpoint["model"])
-            optimizer.load_state_dict(self.checkpoint["optimizer"])
-            rng = self.checkpoint["rng"]
-            checkpoints.restore_rng(rng[self.rank] if isinstance(rng, list) else rng, self.device)
-            iteration, global_step = self.checkpoint["iteration"], self.checkpoint["global_step"]
-            self.finished_earlier = iteration >= self.num_iterations
-        if self.rank == 0 and self.finished_earlier:
-            print(f"{self.name} is already finished ({global_step:,} of "
-                  f"{self.args.total_timesteps:,} steps): evaluate it with: python "
-                  f"ppo/{self.variant}.py --evaluate {self.checkpoint_path}")
-        # the start line: what runs where, and where its logs and checkpoint go
-        elif self.rank == 0:
-            saved = (self.checkpoint_path if self.args.save_model
-                     else "none (--save-model keeps one)")
-            print((f"resuming {self.name} at step {global_step:,} of {self.args.total_timesteps:,}"
-                   + (" (with new episodes)" if new_episodes else "") if self.checkpoint else
-                   f"{self.name}: {self.args.total_timesteps:,} steps")
-                  + f" on {self.device}\n  logs in {self.folder}/ (tensorboard --logdir "
-                  f"{os.path.dirname(self.folder) or '.'}), checkpoint: {saved}", flush=True)
-        self.start_time, self.start_step, self.last_print = time.time(), global_step, 0.0
-        self.last_save = self.start_time
-        self.interrupt = StopOnInterrupt()
-        return iteration, global_step
+    def iterations(self):
+        """The iterations still to run, from the first (or the one after the checkpoint's) to the
+        last; after an iteration in which a stop signal came (Ctrl-C, SIGTERM, Slurm's SIGUSR1),
+        which end_iteration finished, logged and saved, there are no more."""
+        for iteration in range(self.start_iteration + 1, self.num_iterations + 1):
+            yield iteration
+            if self.stopping:
+                return
 
     @property
     def stop_requested(self) -> bool:
@@ -295,12 +350,28 @@ class Run:
         resumed."""
         return int((global_step - self.start_step) / max(time.time() - self.start_time, 1e-6))
 
-    def print_progress(self, global_step: int, recent_returns,
-                       iteration: int | None = None) -> None:
+    def record_step(self, global_step: int, episodes: list[tuple[float, int]]) -> None:
+        """After each step of the rollout: log the `episodes` (score, length) that ended in it
+        (`charts/episodic_return` and `charts/episodic_length`; under torchrun, rank 0 logs every
+        rank's at the iteration's end), and print the progress line if nothing was printed for 5 s,
+        so that a long rollout is not silent."""
+        if self.world_size:
+            self.episodes_of_this_iteration += [(global_step, *episode) for episode in episodes]
+        else:
+            for score, length in episodes:
+                self.log_episode(global_step, score, length)
+        self.print_progress(global_step)
+
+    def log_episode(self, global_step: int, score: float, length: int) -> None:
+        self.writer.add_scalar("charts/episodic_return", score, global_step)
+        self.writer.add_scalar("charts/episodic_length", length, global_step)
+        self.recent_returns.append(score)
+
+    def print_progress(self, global_step: int, iteration: int | None = None) -> None:
         """`step N/TOTAL | SPS | time elapsed and left | mean return (last K episodes)`. After an
         iteration (`iteration` given): the first time, then at most every 2 s, and always after the
-        last iteration and when the run stops. Within a rollout: when nothing was printed for 5 s,
-        so that a long rollout is not silent."""
+        last iteration and when the run stops. Within a rollout: when nothing was printed for 5
+        s."""
         now = time.time()
         if iteration is None:
             due = now - max(self.last_print, self.start_time) >= 5.0
@@ -311,10 +382,54 @@ class Run:
         self.last_print = now
         sps, total = self.steps_per_second(global_step), f"{self.args.total_timesteps:,}"
         left = clock((self.args.total_timesteps - global_step) / sps) if sps > 0 else "?"
-        mean_return = f"{np.mean(recent_returns):8.2f}" if recent_returns else "     n/a"
+        returns = self.recent_returns
+        mean_return = f"{np.mean(returns):8.2f}" if returns else "     n/a"
         print(f"step {global_step:>{max(len(total), 9)},}/{total} | {sps:>6,} SPS | "
               f"{clock(now - self.start_time)} elapsed, {left} left | mean return {mean_return} "
-              f"(last {len(recent_returns)} episodes)", flush=True)
+              f"(last {len(returns)} episodes)", flush=True)
+
+    def end_iteration(self, iteration: int, global_step: int, update_means: dict[str, float],
+                      values: np.ndarray, returns: np.ndarray, **rollout_state) -> None:
+        """After each update: stop the run if it diverged; log the update's `update_means` (the
+        losses, the approximate KL, the clip fraction), the learning rate, the explained variance of
+        the `values` the rollout recorded against their `returns`, and the SPS; print the progress
+        line; and, when due, write the checkpoint, with `rollout_state` (where the environments
+        stand, under the names a resumed run reads back with `resumed`).
+
+        Under torchrun every rank sends rank 0 its figures and the episodes that ended, once an
+        iteration: rank 0 logs the world's (the means of the ranks' means, the explained variance
+        over every rank's batch), and all ranks stop, or save, as soon as one of them would: a
+        signal that reaches one rank late, or clocks a moment apart, must not split them (a rank
+        that saved alone would wait forever for the others)."""
+        episodes = []
+        if self.world_size:
+            reports = all_gathered({"means": update_means, "values": values, "returns": returns,
+                                    "episodes": self.episodes_of_this_iteration,
+                                    "stop": self.stop_requested, "save": self.save_minutes_passed},
+                                   self.world_size)
+            self.all_ranks_stop = any(report["stop"] for report in reports)
+            self.all_ranks_save = any(report["save"] for report in reports)
+            update_means = {key: np.mean([report["means"][key] for report in reports])
+                            for key in update_means}
+            values = np.concatenate([report["values"] for report in reports])
+            returns = np.concatenate([report["returns"] for report in reports])
+            episodes = sorted(episode for report in reports for episode in report["episodes"])
+            self.episodes_of_this_iteration = []
+        self.stop_if_diverged(global_step, update_means)
+        if self.rank == 0:
+            for episode in episodes:
+                self.log_episode(*episode)
+            self.writer.add_scalar("charts/learning_rate", self.optimizer.param_groups[0]["lr"],
+                                   global_step)
+            for key in ("value_loss", "policy_loss", "entropy", "old_approx_kl", "approx_kl",
+                        "clipfrac"):
+                self.writer.add_scalar(f"losses/{key}", update_means[key], global_step)
+            self.writer.add_scalar("losses/explained_variance", explained_variance(values, returns),
+                                   global_step)
+            self.writer.add_scalar("charts/SPS", self.steps_per_second(global_step), global_step)
+            self.print_progress(global_step, iteration)
+        if self.checkpoint_due(iteration):
+            self.save_checkpoint(iteration, global_step, rollout_state)
 
     def checkpoint_due(self, iteration: int) -> bool:
         """With --save-model: at the end, every --save-interval iterations, when --save-minutes have
@@ -326,26 +441,32 @@ class Run:
         return self.args.save_model and (self.stopping or iteration == self.num_iterations
                                          or by_the_clock or by_the_count)
 
-    def save_checkpoint(self, iteration: int, global_step: int, agent: torch.nn.Module,
-                        optimizer: torch.optim.Optimizer, **loop_state) -> None:
+    def save_checkpoint(self, iteration: int, global_step: int, rollout_state: dict) -> None:
         """Write what resuming needs: the settings, the weights, the optimizer, the random
-        generators (unless `loop_state` brings its own, as one per rank) and the script's
-        `loop_state` (where the environments stand, statistics...). Only rank 0 writes."""
+        generators, the environments and the script's `rollout_state`, copied; under torchrun the
+        ranks' own (their generators, environments and rollout state) gathered into lists, which
+        rank 0 writes."""
         self.last_save = time.time()
         # never written over the last good checkpoint
-        if not checkpoints.all_finite(agent.state_dict()):
+        if not checkpoints.all_finite(self.agent.state_dict()):
             self.diverged(global_step, "the weights became non-finite")
+        state = {"rng": checkpoints.rng_state(self.device),
+                 **({} if self.envs is None else {"envs": checkpoints.save_envs(self.envs)}),
+                 **{name: kept(value) for name, value in rollout_state.items()}}
+        if self.world_size:
+            ranks = all_gathered(state, self.world_size)
+            state = {"world_size": self.world_size,
+                     **{name: [rank[name] for rank in ranks] for name in state}}
         if self.rank == 0:
             self.last_good_checkpoint = (self.checkpoint_path, global_step)
             checkpoints.save_checkpoint(self.checkpoint_path, {
                 "format": checkpoints.CHECKPOINT_FORMAT, "variant": self.variant,
-                "args": asdict(self.args), "run_name": self.name,
-                "iteration": iteration, "global_step": global_step, "model": agent.state_dict(),
-                "optimizer": optimizer.state_dict(), "rng": checkpoints.rng_state(self.device),
-                **loop_state})
+                "args": asdict(self.args), "run_name": self.name, "iteration": iteration,
+                "global_step": global_step, "model": self.agent.state_dict(),
+                "optimizer": self.optimizer.state_dict(),
+                "recent_returns": list(self.recent_returns), **state})
 
-    def stop_if_diverged(self, global_step: int, update_means: dict[str, float],
-                         agent: torch.nn.Module) -> None:
+    def stop_if_diverged(self, global_step: int, update_means: dict[str, float]) -> None:
         """The divergence guard, after each update: when a loss, the gradient norm or a weight has
         become NaN or infinite, stop the run before it logs or saves anything of this update
         (Diverged, which `exits.run_and_exit` turns into one line and exit code DIVERGED). Once a
@@ -355,7 +476,7 @@ class Run:
                               ("entropy", "the entropy"), ("grad_norm", "the gradient norm")):
             if key in update_means and not math.isfinite(update_means[key]):
                 self.diverged(global_step, f"{quantity} became {update_means[key]}")
-        if not checkpoints.all_finite(agent.state_dict()):
+        if not checkpoints.all_finite(self.agent.state_dict()):
             self.diverged(global_step, "the weights became non-finite")
 
     def diverged(self, global_step: int, what_happened: str) -> NoReturn:
@@ -368,31 +489,34 @@ class Run:
                  f"default ({default:g}): lower it" if learning_rate > 2 * default else
                  "a learning rate too high for this task, or rewards or observations too large "
                  "for the network: lower --learning-rate, or scale them")
-        kept = ("no checkpoint was written" if self.last_good_checkpoint is None else
-                f"the last good checkpoint, {self.last_good_checkpoint[0]} (step "
-                f"{self.last_good_checkpoint[1]:,}), is kept")
+        kept_file = ("no checkpoint was written" if self.last_good_checkpoint is None else
+                     f"the last good checkpoint, {self.last_good_checkpoint[0]} (step "
+                     f"{self.last_good_checkpoint[1]:,}), is kept")
         raise Diverged(f"at step {global_step:,}, {what_happened} in the update; likely cause: "
-                       f"{cause}; {kept}")
+                       f"{cause}; {kept_file}")
 
-    def finish(self, global_step: int, how_to_resume: str | None = None) -> None:
+    def finish(self, global_step: int, **summary) -> dict:
         """Flush and close the logs, then say what comes next: how to resume a stopped run, or where
         its checkpoint is. Until the logs are closed a stop signal is still the run's: the same
-        request delivered again changes nothing, a second one stops at once."""
+        request delivered again changes nothing, a second one stops at once. Returns a summary of
+        the run for callers such as tests, with the script's own `summary`."""
         try:
             if self.rank == 0:
                 self.close_logs()
         finally:
             self.interrupt.restore()
-        if self.rank != 0 or self.finished_earlier:  # start() said that it was finished
-            return
-        if self.stopping:
-            how = how_to_resume or (f"resume with: python ppo/{self.variant}.py --resume "
-                                    f"{self.checkpoint_path}")
-            print(f"stopped at step {global_step:,}; " + (how if self.args.save_model else
-                  "no checkpoint written (run with --save-model to be able to resume)"))
-        elif self.args.save_model:
-            print(f"checkpoint: {self.checkpoint_path}\nevaluate it with: python "
-                  f"ppo/{self.variant}.py --evaluate {self.checkpoint_path}")
+        if self.rank == 0 and not self.finished_earlier:  # start() said that it was finished
+            if self.stopping:
+                how = (f"resume with the same launch command and --resume {self.checkpoint_path}"
+                       if self.world_size else
+                       f"resume with: python ppo/{self.variant}.py --resume {self.checkpoint_path}")
+                print(f"stopped at step {global_step:,}; " + (how if self.args.save_model else
+                      "no checkpoint written (run with --save-model to be able to resume)"))
+            elif self.args.save_model:
+                print(f"checkpoint: {self.checkpoint_path}\nevaluate it with: python "
+                      f"ppo/{self.variant}.py --evaluate {self.checkpoint_path}")
+        return {"run_name": self.name, "global_step": global_step, "interrupted": self.stopping,
+                "recent_returns": list(self.recent_returns), **summary}
 
     def close_logs(self) -> None:
         """Flush and close TensorBoard's log and, with --track, the W&B run."""
@@ -409,53 +533,137 @@ class Run:
             still_saving.restore()
 
 
-def compiled(args, *functions: Callable) -> tuple[Callable, ...]:
-    """The functions as they are, or compiled by torch.compile with --compile, and also replayed as
-    CUDA graphs with --cudagraphs (torch.compile's reduce-overhead mode). A replay writes its
-    outputs where the previous replay of the same graph wrote them, so each call is marked as a new
-    step, and what a caller keeps past the next call it copies first."""
-    if not (args.compile or args.cudagraphs):
-        return functions
-    mode = "reduce-overhead" if args.cudagraphs else "default"
-    functions = tuple(torch.compile(function, mode=mode) for function in functions)
-    return tuple(map(marked_as_a_new_step, functions)) if args.cudagraphs else functions
+def kept(value):
+    """`value` as a checkpoint keeps it: arrays copied, tensors (alone or in a tuple) on the CPU."""
+    if isinstance(value, np.ndarray):
+        return value.copy()
+    if torch.is_tensor(value):
+        return value.cpu()
+    return tuple(map(kept, value)) if isinstance(value, tuple) else value
 
 
-def marked_as_a_new_step(function: Callable) -> Callable:
-    """`function`, each call of which tells the CUDA graphs that a new step begins: the outputs of
-    the graphs' previous replays may be overwritten from here on."""
+def explained_variance(predicted: np.ndarray, target: np.ndarray) -> float:
+    """[Core 12: Debug variables] 1 - Var[target - predicted] / Var[target] of the values a rollout
+    recorded against their returns: 1 is a perfect value function, 0 no better than a constant,
+    negative worse than one; nan when the targets do not vary."""
+    target_variance = np.var(target)
+    if target_variance == 0:
+        return np.nan
+    return float(1 - np.var(target - predicted) / target_variance)
+
+
+def finished_episodes(infos: dict) -> list[tuple[float, int]]:
+    """(score, length) of every episode that ended in this step of a vector environment, as
+    gymnasium's RecordEpisodeStatistics reports it (at the real end: the Atari wrappers put it below
+    the lost-life and reward-clipping ones); the vector env files the report of a step that ended
+    an episode under `final_info`."""
+    final = infos.get("final_info", {})
+    if "episode" not in final:
+        return []
+    return [(float(final["episode"]["r"][i]), int(final["episode"]["l"][i]))
+            for i in np.flatnonzero(final["_episode"])]
+
+
+def all_gathered(item, world_size: int) -> list:
+    """[item of rank 0, item of rank 1, ...] on every rank of a torchrun world (any picklable item).
+    Used once per iteration, for what is logged and for the checkpoint, never per step."""
+    if world_size == 1:
+        return [item]
+    items = [None] * world_size
+    torch.distributed.all_gather_object(items, item)
+    return items
+
+
+def device_of_rank(variant: str, cuda: bool, device_ids: list[int], backend: str, local_rank: int,
+                   local_world_size: int) -> torch.device:
+    """The device of a torchrun process: a GPU from `device_ids` (or GPU local_rank, modulo the GPUs
+    there are) when CUDA is there and wanted, else the CPU. Refuses settings that cannot work."""
+    if device_ids and len(device_ids) != local_world_size:
+        fail(variant, f"--device-ids names {len(device_ids)} GPUs for the {local_world_size} "
+                      f"processes of this node: give one id per process (torchrun "
+                      f"--nproc-per-node {len(device_ids)}, or {local_world_size} ids)")
+    use_cuda = cuda and torch.cuda.is_available()
+    if backend == "nccl" and not use_cuda:
+        why = "--no-cuda was given" if not cuda else "no CUDA GPU is available"
+        fail(variant, f"--backend nccl needs a CUDA GPU per process, but {why}: use --backend gloo")
+    if not use_cuda:
+        return torch.device("cpu")
+    device_ids = device_ids or [i % torch.cuda.device_count() for i in range(local_world_size)]
+    if max(device_ids) >= torch.cuda.device_count() or min(device_ids) < 0:
+        fail(variant, f"--device-ids {' '.join(map(str, device_ids))}: this node has GPUs 0 to "
+                      f"{torch.cuda.device_count() - 1}")
+    if backend == "nccl" and len(set(device_ids)) < len(device_ids):
+        fail(variant, f"nccl cannot run two processes on one GPU (GPUs "
+                      f"{' '.join(map(str, device_ids))}): use --backend gloo to share GPUs, or "
+                      "one process per GPU")
+    return torch.device("cuda", device_ids[local_rank])
+
+
+# What --compile and --cudagraphs ask of the functions marked @compiled: None (call them as they
+# are), "default" (torch.compile) or "reduce-overhead" (compiled, and replayed as CUDA graphs). Each
+# run sets it from its flags (Run); an evaluation calls them as they are.
+compile_mode: str | None = None
+
+
+def compiled(function: Callable) -> Callable:
+    """[Speed: torch.compile] Marks `function`, whose first argument is the agent (the rollout's
+    policy step, the update's minibatch loss), as what --compile compiles into a few fused kernels,
+    so that a GPU does not wait for Python to launch many small ones. [Speed: CUDA graphs] With
+    --cudagraphs it is also replayed as CUDA graphs: a replay writes its outputs where the previous
+    replay of the same graph wrote them, so each call is marked as a new step, and what a caller
+    keeps past the next call it copies first. Without either option it is called as it is, and so
+    it is where a compiled function calls it (the minibatch loss calls the agent's policy)."""
+    versions = {}  # compile_mode -> the function compiled in that mode
+
+    @functools.wraps(function)
     def call(*inputs, **options):
-        torch.compiler.cudagraph_mark_step_begin()
-        return function(*inputs, **options)
+        if compile_mode is None or torch.compiler.is_compiling():
+            return function(*inputs, **options)
+        if compile_mode not in versions:
+            versions[compile_mode] = torch.compile(function, mode=compile_mode)
+        if compile_mode == "reduce-overhead":
+            torch.compiler.cudagraph_mark_step_begin()
+        return versions[compile_mode](*inputs, **options)
 
     return call
 
 
-def async_vector_env(env_fns: list[Callable[[], gym.Env]],
-                     prepare_worker: Callable[[], None]) -> gym.vector.AsyncVectorEnv:
+def vector_env(env_fns: list[Callable[[], gym.Env]], env_id: str, variant: str,
+               saved_envs: list | None = None, async_envs: bool = False) -> gym.vector.VectorEnv:
+    """The environments `env_fns` build, as one vector environment whose autoreset is SAME_STEP
+    (the step that ends an episode resets it), stepped one after the other, or each in a worker
+    process of its own with `async_envs`; built anew and put back where a checkpoint's
+    `saved_envs` left them. A registered id whose code needs a package that is missing is refused
+    in one line."""
+    if saved_envs is not None:
+        env_fns = checkpoints.restored_envs(env_fns, saved_envs)
+    with command_line.packages_checked(env_id, variant):
+        if async_envs:
+            return async_vector_env(env_fns)
+        return gym.vector.SyncVectorEnv(env_fns, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+
+def async_vector_env(env_fns: list[Callable[[], gym.Env]]) -> gym.vector.AsyncVectorEnv:
     """--async-envs: each environment in a worker process of its own, all stepping at once, the
     observations coming back through shared memory; SAME_STEP autoreset, as the scripts' sync envs.
     forkserver: the workers start from a clean process, not a copy of this one with its threads.
-    Each worker calls `prepare_worker` (the script's) before it builds its environment.
     AsyncVectorEnv builds one environment here too, for the spaces: this process's signal handlers
     are kept."""
     handlers = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
     envs = gym.vector.AsyncVectorEnv(
-        [functools.partial(in_worker, make_env, prepare_worker) for make_env in env_fns],
+        [functools.partial(in_worker, make_env) for make_env in env_fns],
         shared_memory=True, context="forkserver", autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     for signum, handler in handlers.items():
         signal.signal(signum, handler)
     return envs
 
 
-def in_worker(make_env: Callable[[], gym.Env], prepare_worker: Callable[[], None]) -> gym.Env:
+def in_worker(make_env: Callable[[], gym.Env]) -> gym.Env:
     """Build an environment in a worker process of --async-envs. Ctrl-C reaches every process of the
     terminal's group, and a Slurm task's end or torchrun's SIGTERM every process of the run, but
     they are the main process's to handle (finish the iteration, save): the worker ignores them, and
     ends when the main process closes the environments."""
     for signum in STOP_SIGNALS:
         signal.signal(signum, signal.SIG_IGN)
-    prepare_worker()
     # AsyncVectorEnv built the first environment once in the main process too, for its spaces; with
     # video that made the (new) folder, which RecordVideo here would warn of as if it held old
     # videos.
@@ -464,14 +672,17 @@ def in_worker(make_env: Callable[[], gym.Env], prepare_worker: Callable[[], None
 
 
 class Evaluation:
-    """--evaluate: the device, the videos' folder and the seeds of an evaluation, and the scores of
-    the episodes it plays, each printed as it ends and their mean and standard deviation at the
-    end."""
+    """--evaluate: the flags checked, the device, the videos' folder and the seeds of an evaluation,
+    the saved agent (`load`), and the episodes it plays (`play`), each score printed as the episode
+    ends and their mean and standard deviation at the end."""
 
     def __init__(self, args, variant: str, checkpoint: dict):
+        command_line.check_args(args, variant)
         if not checkpoints.all_finite(checkpoint["model"]):
             fail(variant, f"{args.evaluate!r} holds non-finite weights (NaN or infinite: the run "
                           "diverged): evaluate a checkpoint saved before it diverged")
+        global compile_mode
+        compile_mode = None
         self.args, self.checkpoint, self.scores = args, checkpoint, []
         self.device = choose_device(args, variant)
         self.video_folder = f"videos/{checkpoint['run_name']}-eval"
@@ -486,6 +697,24 @@ class Evaluation:
         agent.to(self.device).eval()
         torch.manual_seed(self.args.seed)
         return agent
+
+    def play(self, envs: gym.vector.VectorEnv, policy: Callable) -> list[float]:
+        """Play --eval-episodes episodes in `envs` (one environment, reset on the evaluation's seed)
+        with `policy(obs, episode_start)`, which returns the actions for an observation (and
+        `episode_start`: whether it begins an episode, which a recurrent policy needs). Each
+        episode's score is what RecordEpisodeStatistics reports (`finished_episodes`). Returns the
+        scores."""
+        obs, _ = envs.reset(seed=self.seed)
+        episode_start = np.ones(envs.num_envs, dtype=bool)
+        while self.playing:
+            with torch.inference_mode():
+                action = policy(obs, episode_start)
+            obs, _, terminated, truncated, infos = envs.step(action)
+            episode_start = terminated | truncated
+            for score, length in finished_episodes(infos):
+                self.episode_ended(score, length)
+        envs.close()
+        return self.report()
 
     @property
     def playing(self) -> bool:
@@ -502,4 +731,3 @@ class Evaluation:
         if self.args.capture_video:
             print(f"videos in {self.video_folder}/")
         return self.scores
-
