@@ -14,6 +14,7 @@ from typing import Callable
 import cloudpickle
 import gymnasium as gym
 import numpy as np
+from gymnasium.wrappers.utils import RunningMeanStd
 import torch
 
 from exits import EnvStateMismatch, fail
@@ -165,6 +166,20 @@ def all_finite(state: dict) -> bool:
     """Whether every floating-point tensor of a state_dict is free of NaN and infinities."""
     return all(bool(torch.isfinite(value).all()) for value in state.values()
                if isinstance(value, torch.Tensor) and value.is_floating_point())
+
+
+def statistics_state(statistics: RunningMeanStd) -> dict:
+    """A running mean and variance (gymnasium's RunningMeanStd: observation or return statistics)
+    as a checkpoint keeps it: its arrays, copied, and its count."""
+    return {"mean": statistics.mean.copy(), "var": statistics.var.copy(), "count": statistics.count}
+
+
+def restored_statistics(state: dict) -> RunningMeanStd:
+    """The running mean and variance that `statistics_state` saved."""
+    statistics = RunningMeanStd(shape=np.shape(state["mean"]))
+    statistics.mean, statistics.var = state["mean"].copy(), state["var"].copy()
+    statistics.count = state["count"]
+    return statistics
 
 
 def rng_state(device: torch.device) -> dict:

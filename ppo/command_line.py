@@ -5,6 +5,7 @@ the spaces a script trains on, checked before anything is built; and environment
 
 import contextlib
 import importlib
+import io
 import math
 import typing
 from dataclasses import dataclass, fields, replace
@@ -310,6 +311,31 @@ def check_gymnasium_id(env_id: str, variant: str, atari: bool = False) -> None:
         fail(variant, f"{env_id} is not an Atari game of ale-py: {variant}.py trains on Atari "
                       "frames only; use ppo/ppo.py for vector observations and "
                       "ppo/ppo_continuous_action.py for Box actions")
+
+
+def check_envpool_id(env_id: str, variant: str, kinds: tuple[str, ...], example: str) -> None:
+    """Refuse an id that envpool does not have, or one of another kind of task than `kinds` (the
+    names of envpool's spec classes, such as AtariEnvSpec), naming the script to use instead;
+    `example` is an id of the kind the script takes."""
+    try:
+        # envpool 1.0 imports the retired `gym` package where it is installed (Procgen's extra
+        # brings it), and gym prints a notice about itself that concerns no user of this collection.
+        with contextlib.redirect_stderr(io.StringIO()):
+            import envpool
+    except ImportError:
+        fail(variant, f"{variant}.py needs envpool: pip install -e '.[envpool]'")
+    if env_id not in envpool.list_all_envs():
+        hint = ""
+        if env_id.endswith("NoFrameskip-v4") or env_id.startswith("ALE/"):
+            game = env_id.removeprefix("ALE/").removesuffix("NoFrameskip-v4").removesuffix("-v5")
+            hint = (f" (envpool names the game {game}-v5; ale-py ids such as {env_id} need "
+                    "ppo/ppo_atari.py)")
+        fail(variant, f"unknown env id {env_id!r}{hint}: envpool's ids of this kind are named like "
+                      f"{example}")
+    kind = type(envpool.make_spec(env_id)).__name__
+    if kind not in kinds:
+        fail(variant, f"{env_id} is not a task {variant}.py trains on ({kind}): use ppo/ppo.py for "
+                      "vector observations and ppo/ppo_continuous_action.py for Box actions")
 
 
 @contextlib.contextmanager

@@ -22,7 +22,6 @@ import torch.nn as nn
 import torch.optim as optim
 from torch.distributions.categorical import Categorical
 
-# The run machinery, beside this file: what a run needs that is not PPO.
 import command_line
 import run_life
 
@@ -176,12 +175,9 @@ class Agent(nn.Module):
 def compute_gae(rewards: np.ndarray, values: np.ndarray, dones: np.ndarray, next_value: np.ndarray,
                 next_done: np.ndarray, gamma: float,
                 gae_lambda: float) -> tuple[np.ndarray, np.ndarray]:
-    """[Core 5: Generalized Advantage Estimation] Advantages and value targets of one rollout.
-
-    All arrays are (num_steps, num_envs) except next_value and next_done, (num_envs,), which
-    describe the observation after the last step. dones[t] is 1 when obs[t] is the first observation
-    of a new episode, that is, when the step before it ended an episode: then nothing flows back
-    across t."""
+    """[Core 5: Generalized Advantage Estimation] Advantages and value targets of one rollout. The
+    arrays are (num_steps, num_envs), next_value and next_done (num_envs,): the observation after
+    the last step. dones[t] = 1 where obs[t] begins an episode, so nothing flows back across t."""
     num_steps = rewards.shape[0]
     advantages = np.zeros_like(rewards)
     last_advantage = np.zeros_like(next_value)
@@ -254,11 +250,9 @@ def minibatch_loss(agent: Agent, obs: torch.Tensor, actions: torch.Tensor,
 def truncated_value(agent: Agent, infos: dict, truncated: np.ndarray,
                     device: torch.device) -> np.ndarray:
     """[Truncation: bootstrap the value of a time limit's final observation] (--bootstrap-truncated)
-    V(final observation) for each environment whose episode the time limit cut off, 0 elsewhere. A
-    time limit is not a state of the task: the episode would have gone on. With SAME_STEP autoreset
-    the observation the step returned is already the next episode's; the one the episode ended on is
-    in info["final_obs"]. The caller adds gamma x this value to the step's reward, so that its
-    target is r + gamma V(s_final), where GAE, which stops at every episode end, takes r alone."""
+    V(final observation) for each environment whose episode the time limit cut off (the episode
+    would have gone on), 0 elsewhere; info["final_obs"] holds that observation (SAME_STEP). The
+    caller adds gamma x this value to the step's reward: its target is r + gamma V(s_final)."""
     values = np.zeros(len(truncated), dtype=np.float32)
     if truncated.any():
         final_obs = np.stack(infos["final_obs"][truncated])
@@ -270,16 +264,14 @@ def truncated_value(agent: Agent, infos: dict, truncated: np.ndarray,
 
 
 def main(args: Args, checkpoint: dict | None = None) -> dict:
-    """Train as `args` says, from `checkpoint` (read by command_line.parse_args) with --resume;
-    returns a summary of the run for callers such as tests."""
+    """Train as `args` says (resumed: from `checkpoint`); returns a summary for callers (tests)."""
     # The run: its flags checked, its name and folder, its device (run_life.Run).
     run = run_life.Run(args, VARIANT, checkpoint)
     device = run.device
     batch_size = args.num_envs * args.num_steps
     minibatch_size = batch_size // args.num_minibatches
     num_iterations = args.total_timesteps // batch_size
-    # Python's, NumPy's and PyTorch's random generators start from --seed; the environments are
-    # seeded at their reset, below.
+    # Python's, NumPy's and PyTorch's random generators start from --seed (the environments' below).
     run_life.seed_everything(args.seed, args.torch_deterministic)
     # Networks this small run fastest on one thread: more threads cost more in handing work out than
     # they save.
@@ -290,9 +282,8 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
     obs_shape = envs.single_observation_space.shape
     agent = Agent(obs_shape[0], envs.single_action_space.n).to(device)
     # [Core 3: The Adam optimizer's epsilon parameter] 1e-5 as in the original code, not PyTorch's
-    # 1e-8. Adam divides each step by sqrt(v) + eps: the larger eps damps the steps of weights whose
-    # gradients are tiny, which Adam would otherwise scale up to full size. fused=True: the same
-    # Adam, in one kernel for all parameters instead of a dozen small ops each.
+    # 1e-8: Adam divides each step by sqrt(v) + eps, so the larger eps damps the steps of weights
+    # whose tiny gradients it would scale up to full size. fused=True: one kernel for all weights.
     optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
 
     # Rollout storage, (num_steps, num_envs, ...), refilled every iteration. It is kept in NumPy,
@@ -311,9 +302,8 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
         envs.reset(seed=args.seed + global_step)[0], np.zeros(args.num_envs, dtype=bool))
 
     for iteration in run.iterations():  # resumed: from the checkpoint's; a stop signal ends them
-        # [Core 4: Adam learning rate annealing] linearly from learning_rate toward 0, which the end
-        # of the run would reach: the last iteration uses learning_rate / num_iterations.
-        # --anneal-clip lowers the clipping coefficient alike.
+        # [Core 4: Adam learning rate annealing] linearly from learning_rate toward 0, reached at
+        # the run's end (the last iteration uses learning_rate / num_iterations); --anneal-clip too.
         fraction_left = 1.0 - (iteration - 1.0) / num_iterations
         if args.anneal_lr:
             optimizer.param_groups[0]["lr"] = fraction_left * args.learning_rate
@@ -380,9 +370,8 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
                 optimizer.zero_grad()
                 loss.backward()
                 # [Core 11: Global gradient clipping] when the norm of all gradients together
-                # exceeds max_grad_norm, all are scaled down alike: one minibatch of extreme
-                # advantages or value errors cannot throw the weights far, and the gradient keeps
-                # its direction.
+                # exceeds max_grad_norm, all are scaled down alike: one extreme minibatch cannot
+                # throw the weights far, and the gradient keeps its direction.
                 grad_norm = nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm,
                                                      foreach=True)
                 optimizer.step()
@@ -393,9 +382,8 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
             if args.target_kl is not None and minibatch_stats[-1]["approx_kl"] > args.target_kl:
                 break
 
-        # [Core 12: Debug variables] averaged over every minibatch of this update. The iteration's
-        # end (run.end_iteration): a NaN or infinity stops the run in one line; else the logs (with
-        # the values' explained variance), the progress line and, when due, a checkpoint.
+        # [Core 12: Debug variables] averaged over this update's minibatches. run.end_iteration: a
+        # NaN stops the run in one line; else the logs, the progress line, when due a checkpoint.
         means = {key: torch.stack([s[key] for s in minibatch_stats]).mean().item()
                  for key in minibatch_stats[0]}
         run.end_iteration(iteration, global_step, means, host_values.reshape(-1),

@@ -22,7 +22,6 @@ import torch.nn as nn
 import torch.optim as optim
 from torch.distributions.categorical import Categorical
 
-# The run machinery, beside this file: what a run needs that is not PPO.
 import checkpoints
 import command_line
 import run_life
@@ -134,13 +133,10 @@ def make_env(env_id: str, idx: int, capture_video: bool, video_folder: str,
     def thunk():
         import ale_py
         import cv2  # installed with ale-py: the atari extra holds both
-        # OpenCV resizes the frames on one thread (with --async-envs the games' worker processes
-        # share the cores), and ale-py prints no banner per game.
-        cv2.setNumThreads(1)
-        ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Error)
-        # frameskip=1 for every id: the preprocessing below skips frames itself (ALE/<Game>-v5 would
-        # skip 4 more). v5's sticky actions (repeat_action_probability=0.25) are kept: they are what
-        # the v5 ids stand for. The published setting is <Game>NoFrameskip-v4, which has none.
+        cv2.setNumThreads(1)  # the games' worker processes of --async-envs share the cores
+        ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Error)  # no banner for every game
+        # frameskip=1: the preprocessing below skips frames (ALE/<Game>-v5 would skip 4 more). v5's
+        # sticky actions stay, as its ids mean; the published <Game>NoFrameskip-v4 has none.
         env = gym.make(env_id, frameskip=1,
                        render_mode="rgb_array" if capture_video and idx == 0 else None)
         if capture_video and idx == 0:
@@ -192,8 +188,7 @@ def make_envs(env_id: str, num_envs: int, capture_video: bool = False, video_fol
     episode: every step() is a real transition, and the observation it returns for a finished
     environment is already the first of the next episode."""
     command_line.check_gymnasium_id(env_id, VARIANT, atari=True)
-    # [Speed: asynchronous environments] With async_envs each game steps in a worker process of its
-    # own, all at once; the same games, seeds and frames as in this process, in less time.
+    # [Speed: asynchronous environments] async_envs: each game in a worker process, all at once
     envs = run_life.vector_env([make_env(env_id, i, capture_video, video_folder, video_episodes)
                                 for i in range(num_envs)], env_id, VARIANT, saved_envs, async_envs)
     command_line.check_spaces(envs, env_id, VARIANT, actions=(gym.spaces.Discrete,),
@@ -258,12 +253,9 @@ class Agent(nn.Module):
 def compute_gae(rewards: np.ndarray, values: np.ndarray, dones: np.ndarray, next_value: np.ndarray,
                 next_done: np.ndarray, gamma: float,
                 gae_lambda: float) -> tuple[np.ndarray, np.ndarray]:
-    """[Core 5: Generalized Advantage Estimation] Advantages and value targets of one rollout.
-
-    All arrays are (num_steps, num_envs) except next_value and next_done, (num_envs,), which
-    describe the observation after the last step. dones[t] is 1 when obs[t] is the first observation
-    of a new episode, that is, when the step before it ended an episode: then nothing flows back
-    across t."""
+    """[Core 5: Generalized Advantage Estimation] Advantages and value targets of one rollout. The
+    arrays are (num_steps, num_envs), next_value and next_done (num_envs,): the observation after
+    the last step. dones[t] = 1 where obs[t] begins an episode, so nothing flows back across t."""
     num_steps = rewards.shape[0]
     advantages = np.zeros_like(rewards)
     last_advantage = np.zeros_like(next_value)
@@ -336,11 +328,9 @@ def minibatch_loss(agent: Agent, obs: torch.Tensor, actions: torch.Tensor,
 def truncated_value(agent: Agent, infos: dict, truncated: np.ndarray,
                     device: torch.device) -> np.ndarray:
     """[Truncation: bootstrap the value of a time limit's final observation] (--bootstrap-truncated)
-    V(final observation) for each environment whose episode the time limit cut off, 0 elsewhere. A
-    time limit is not a state of the task: the episode would have gone on. With SAME_STEP autoreset
-    the observation the step returned is already the next episode's; the one the episode ended on is
-    in info["final_obs"]. The caller adds gamma x this value to the step's reward, so that its
-    target is r + gamma V(s_final), where GAE, which stops at every episode end, takes r alone."""
+    V(final observation) for each environment whose episode the time limit cut off (the episode
+    would have gone on), 0 elsewhere; info["final_obs"] holds that observation (SAME_STEP). The
+    caller adds gamma x this value to the step's reward: its target is r + gamma V(s_final)."""
     values = np.zeros(len(truncated), dtype=np.float32)
     if truncated.any():
         final_obs = np.stack(infos["final_obs"][truncated])
@@ -352,16 +342,14 @@ def truncated_value(agent: Agent, infos: dict, truncated: np.ndarray,
 
 
 def main(args: Args, checkpoint: dict | None = None) -> dict:
-    """Train as `args` says, from `checkpoint` (read by command_line.parse_args) with --resume;
-    returns a summary of the run for callers such as tests."""
+    """Train as `args` says (resumed: from `checkpoint`); returns a summary for callers (tests)."""
     # The run: its flags checked, its name and folder, its device (run_life.Run).
     run = run_life.Run(args, VARIANT, checkpoint, env_package="ale-py")
     device = run.device
     batch_size = args.num_envs * args.num_steps
     minibatch_size = batch_size // args.num_minibatches
     num_iterations = args.total_timesteps // batch_size
-    # Python's, NumPy's and PyTorch's random generators start from --seed; the environments are
-    # seeded at their reset, below.
+    # Python's, NumPy's and PyTorch's random generators start from --seed (the environments' below).
     run_life.seed_everything(args.seed, args.torch_deterministic)
 
     envs = make_envs(args.env_id, args.num_envs, args.capture_video, run.video_folder,
@@ -369,14 +357,12 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
     obs_shape = envs.single_observation_space.shape  # (4, 84, 84)
     agent = Agent(envs.single_action_space.n).to(device)
     # [Core 3: The Adam optimizer's epsilon parameter] 1e-5 as in the original code, not PyTorch's
-    # 1e-8. Adam divides each step by sqrt(v) + eps: the larger eps damps the steps of weights whose
-    # gradients are tiny, which Adam would otherwise scale up to full size. fused=True: the same
-    # Adam, in one kernel for all parameters instead of a dozen small ops each.
+    # 1e-8: Adam divides each step by sqrt(v) + eps, so the larger eps damps the steps of weights
+    # whose tiny gradients it would scale up to full size. fused=True: one kernel for all weights.
     optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
 
-    # Rollout storage, (num_steps, num_envs, ...), refilled every iteration. [Speed: one host
-    # transfer per step] What the network reads or writes lives on its device (the frames as uint8,
-    # until the network scales them); rewards and dones stay on the host, where GAE runs.
+    # Rollout storage, (num_steps, num_envs, ...). [Speed: one host transfer per step] What the
+    # network reads or writes stays on its device (frames as uint8); rewards and dones on the host.
     obs = torch.zeros((args.num_steps, args.num_envs) + obs_shape, dtype=torch.uint8, device=device)
     actions = torch.zeros((args.num_steps, args.num_envs), dtype=torch.long, device=device)
     logprobs = torch.zeros((args.num_steps, args.num_envs), device=device)
@@ -393,9 +379,8 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
         envs.reset(seed=args.seed + global_step)[0], np.zeros(args.num_envs, dtype=bool))
 
     for iteration in run.iterations():  # resumed: from the checkpoint's; a stop signal ends them
-        # [Core 4: Adam learning rate annealing] linearly from learning_rate toward 0, which the end
-        # of the run would reach: the last iteration uses learning_rate / num_iterations.
-        # --anneal-clip lowers the clipping coefficient alike.
+        # [Core 4: Adam learning rate annealing] linearly from learning_rate toward 0, reached at
+        # the run's end (the last iteration uses learning_rate / num_iterations); --anneal-clip too.
         fraction_left = 1.0 - (iteration - 1.0) / num_iterations
         if args.anneal_lr:
             optimizer.param_groups[0]["lr"] = fraction_left * args.learning_rate
@@ -407,9 +392,8 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
             obs[step] = torch.as_tensor(next_obs, device=device)
             dones[step] = next_done
 
-            # The network runs once per step anyway to choose the action, and its one trunk gives
-            # the log-probability and value with it: they are recorded here, on the device
-            # (ppo.py's separate critic would cost a second call; it scores the batch later).
+            # The network runs once a step anyway, and its one trunk gives the log-probability and
+            # value with the action: kept on the device (ppo.py's separate critic scores its later).
             with torch.inference_mode():
                 action, logprob, _, value = agent.get_action_and_value(obs[step])
             actions[step], logprobs[step], values[step] = action, logprob, value.flatten()
@@ -457,9 +441,8 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
                 optimizer.zero_grad()
                 loss.backward()
                 # [Core 11: Global gradient clipping] when the norm of all gradients together
-                # exceeds max_grad_norm, all are scaled down alike: one minibatch of extreme
-                # advantages or value errors cannot throw the weights far, and the gradient keeps
-                # its direction.
+                # exceeds max_grad_norm, all are scaled down alike: one extreme minibatch cannot
+                # throw the weights far, and the gradient keeps its direction.
                 grad_norm = nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm,
                                                      foreach=True)
                 optimizer.step()
@@ -470,9 +453,8 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
             if args.target_kl is not None and minibatch_stats[-1]["approx_kl"] > args.target_kl:
                 break
 
-        # [Core 12: Debug variables] averaged over every minibatch of this update. The iteration's
-        # end (run.end_iteration): a NaN or infinity stops the run in one line; else the logs (with
-        # the values' explained variance), the progress line and, when due, a checkpoint.
+        # [Core 12: Debug variables] averaged over this update's minibatches. run.end_iteration: a
+        # NaN stops the run in one line; else the logs, the progress line, when due a checkpoint.
         means = {key: torch.stack([s[key] for s in minibatch_stats]).mean().item()
                  for key in minibatch_stats[0]}
         run.end_iteration(iteration, global_step, means, host_values.reshape(-1),

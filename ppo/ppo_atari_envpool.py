@@ -15,8 +15,6 @@ The run itself (its flags, checkpoints, logs, progress line and stop signals) co
 beside this file, written once for every script: copy them along with it.
 """
 
-import contextlib
-import io
 from dataclasses import dataclass
 from typing import Annotated
 
@@ -27,19 +25,8 @@ import torch.nn as nn
 import torch.optim as optim
 from torch.distributions.categorical import Categorical
 
-# The run machinery, beside this file: what a run needs that is not PPO.
 import command_line
-import exits
 import run_life
-
-try:
-    # envpool 1.0 imports the retired `gym` package where it is installed (Procgen's extra brings
-    # it), and gym prints a notice about itself on import; it concerns neither this script nor its
-    # user.
-    with contextlib.redirect_stderr(io.StringIO()):
-        import envpool
-except ImportError:  # reported with the command that installs it when an environment is made
-    envpool = None
 
 # written into checkpoints, so another variant's checkpoint is refused
 VARIANT = "ppo_atari_envpool"
@@ -105,7 +92,9 @@ def make_envs(env_id: str, num_envs: int, seed: int = 0, capture_video: bool = F
     (docs/ppo_atari_envpool.md lists the small ways in which they differ). envpool's autoreset is
     described in main().
     """
-    check_env_id(env_id)
+    command_line.check_envpool_id(env_id, VARIANT, kinds=("AtariEnvSpec",), example="Breakout-v5")
+    import envpool  # installed: the id was found in it
+
     envs = envpool.make(
         env_id,
         env_type="gymnasium",
@@ -134,25 +123,13 @@ def make_envs(env_id: str, num_envs: int, seed: int = 0, capture_video: bool = F
     return envs
 
 
-class VideoRecorder:
-    """--capture-video: envpool has no gymnasium wrapper to record with, so the first game's frames
-    are rendered here (at the agent's 15 steps per second) and written with gymnasium's save_video,
-    for the games numbered 0, 1, 8, 27, ..., 1000, 2000, ... as gymnasium's RecordVideo does."""
-
-    def __init__(self, folder: str):
-        # Imported here: it needs moviepy, which only --capture-video needs.
-        from gymnasium.utils.save_video import capped_cubic_video_schedule, save_video
-
-        self.schedule, self.save_video = capped_cubic_video_schedule, save_video
-        self.folder, self.game, self.frames = folder, 0, []
-
-    def step(self, envs, game_over: bool) -> None:
-        if self.schedule(self.game):
-            self.frames.append(envs.render(env_ids=[0])[0])
-        if game_over:
-            if self.frames:
-                self.save_video(self.frames, self.folder, fps=15, episode_index=self.game)
-            self.game, self.frames = self.game + 1, []
+def film_first_game(recorder: run_life.VideoRecorder, envs, game_over: bool) -> None:
+    """--capture-video: envpool has no gymnasium wrapper to film with, so the first game's frames
+    are rendered here, at the agent's 15 steps per second, for the games the schedule picks."""
+    if recorder.filming:
+        recorder.add(envs.render(env_ids=[0])[0])
+    if game_over:
+        recorder.episode_ended()
 
 
 def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Module:
@@ -212,12 +189,9 @@ class Agent(nn.Module):
 def compute_gae(rewards: np.ndarray, values: np.ndarray, dones: np.ndarray, next_value: np.ndarray,
                 next_done: np.ndarray, gamma: float,
                 gae_lambda: float) -> tuple[np.ndarray, np.ndarray]:
-    """[Core 5: Generalized Advantage Estimation] Advantages and value targets of one rollout.
-
-    All arrays are (num_steps, num_envs) except next_value and next_done, (num_envs,), which
-    describe the observation after the last step. dones[t] is 1 when obs[t] is the first observation
-    of a new episode, that is, when the step before it ended an episode: then nothing flows back
-    across t."""
+    """[Core 5: Generalized Advantage Estimation] Advantages and value targets of one rollout. The
+    arrays are (num_steps, num_envs), next_value and next_done (num_envs,): the observation after
+    the last step. dones[t] = 1 where obs[t] begins an episode, so nothing flows back across t."""
     num_steps = rewards.shape[0]
     advantages = np.zeros_like(rewards)
     last_advantage = np.zeros_like(next_value)
@@ -304,15 +278,13 @@ def truncated_values(values: np.ndarray, next_value: np.ndarray,
 
 
 def main(args: Args, checkpoint: dict | None = None) -> dict:
-    """Train as `args` says, from `checkpoint` (read by command_line.parse_args) with --resume;
-    returns a summary of the run for callers such as tests."""
+    """Train as `args` says (resumed: from `checkpoint`); returns a summary for callers (tests)."""
     # The run: its flags checked, its name and folder, its device (run_life.Run).
     run = run_life.Run(args, VARIANT, checkpoint, env_package="envpool")
     device = run.device
     batch_size = args.num_envs * args.num_steps
     num_iterations = args.total_timesteps // batch_size
-    # Python's, NumPy's and PyTorch's random generators start from --seed; the environments are
-    # seeded when they are made, below.
+    # Python's, NumPy's and PyTorch's random generators start from --seed (the environments' below).
     run_life.seed_everything(args.seed, args.torch_deterministic)
 
     # envpool is seeded when it is made, and its games cannot be saved: a resumed run starts new
@@ -331,12 +303,11 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
     obs_shape = pools[0].observation_space.shape  # one game's: (4, 84, 84)
     agent = Agent(pools[0].action_space.n).to(device)
     # [Core 3: The Adam optimizer's epsilon parameter] 1e-5 as in the original code, not PyTorch's
-    # 1e-8. Adam divides each step by sqrt(v) + eps: the larger eps damps the steps of weights whose
-    # gradients are tiny, which Adam would otherwise scale up to full size. fused=True: the same
-    # Adam, in one kernel for all parameters instead of a dozen small ops each.
+    # 1e-8: Adam divides each step by sqrt(v) + eps, so the larger eps damps the steps of weights
+    # whose tiny gradients it would scale up to full size. fused=True: one kernel for all weights.
     optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
     # the first game of pools[0]
-    recorder = VideoRecorder(run.video_folder) if args.capture_video else None
+    recorder = run_life.VideoRecorder(run.video_folder) if args.capture_video else None
 
     # Rollout storage, (num_steps, num_envs, ...), allocated once and refilled every iteration.
     # [Speed: one host transfer per step] What the network reads and writes lives on its device: the
@@ -367,9 +338,8 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
     next_done = np.zeros(args.num_envs, dtype=bool)
 
     for iteration in run.iterations():  # resumed: from the checkpoint's; a stop signal ends them
-        # [Core 4: Adam learning rate annealing] linearly from learning_rate toward 0, which the end
-        # of the run would reach: the last iteration uses learning_rate / num_iterations.
-        # --anneal-clip lowers the clipping coefficient alike.
+        # [Core 4: Adam learning rate annealing] linearly from learning_rate toward 0, reached at
+        # the run's end (the last iteration uses learning_rate / num_iterations); --anneal-clip too.
         fraction_left = 1.0 - (iteration - 1.0) / num_iterations
         if args.anneal_lr:
             optimizer.param_groups[0]["lr"] = fraction_left * args.learning_rate
@@ -400,7 +370,7 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
                     scores += info["reward"]
                     game_over = info["terminated"].astype(bool) | truncations
                     if recorder and games.start == 0:
-                        recorder.step(pool, game_over[0])
+                        film_first_game(recorder, pool, game_over[0])
                     # the games that ended, logged with their scores; and the progress line
                     run.record_step(global_step, [(scores[i], info["elapsed_step"][i])
                                                   for i in np.flatnonzero(game_over)])
@@ -467,9 +437,8 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
                 optimizer.zero_grad()
                 loss.backward()
                 # [Core 11: Global gradient clipping] when the norm of all gradients together
-                # exceeds max_grad_norm, all are scaled down alike: one minibatch of extreme
-                # advantages or value errors cannot throw the weights far, and the gradient keeps
-                # its direction.
+                # exceeds max_grad_norm, all are scaled down alike: one extreme minibatch cannot
+                # throw the weights far, and the gradient keeps its direction.
                 grad_norm = nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm,
                                                      foreach=True)
                 optimizer.step()
@@ -501,7 +470,7 @@ def evaluate(args: Args, checkpoint: dict) -> list[float]:
     evaluation = run_life.Evaluation(args, VARIANT, checkpoint)  # the device and seeds
     envs = make_envs(args.env_id, 1, seed=evaluation.seed, capture_video=args.capture_video)
     agent = evaluation.load(Agent(envs.action_space.n))
-    recorder = VideoRecorder(evaluation.video_folder) if args.capture_video else None
+    recorder = run_life.VideoRecorder(evaluation.video_folder) if args.capture_video else None
     obs, _ = envs.reset()
     score = 0.0
     while evaluation.playing:
@@ -512,31 +481,12 @@ def evaluate(args: Args, checkpoint: dict) -> list[float]:
         score += float(info["reward"][0])
         game_over = bool(info["terminated"][0] or truncated[0])
         if recorder:
-            recorder.step(envs, game_over)
+            film_first_game(recorder, envs, game_over)
         if game_over:
             evaluation.episode_ended(score, int(info["elapsed_step"][0]))
             score = 0.0
     envs.close()
     return evaluation.report()
-
-
-def check_env_id(env_id: str) -> None:
-    """Refuse, with the script to use instead, an id that is not one of envpool's Atari games."""
-    if envpool is None:
-        exits.fail(VARIANT, f"{VARIANT}.py needs envpool: pip install -e '.[envpool]'")
-    if env_id not in envpool.list_all_envs():
-        hint = ""
-        if env_id.endswith("NoFrameskip-v4") or env_id.startswith("ALE/"):
-            game = env_id.removeprefix("ALE/").removesuffix("NoFrameskip-v4").removesuffix("-v5")
-            hint = (f" (envpool names the game {game}-v5; ale-py ids such as {env_id} need "
-                    "ppo/ppo_atari.py)")
-        exits.fail(VARIANT, f"unknown env id {env_id!r}{hint}: envpool's Atari games are named "
-                            "like Breakout-v5")
-    kind = type(envpool.make_spec(env_id)).__name__
-    if kind != "AtariEnvSpec":
-        exits.fail(VARIANT, f"{env_id} is not an Atari game ({kind}): {VARIANT}.py trains on Atari "
-                            "frames only; use ppo/ppo.py for vector observations and "
-                            "ppo/ppo_continuous_action.py for Box actions")
 
 
 if __name__ == "__main__":

@@ -5,12 +5,11 @@
     python ppo/ppo_atari_lstm.py --resume runs/<run>/checkpoint.pt   # go on after Ctrl-C, a crash
     python ppo/ppo_atari_lstm.py --evaluate runs/<run>/checkpoint.pt # score a saved agent
 
-ppo/ppo_atari.py with memory: the agent sees one frame at a time (no frame stacking) and an LSTM
-after the convolutional network carries what it needs from earlier frames. The rollout records the
-LSTM state it started from, and training replays each environment's whole sequence from that state.
-The 13 core details, the 9 Atari details and the 5 LSTM details are marked where they happen: LSTM
-1 and 2 in the agent, 3 in lstm_with_episode_resets, 4 and 5 in the update; docs/ppo_atari_lstm.md
-explains each.
+ppo/ppo_atari.py with memory: the agent sees one frame at a time and an LSTM after the convolutions
+carries what it needs from earlier frames; training replays each environment's whole sequence from
+the LSTM state the rollout started with. The core, Atari and 5 LSTM details are marked where they
+happen: LSTM 1 and 2 in the agent, 3 in lstm_with_episode_resets, 4 and 5 in the update;
+docs/ppo_atari_lstm.md explains each.
 The run itself (its flags, checkpoints, logs, progress line and stop signals) comes from the modules
 beside this file, written once for every script: copy them along with it.
 """
@@ -25,7 +24,6 @@ import torch.nn as nn
 import torch.optim as optim
 from torch.distributions.categorical import Categorical
 
-# The run machinery, beside this file: what a run needs that is not PPO.
 import checkpoints
 import command_line
 import run_life
@@ -141,13 +139,10 @@ def make_env(env_id: str, idx: int, capture_video: bool, video_folder: str,
     def thunk():
         import ale_py
         import cv2  # installed with ale-py: the atari extra holds both
-        # OpenCV resizes the frames on one thread (with --async-envs the games' worker processes
-        # share the cores), and ale-py prints no banner per game.
-        cv2.setNumThreads(1)
-        ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Error)
-        # frameskip=1 for every id: the preprocessing below skips frames itself (ALE/<Game>-v5 would
-        # skip 4 more). v5's sticky actions (repeat_action_probability=0.25) are kept: they are what
-        # the v5 ids stand for. The published setting is <Game>NoFrameskip-v4, which has none.
+        cv2.setNumThreads(1)  # the games' worker processes of --async-envs share the cores
+        ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Error)  # no banner for every game
+        # frameskip=1: the preprocessing below skips frames (ALE/<Game>-v5 would skip 4 more). v5's
+        # sticky actions stay, as its ids mean; the published <Game>NoFrameskip-v4 has none.
         env = gym.make(env_id, frameskip=1,
                        render_mode="rgb_array" if capture_video and idx == 0 else None)
         if capture_video and idx == 0:
@@ -199,8 +194,7 @@ def make_envs(env_id: str, num_envs: int, capture_video: bool = False, video_fol
     episode: every step() is a real transition, and the observation it returns for a finished
     environment is already the first of the next episode."""
     command_line.check_gymnasium_id(env_id, VARIANT, atari=True)
-    # [Speed: asynchronous environments] With async_envs each game steps in a worker process of its
-    # own, all at once; the same games, seeds and frames as in this process, in less time.
+    # [Speed: asynchronous environments] async_envs: each game in a worker process, all at once
     envs = run_life.vector_env([make_env(env_id, i, capture_video, video_folder, video_episodes)
                                 for i in range(num_envs)], env_id, VARIANT, saved_envs, async_envs)
     command_line.check_spaces(envs, env_id, VARIANT, actions=(gym.spaces.Discrete,),
@@ -225,13 +219,8 @@ def lstm_with_episode_resets(lstm: nn.LSTM, inputs: torch.Tensor, state: LSTMSta
                              done: torch.Tensor) -> tuple[torch.Tensor, LSTMState]:
     """The LSTM over T steps of E environments, its state reset to zeros where an episode begins:
     inputs (T, E, features), done (T, E) 1 where step t begins a new episode; returns the outputs
-    (T, E, hidden) and the state after the last step. It computes what this loop does, one step at a
-    time (tests/test_ppo_atari_lstm.py checks that the two agree):
-
-        for t in range(T):
-            state = ((1 - done[t]) * state[0], (1 - done[t]) * state[1])
-            outputs[t], state = lstm(inputs[t], state)
-
+    (T, E, hidden) and the state after the last step: what one LSTM call a step computes, the state
+    times 1 - done[t] before step t (tests/test_ppo_atari_lstm.py checks that the two agree).
     [Speed: the LSTM over whole stretches] It calls the LSTM once per stretch of steps in which no
     environment begins an episode: a minibatch's 128 steps take a few calls instead of 128."""
     num_steps = inputs.shape[0]
@@ -239,9 +228,8 @@ def lstm_with_episode_resets(lstm: nn.LSTM, inputs: torch.Tensor, state: LSTMSta
     bounds = [0, *starts, num_steps]  # within each stretch no episode begins after its first step
     outputs = []
     for begin, end in zip(bounds[:-1], bounds[1:]):
-        # [LSTM 3: Reset LSTM states at the end of the episode] the state is multiplied by
-        # 1 - done, so an environment whose episode begins at the stretch's first step starts
-        # it from zeros.
+        # [LSTM 3: Reset LSTM states at the end of the episode] the state times 1 - done: an
+        # environment whose episode begins at the stretch's first step starts it from zeros.
         keep = (1.0 - done[begin]).view(1, -1, 1)
         output, state = lstm(inputs[begin:end], (keep * state[0], keep * state[1]))
         outputs.append(output)
@@ -285,9 +273,9 @@ class Agent(nn.Module):
         return zeros, zeros.clone()
 
     def get_states(self, obs: torch.Tensor, lstm_state: LSTMState, done: torch.Tensor):
-        """The network over T steps of E environments: obs (T * E, 1, 84, 84) and done (T * E,),
-        time-major (step t of environment e at t * E + e, done 1 where it begins an episode), from
-        `lstm_state` before step 0. Returns the outputs (T * E, 128) and the state after step T."""
+        """The network over T steps of E environments, time-major (step t of environment e at t * E
+        + e): obs (T * E, 1, 84, 84), done (T * E,), from `lstm_state` before step 0. Returns the
+        outputs (T * E, 128) and the state after step T."""
         # [Atari 9: Scaling the images to [0, 1]] frames are stored as uint8 and scaled here.
         hidden = self.network(obs.float() / 255.0)
         num_envs = lstm_state[0].shape[1]
@@ -296,8 +284,7 @@ class Agent(nn.Module):
                                                        done.reshape(-1, num_envs))
         return outputs.flatten(0, 1), lstm_state
 
-    def get_value(self, obs: torch.Tensor, lstm_state: LSTMState,
-                  done: torch.Tensor) -> torch.Tensor:
+    def get_value(self, obs: torch.Tensor, lstm_state: LSTMState, done: torch.Tensor):
         return self.critic(self.get_states(obs, lstm_state, done)[0])
 
     @run_life.compiled
@@ -317,12 +304,9 @@ class Agent(nn.Module):
 def compute_gae(rewards: np.ndarray, values: np.ndarray, dones: np.ndarray, next_value: np.ndarray,
                 next_done: np.ndarray, gamma: float,
                 gae_lambda: float) -> tuple[np.ndarray, np.ndarray]:
-    """[Core 5: Generalized Advantage Estimation] Advantages and value targets of one rollout.
-
-    All arrays are (num_steps, num_envs) except next_value and next_done, (num_envs,), which
-    describe the observation after the last step. dones[t] is 1 when obs[t] is the first observation
-    of a new episode, that is, when the step before it ended an episode: then nothing flows back
-    across t."""
+    """[Core 5: Generalized Advantage Estimation] Advantages and value targets of one rollout. The
+    arrays are (num_steps, num_envs), next_value and next_done (num_envs,): the observation after
+    the last step. dones[t] = 1 where obs[t] begins an episode, so nothing flows back across t."""
     num_steps = rewards.shape[0]
     advantages = np.zeros_like(rewards)
     last_advantage = np.zeros_like(next_value)
@@ -388,9 +372,8 @@ def minibatch_loss(agent: Agent, obs: torch.Tensor, dones: torch.Tensor, actions
                    args: Args) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The network on one minibatch, then the PPO loss: the unit --compile compiles. Every tensor is
     (num_steps, E) columns of the rollout, initial_lstm_state the state of those E environments.
-
-    [LSTM 5: Reconstruct LSTM states during training] The rollout's actions are scored again by the
-    current network, replaying the E environments' whole sequences from the LSTM state the rollout
+    [LSTM 5: Reconstruct LSTM states during training] The current network scores the rollout's
+    actions again, replaying the E environments' whole sequences from the LSTM state the rollout
     started with; before any update they are the rollout's own log-probs and values."""
     _, new_logprob, entropy, new_value, _ = agent.get_action_and_value(
         obs.flatten(0, 1), initial_lstm_state, dones.flatten(), actions.flatten())
@@ -401,11 +384,9 @@ def minibatch_loss(agent: Agent, obs: torch.Tensor, dones: torch.Tensor, actions
 def truncated_value(agent: Agent, infos: dict, truncated: np.ndarray, lstm_state: LSTMState,
                     device: torch.device) -> np.ndarray:
     """[Truncation: bootstrap the value of a time limit's final observation] (--bootstrap-truncated)
-    V(final observation) for each environment whose episode the time limit cut off, 0 elsewhere. A
-    time limit is not a state of the task: the episode would have gone on. With SAME_STEP autoreset
-    the observation the step returned is already the next episode's; the one the episode ended on is
-    in info["final_obs"]. The caller adds gamma x this value to the step's reward, so that its
-    target is r + gamma V(s_final), where GAE, which stops at every episode end, takes r alone. The
+    V(final observation) for each environment whose episode the time limit cut off (the episode
+    would have gone on), 0 elsewhere; info["final_obs"] holds that observation (SAME_STEP). The
+    caller adds gamma x this value to the step's reward: its target is r + gamma V(s_final). The
     value's memory is the state after the step that led there, `lstm_state`, not reset."""
     values = np.zeros(len(truncated), dtype=np.float32)
     if truncated.any():
@@ -419,16 +400,14 @@ def truncated_value(agent: Agent, infos: dict, truncated: np.ndarray, lstm_state
 
 
 def main(args: Args, checkpoint: dict | None = None) -> dict:
-    """Train as `args` says, from `checkpoint` (read by command_line.parse_args) with --resume;
-    returns a summary of the run for callers such as tests."""
+    """Train as `args` says (resumed: from `checkpoint`); returns a summary for callers (tests)."""
     # The run: its flags checked, its name and folder, its device (run_life.Run).
     run = run_life.Run(args, VARIANT, checkpoint, env_package="ale-py")
     device = run.device
     batch_size = args.num_envs * args.num_steps
     envs_per_minibatch = args.num_envs // args.num_minibatches
     num_iterations = args.total_timesteps // batch_size
-    # Python's, NumPy's and PyTorch's random generators start from --seed; the environments are
-    # seeded at their reset, below.
+    # Python's, NumPy's and PyTorch's random generators start from --seed (the environments' below).
     run_life.seed_everything(args.seed, args.torch_deterministic)
 
     envs = make_envs(args.env_id, args.num_envs, args.capture_video, run.video_folder,
@@ -436,14 +415,12 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
     obs_shape = envs.single_observation_space.shape  # (1, 84, 84)
     agent = Agent(envs.single_action_space.n).to(device)
     # [Core 3: The Adam optimizer's epsilon parameter] 1e-5 as in the original code, not PyTorch's
-    # 1e-8. Adam divides each step by sqrt(v) + eps: the larger eps damps the steps of weights whose
-    # gradients are tiny, which Adam would otherwise scale up to full size. fused=True: the same
-    # Adam, in one kernel for all parameters instead of a dozen small ops each.
+    # 1e-8: Adam divides each step by sqrt(v) + eps, so the larger eps damps the steps of weights
+    # whose tiny gradients it would scale up to full size. fused=True: one kernel for all weights.
     optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
 
-    # Rollout storage, (num_steps, num_envs, ...), refilled every iteration. [Speed: one host
-    # transfer per step] What the network reads or writes lives on its device (the frames as uint8,
-    # until the network scales them); rewards and dones stay on the host, where GAE runs.
+    # Rollout storage, (num_steps, num_envs, ...). [Speed: one host transfer per step] What the
+    # network reads or writes stays on its device (frames as uint8); rewards and dones on the host.
     obs = torch.zeros((args.num_steps, args.num_envs) + obs_shape, dtype=torch.uint8, device=device)
     actions = torch.zeros((args.num_steps, args.num_envs), dtype=torch.long, device=device)
     logprobs = torch.zeros((args.num_steps, args.num_envs), device=device)
@@ -463,9 +440,8 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
         agent.initial_state(args.num_envs, device))
 
     for iteration in run.iterations():  # resumed: from the checkpoint's; a stop signal ends them
-        # [Core 4: Adam learning rate annealing] linearly from learning_rate toward 0, which the end
-        # of the run would reach: the last iteration uses learning_rate / num_iterations.
-        # --anneal-clip lowers the clipping coefficient alike.
+        # [Core 4: Adam learning rate annealing] linearly from learning_rate toward 0, reached at
+        # the run's end (the last iteration uses learning_rate / num_iterations); --anneal-clip too.
         fraction_left = 1.0 - (iteration - 1.0) / num_iterations
         if args.anneal_lr:
             optimizer.param_groups[0]["lr"] = fraction_left * args.learning_rate
@@ -479,9 +455,8 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
             obs[step] = torch.as_tensor(next_obs, device=device)
             dones[step] = next_done
 
-            # The network runs once per step anyway to choose the action, and its one trunk gives
-            # the log-probability and value with it: they are recorded here, on the device
-            # (ppo.py's separate critic would cost a second call; it scores the batch later).
+            # The network runs once a step anyway, and its one trunk gives the log-probability and
+            # value with the action: kept on the device (ppo.py's separate critic scores its later).
             # no_grad, not inference_mode: CUDA graphs of the compiled heads, first run in inference
             # mode, would fail when the update runs them with gradients (pytorch/pytorch#135892).
             with torch.no_grad():
@@ -503,9 +478,8 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
             # the episodes that ended, logged with their scores; and the progress line now and then
             run.record_step(global_step, run_life.finished_episodes(infos))
 
-        # The batch stays (num_steps, num_envs, ...): a minibatch is a set of columns, whole
-        # sequences, so the rollout's tensors are the batch as they are; b_ names an array of the
-        # whole batch, mb_ one of a minibatch.
+        # The batch stays (num_steps, num_envs, ...), whole sequences in its columns: the rollout's
+        # tensors are the batch as they are. b_ names an array of the batch, mb_ one of a minibatch.
         b_obs, b_actions, b_logprobs, b_values = obs, actions, logprobs, values
         with torch.no_grad():
             next_value = agent.get_value(torch.as_tensor(next_obs, dtype=torch.float32,
@@ -522,9 +496,8 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
         b_returns = torch.as_tensor(returns, device=device)
 
         # [Core 6: Mini-batch updates] several epochs over shuffled minibatches of the batch.
-        # [LSTM 4: Prepare sequential rollouts in mini-batches] the environments, not the single
-        # transitions, are shuffled and split: each minibatch holds whole sequences of num_steps
-        # steps, in order, so the LSTM can be replayed over them.
+        # [LSTM 4: Prepare sequential rollouts in mini-batches] the environments are shuffled and
+        # split, not the transitions: each minibatch holds whole sequences, for the LSTM's replay.
         env_inds = np.arange(args.num_envs)
         minibatch_stats = []
         for epoch in range(args.update_epochs):
@@ -541,9 +514,8 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
                 optimizer.zero_grad()
                 loss.backward()
                 # [Core 11: Global gradient clipping] when the norm of all gradients together
-                # exceeds max_grad_norm, all are scaled down alike: one minibatch of extreme
-                # advantages or value errors cannot throw the weights far, and the gradient keeps
-                # its direction.
+                # exceeds max_grad_norm, all are scaled down alike: one extreme minibatch cannot
+                # throw the weights far, and the gradient keeps its direction.
                 grad_norm = nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm,
                                                      foreach=True)
                 optimizer.step()
@@ -554,9 +526,8 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
             if args.target_kl is not None and minibatch_stats[-1]["approx_kl"] > args.target_kl:
                 break
 
-        # [Core 12: Debug variables] averaged over every minibatch of this update. The iteration's
-        # end (run.end_iteration): a NaN or infinity stops the run in one line; else the logs (with
-        # the values' explained variance), the progress line and, when due, a checkpoint.
+        # [Core 12: Debug variables] averaged over this update's minibatches. run.end_iteration: a
+        # NaN stops the run in one line; else the logs, the progress line, when due a checkpoint.
         means = {key: torch.stack([s[key] for s in minibatch_stats]).mean().item()
                  for key in minibatch_stats[0]}
         run.end_iteration(iteration, global_step, means, host_values.reshape(-1),
@@ -575,16 +546,14 @@ def evaluate(args: Args, checkpoint: dict) -> list[float]:
     envs = make_envs(args.env_id, 1, args.capture_video, evaluation.video_folder,
                      video_episodes=args.eval_episodes)
     agent = evaluation.load(Agent(envs.single_action_space.n))
-    lstm_state = agent.initial_state(1, evaluation.device)
 
-    def policy(obs: np.ndarray, episode_start: np.ndarray) -> np.ndarray:
-        nonlocal lstm_state
+    def policy(obs: np.ndarray, episode_start: np.ndarray, lstm_state: LSTMState):
         action, _, _, _, lstm_state = agent.get_action_and_value(
             torch.as_tensor(obs, dtype=torch.float32, device=evaluation.device), lstm_state,
             torch.as_tensor(episode_start, dtype=torch.float32, device=evaluation.device))
-        return action.cpu().numpy()
+        return action.cpu().numpy(), lstm_state
 
-    return evaluation.play(envs, policy)
+    return evaluation.play(envs, policy, state=agent.initial_state(1, evaluation.device))
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ import torch.optim as optim
 from gymnasium.wrappers.utils import RunningMeanStd
 from torch.distributions.normal import Normal
 
-# The run machinery, beside this file: what a run needs that is not PPO.
+import checkpoints
 import command_line
 import run_life
 
@@ -165,10 +165,10 @@ class Agent(nn.Module):
     # back to set_extra_state: the observation statistics travel with the weights into every
     # checkpoint, and a loaded agent sees observations exactly as it did in training.
     def get_extra_state(self) -> dict:
-        return statistics(self.obs_rms)
+        return checkpoints.statistics_state(self.obs_rms)
 
     def set_extra_state(self, state: dict) -> None:
-        self.obs_rms = statistics(state)
+        self.obs_rms = checkpoints.restored_statistics(state)
 
     def normalize_obs(self, obs: np.ndarray, update: bool) -> np.ndarray:
         """[Continuous 6: Normalization of observations] Each observation dimension is shifted and
@@ -239,22 +239,13 @@ class RewardScaler:
         return reward / np.sqrt(self.return_rms.var + 1e-8)
 
     def state_dict(self) -> dict:
-        return {"return_rms": statistics(self.return_rms),
+        return {"return_rms": checkpoints.statistics_state(self.return_rms),
                 "discounted_return": self.discounted_return.copy()}
 
     def load_state_dict(self, state: dict) -> None:
-        self.return_rms = statistics(state["return_rms"])
+        self.return_rms = checkpoints.restored_statistics(state["return_rms"])
         self.discounted_return = state["discounted_return"].copy()
 
-
-def statistics(saved: RunningMeanStd | dict) -> dict | RunningMeanStd:
-    """A running mean and variance (gymnasium's RunningMeanStd: Chan et al.'s parallel merge of
-    batches, in float64) as a checkpoint keeps it, and back."""
-    if isinstance(saved, RunningMeanStd):
-        return {"mean": saved.mean.copy(), "var": saved.var.copy(), "count": saved.count}
-    kept = RunningMeanStd(shape=np.shape(saved["mean"]))
-    kept.mean, kept.var, kept.count = saved["mean"].copy(), saved["var"].copy(), saved["count"]
-    return kept
 
 
 # --------------------------------------------------------------------------------------------------
@@ -265,12 +256,9 @@ def statistics(saved: RunningMeanStd | dict) -> dict | RunningMeanStd:
 def compute_gae(rewards: np.ndarray, values: np.ndarray, dones: np.ndarray, next_value: np.ndarray,
                 next_done: np.ndarray, gamma: float,
                 gae_lambda: float) -> tuple[np.ndarray, np.ndarray]:
-    """[Core 5: Generalized Advantage Estimation] Advantages and value targets of one rollout.
-
-    All arrays are (num_steps, num_envs) except next_value and next_done, (num_envs,), which
-    describe the observation after the last step. dones[t] is 1 when obs[t] is the first observation
-    of a new episode, that is, when the step before it ended an episode: then nothing flows back
-    across t."""
+    """[Core 5: Generalized Advantage Estimation] Advantages and value targets of one rollout. The
+    arrays are (num_steps, num_envs), next_value and next_done (num_envs,): the observation after
+    the last step. dones[t] = 1 where obs[t] begins an episode, so nothing flows back across t."""
     num_steps = rewards.shape[0]
     advantages = np.zeros_like(rewards)
     last_advantage = np.zeros_like(next_value)
@@ -343,11 +331,9 @@ def minibatch_loss(agent: Agent, obs: torch.Tensor, actions: torch.Tensor,
 def truncated_value(agent: Agent, infos: dict, truncated: np.ndarray,
                     device: torch.device) -> np.ndarray:
     """[Truncation: bootstrap the value of a time limit's final observation] (--bootstrap-truncated)
-    V(final observation) for each environment whose episode the time limit cut off, 0 elsewhere. A
-    time limit is not a state of the task: the episode would have gone on. With SAME_STEP autoreset
-    the observation the step returned is already the next episode's; the one the episode ended on is
-    in info["final_obs"]. The caller adds gamma x this value to the step's reward, so that its
-    target is r + gamma V(s_final), where GAE, which stops at every episode end, takes r alone. The
+    V(final observation) for each environment whose episode the time limit cut off (the episode
+    would have gone on), 0 elsewhere; info["final_obs"] holds that observation (SAME_STEP). The
+    caller adds gamma x this value to the step's reward: its target is r + gamma V(s_final). The
     observation is valued as the agent would have seen it: normalized, not counted."""
     values = np.zeros(len(truncated), dtype=np.float32)
     if truncated.any():
@@ -361,16 +347,14 @@ def truncated_value(agent: Agent, infos: dict, truncated: np.ndarray,
 
 
 def main(args: Args, checkpoint: dict | None = None) -> dict:
-    """Train as `args` says, from `checkpoint` (read by command_line.parse_args) with --resume;
-    returns a summary of the run for callers such as tests."""
+    """Train as `args` says (resumed: from `checkpoint`); returns a summary for callers (tests)."""
     # The run: its flags checked, its name and folder, its device (run_life.Run).
     run = run_life.Run(args, VARIANT, checkpoint, env_package="mujoco")
     device = run.device
     batch_size = args.num_envs * args.num_steps
     minibatch_size = batch_size // args.num_minibatches
     num_iterations = args.total_timesteps // batch_size
-    # Python's, NumPy's and PyTorch's random generators start from --seed; the environments are
-    # seeded at their reset, below.
+    # Python's, NumPy's and PyTorch's random generators start from --seed (the environments' below).
     run_life.seed_everything(args.seed, args.torch_deterministic)
     # Networks this small run fastest on one thread: more threads cost more in handing work out than
     # they save.
@@ -384,9 +368,8 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
     agent = Agent(obs_shape[0], action_shape[0], args.obs_clip).to(device)
     reward_scaler = RewardScaler(args.num_envs, args.gamma)
     # [Core 3: The Adam optimizer's epsilon parameter] 1e-5 as in the original code, not PyTorch's
-    # 1e-8. Adam divides each step by sqrt(v) + eps: the larger eps damps the steps of weights whose
-    # gradients are tiny, which Adam would otherwise scale up to full size. fused=True: the same
-    # Adam, in one kernel for all parameters instead of a dozen small ops each.
+    # 1e-8: Adam divides each step by sqrt(v) + eps, so the larger eps damps the steps of weights
+    # whose tiny gradients it would scale up to full size. fused=True: one kernel for all weights.
     optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
 
     # Rollout storage, (num_steps, num_envs, ...), refilled every iteration. It is kept in NumPy,
@@ -414,9 +397,8 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
         np.zeros(args.num_envs, dtype=bool))
 
     for iteration in run.iterations():  # resumed: from the checkpoint's; a stop signal ends them
-        # [Core 4: Adam learning rate annealing] linearly from learning_rate toward 0, which the end
-        # of the run would reach: the last iteration uses learning_rate / num_iterations.
-        # --anneal-clip lowers the clipping coefficient alike.
+        # [Core 4: Adam learning rate annealing] linearly from learning_rate toward 0, reached at
+        # the run's end (the last iteration uses learning_rate / num_iterations); --anneal-clip too.
         fraction_left = 1.0 - (iteration - 1.0) / num_iterations
         if args.anneal_lr:
             optimizer.param_groups[0]["lr"] = fraction_left * args.learning_rate
@@ -491,9 +473,8 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
                 optimizer.zero_grad()
                 loss.backward()
                 # [Core 11: Global gradient clipping] when the norm of all gradients together
-                # exceeds max_grad_norm, all are scaled down alike: one minibatch of extreme
-                # advantages or value errors cannot throw the weights far, and the gradient keeps
-                # its direction.
+                # exceeds max_grad_norm, all are scaled down alike: one extreme minibatch cannot
+                # throw the weights far, and the gradient keeps its direction.
                 grad_norm = nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm,
                                                      foreach=True)
                 optimizer.step()
@@ -504,9 +485,8 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
             if args.target_kl is not None and minibatch_stats[-1]["approx_kl"] > args.target_kl:
                 break
 
-        # [Core 12: Debug variables] averaged over every minibatch of this update. The iteration's
-        # end (run.end_iteration): a NaN or infinity stops the run in one line; else the logs (with
-        # the values' explained variance), the progress line and, when due, a checkpoint.
+        # [Core 12: Debug variables] averaged over this update's minibatches. run.end_iteration: a
+        # NaN stops the run in one line; else the logs, the progress line, when due a checkpoint.
         means = {key: torch.stack([s[key] for s in minibatch_stats]).mean().item()
                  for key in minibatch_stats[0]}
         run.end_iteration(iteration, global_step, means, host_values.reshape(-1),

@@ -26,6 +26,35 @@ import checkpoints
 import command_line
 from exits import STOP_SIGNALS, UNUSED_RUN_FOLDERS, Diverged, StoppedAtOnce, fail, signal_name
 
+class VideoRecorder:
+    """--capture-video where no gymnasium wrapper films the environments (envpool's, Procgen's):
+    the script adds the first environment's frames while the schedule is `filming` its episode
+    (gymnasium's: episodes 0, 1, 8, 27, ..., 1000, 2000, ...), and each filmed episode is written
+    to `folder` when it ends, at 15 frames a second (moviepy writes it)."""
+
+    def __init__(self, folder: str):
+        from gymnasium.utils.save_video import capped_cubic_video_schedule, save_video
+
+        # Procgen's gym3 holds imageio-ffmpeg below 0.4, which warns on the first video that
+        # pkg_resources is deprecated: noise about a library the scripts do not call themselves.
+        warnings.filterwarnings("ignore", "pkg_resources is deprecated", UserWarning)
+
+        self.schedule, self.save_video = capped_cubic_video_schedule, save_video
+        self.folder, self.episode, self.frames = folder, 0, []
+
+    @property
+    def filming(self) -> bool:
+        return self.schedule(self.episode)
+
+    def add(self, frame: np.ndarray) -> None:
+        self.frames.append(frame)
+
+    def episode_ended(self) -> None:
+        if self.frames:
+            self.save_video(self.frames, self.folder, fps=15, episode_index=self.episode)
+        self.episode, self.frames = self.episode + 1, []
+
+
 # A second stop signal this soon after the first is the same request arriving twice, not a second
 # one: Slurm signals every process of a task, and the runner or torchrun above the run passes it on.
 SAME_REQUEST_SECONDS = 1.0
@@ -187,6 +216,8 @@ class Run:
                  device: torch.device | None = None, rank: int = 0, world_size: int | None = None,
                  env_package: str | None = None, recent_episodes: int = 20):
         command_line.check_args(args, variant)
+        if world_size:  # --num-envs counts the world's environments, each rank steps its share
+            check_world_sizes(args, variant, world_size)
         self.args, self.variant, self.checkpoint, self.rank, self.world_size = \
             args, variant, checkpoint, rank, world_size
         self.env_package = env_package
@@ -574,6 +605,29 @@ def all_gathered(item, world_size: int) -> list:
     return items
 
 
+def torchrun_process() -> tuple[int, int, int, int]:
+    """Who this process is, as torchrun tells it in environment variables: its rank among all the
+    processes (on all nodes), their number, its rank among those of its node, and their number.
+    Without torchrun a script is a world of one process."""
+    return (int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1")),
+            int(os.environ.get("LOCAL_RANK", "0")), int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+
+
+def check_world_sizes(args, variant: str, world_size: int) -> None:
+    """Refuse sizes that the `world_size` processes of a data-parallel run cannot share: the world's
+    --num-envs environments split evenly between them, and each one's share of the batch into
+    --num-minibatches equal minibatches."""
+    if args.num_envs % world_size != 0:
+        fail(variant, f"--num-envs {args.num_envs} does not split evenly between {world_size} "
+                      f"processes: make it a multiple of {world_size} or start another number of "
+                      "processes")
+    local_batch_size = args.num_envs // world_size * args.num_steps
+    if local_batch_size % args.num_minibatches != 0:
+        fail(variant, f"each process's share of the batch, --num-envs / {world_size} processes x "
+                      f"--num-steps = {local_batch_size}, does not divide into --num-minibatches "
+                      f"{args.num_minibatches} equal minibatches: pick sizes for which it does")
+
+
 def device_of_rank(variant: str, cuda: bool, device_ids: list[int], backend: str, local_rank: int,
                    local_world_size: int) -> torch.device:
     """The device of a torchrun process: a GPU from `device_ids` (or GPU local_rank, modulo the GPUs
@@ -698,17 +752,20 @@ class Evaluation:
         torch.manual_seed(self.args.seed)
         return agent
 
-    def play(self, envs: gym.vector.VectorEnv, policy: Callable) -> list[float]:
+    def play(self, envs: gym.vector.VectorEnv, policy: Callable, state=None) -> list[float]:
         """Play --eval-episodes episodes in `envs` (one environment, reset on the evaluation's seed)
-        with `policy(obs, episode_start)`, which returns the actions for an observation (and
-        `episode_start`: whether it begins an episode, which a recurrent policy needs). Each
-        episode's score is what RecordEpisodeStatistics reports (`finished_episodes`). Returns the
-        scores."""
+        with `policy(obs, episode_start)`, which returns the actions for an observation
+        (`episode_start`: whether it begins an episode). A recurrent policy is given its `state`
+        too, from the one passed here, and returns its next state with the actions. Each episode's
+        score is what RecordEpisodeStatistics reports (`finished_episodes`). Returns the scores."""
         obs, _ = envs.reset(seed=self.seed)
         episode_start = np.ones(envs.num_envs, dtype=bool)
         while self.playing:
             with torch.inference_mode():
-                action = policy(obs, episode_start)
+                if state is None:
+                    action = policy(obs, episode_start)
+                else:
+                    action, state = policy(obs, episode_start, state)
             obs, _, terminated, truncated, infos = envs.step(action)
             episode_start = terminated | truncated
             for score, length in finished_episodes(infos):

@@ -49,7 +49,7 @@ def procgen():
 
 
 def test_impala_network_shapes():
-    agent = Agent((64, 64, 3), 15)
+    agent = Agent(15)
     obs = torch.randint(0, 256, (5, 64, 64, 3), dtype=torch.uint8)
     trunk = obs.permute(0, 3, 1, 2).float() / 255.0
     for sequence, expected in zip(agent.network[:3], [(5, 16, 32, 32), (5, 32, 16, 16), (5, 32, 8, 8)]):
@@ -71,7 +71,7 @@ def test_impala_blocks_compute_what_the_architecture_says():
     the identity), each ConvSequence max-pools over 3x3 windows with stride 2, and the trunk's ReLUs
     sit before and after the 256-unit layer (its input and the features are never negative)."""
     torch.manual_seed(0)
-    agent = Agent((64, 64, 3), 15)
+    agent = Agent(15)
     block = agent.network[0].res0
     for conv in (block.conv0, block.conv1):
         torch.nn.init.zeros_(conv.weight)
@@ -89,7 +89,7 @@ def test_impala_blocks_compute_what_the_architecture_says():
 
 
 def test_the_first_policy_is_close_to_uniform():
-    agent = Agent((64, 64, 3), 15)
+    agent = Agent(15)
     _, _, entropy, _ = agent.get_action_and_value(torch.randint(0, 256, (8, 64, 64, 3), dtype=torch.uint8))
     assert torch.allclose(entropy, torch.full((8,), float(np.log(15))), atol=1e-2)
 
@@ -99,7 +99,7 @@ def test_initialization_matches_the_reference():
     256-unit dense layer keeps PyTorch's default, uniform weights and biases within 1/sqrt(fan_in),
     as in openai/train-procgen and the reference implementation."""
     torch.manual_seed(0)
-    agent = Agent((64, 64, 3), 15)
+    agent = Agent(15)
     dense = agent.network[-2]
     bound = 1 / np.sqrt(dense.in_features)
     assert dense.weight.abs().max() <= bound and dense.bias.abs().max() <= bound
@@ -280,7 +280,7 @@ def test_compiled_minibatch_loss_equals_the_plain_one():
     compiled loss, statistics and gradients (convolutions included) are the plain ones within float
     tolerance."""
     torch.manual_seed(0)
-    agent, size = Agent((64, 64, 3), 15), 32  # the size of a minibatch of SMALL: one graph to compile
+    agent, size = Agent(15), 32  # the size of a minibatch of SMALL: one graph to compile
     obs = torch.randint(0, 256, (size, 64, 64, 3), dtype=torch.uint8)
     with torch.no_grad():
         actions, logprob, _, value = agent.get_action_and_value(obs)
