@@ -7,6 +7,7 @@ run machinery is the same one line and the same exit code.
 
 import contextlib
 import os
+import re
 import signal
 import sys
 from typing import Callable, NoReturn
@@ -97,7 +98,10 @@ def run_and_exit(function: Callable, args, checkpoint: dict | None, variant: str
         result = function(args, checkpoint)
     except gym.error.DependencyNotInstalled as error:
         extras = f"{pip_extra},video" if args.capture_video else pip_extra
-        fail(variant, f"missing optional dependency: {error} (pip install -e '.[{extras}]')")
+        # gymnasium's own advice names its extras ("run `pip install "gymnasium[mujoco]"`"): this
+        # project's extra installs the same packages, at the versions it was tested with
+        reason = re.sub(r",? run `pip install [^`]*`", "", str(error)).rstrip(". ")
+        fail(variant, f"missing optional dependency: {reason}: pip install -e '.[{extras}]'")
     except EnvStateMismatch as error:
         fail(variant, f"cannot resume the saved environments: {error}")
     except Diverged as diverged:

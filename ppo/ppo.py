@@ -77,9 +77,11 @@ def make_env(env_id: str, idx: int, capture_video: bool, video_folder: str,
     RecordEpisodeStatistics reports each episode's return and length as it ends."""
 
     def thunk():
-        env = gym.make(env_id, render_mode="rgb_array" if capture_video and idx == 0 else None)
         if capture_video and idx == 0:
-            env = run_life.record_video(env, video_folder, video_episodes)
+            env = run_life.record_video(gym.make(env_id, render_mode="rgb_array"), video_folder,
+                                        video_episodes)
+        else:
+            env = gym.make(env_id)
         if isinstance(env.observation_space, gym.spaces.Discrete):
             env = one_hot_observations(env)
         return gym.wrappers.RecordEpisodeStatistics(env)
@@ -236,7 +238,7 @@ def ppo_loss(new_logprob: torch.Tensor, entropy: torch.Tensor, new_value: torch.
     return loss, stats
 
 
-@run_life.compiled
+@run_life.compiled  # [Speed: torch.compile] with --compile, fused into a few kernels
 def minibatch_loss(agent: Agent, obs: torch.Tensor, actions: torch.Tensor,
                    old_logprob: torch.Tensor, old_value: torch.Tensor, advantages: torch.Tensor,
                    returns: torch.Tensor, clip_coef: float,

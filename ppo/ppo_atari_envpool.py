@@ -215,7 +215,9 @@ def ppo_loss(new_logprob: torch.Tensor, entropy: torch.Tensor, new_value: torch.
     logratio = new_logprob - old_logprob
     ratio = logratio.exp()
 
-    if args.norm_adv:
+    # (With the reset steps left out, a minibatch of the smallest sizes may keep a single
+    # transition, which has no spread to divide by: it is left as it is.)
+    if args.norm_adv and len(advantages) > 1:
         # [Core 7: Normalization of advantages] per minibatch, not per batch.
         advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
 
@@ -250,7 +252,7 @@ def ppo_loss(new_logprob: torch.Tensor, entropy: torch.Tensor, new_value: torch.
     return loss, stats
 
 
-@run_life.compiled
+@run_life.compiled  # [Speed: torch.compile] with --compile, fused into a few kernels
 def minibatch_loss(agent: Agent, obs: torch.Tensor, actions: torch.Tensor,
                    old_logprob: torch.Tensor, old_value: torch.Tensor, advantages: torch.Tensor,
                    returns: torch.Tensor, clip_coef: float,

@@ -365,7 +365,7 @@ def ppo_loss(new_logprob: torch.Tensor, entropy: torch.Tensor, new_value: torch.
     return loss, stats
 
 
-@run_life.compiled
+@run_life.compiled  # [Speed: torch.compile] with --compile, fused into a few kernels
 def minibatch_loss(agent: Agent, obs: torch.Tensor, dones: torch.Tensor, actions: torch.Tensor,
                    old_logprob: torch.Tensor, old_value: torch.Tensor, advantages: torch.Tensor,
                    returns: torch.Tensor, initial_lstm_state: LSTMState, clip_coef: float,
@@ -547,10 +547,10 @@ def evaluate(args: Args, checkpoint: dict) -> list[float]:
                      video_episodes=args.eval_episodes)
     agent = evaluation.load(Agent(envs.single_action_space.n))
 
-    def policy(obs: np.ndarray, episode_start: np.ndarray, lstm_state: LSTMState):
+    def policy(obs: np.ndarray, done: np.ndarray, lstm_state: LSTMState):
         action, _, _, _, lstm_state = agent.get_action_and_value(
             torch.as_tensor(obs, dtype=torch.float32, device=evaluation.device), lstm_state,
-            torch.as_tensor(episode_start, dtype=torch.float32, device=evaluation.device))
+            torch.as_tensor(done, dtype=torch.float32, device=evaluation.device))
         return action.cpu().numpy(), lstm_state
 
     return evaluation.play(envs, policy, state=agent.initial_state(1, evaluation.device))

@@ -30,9 +30,16 @@ import command_line
 import exits
 import run_life
 
+try:
+    # procgen imports the retired `gym` package to register old-style environments, and gym prints
+    # a notice about itself on import that concerns neither this script nor its user.
+    with contextlib.redirect_stderr(io.StringIO()):
+        from procgen import ProcgenGym3Env
+except ImportError as error:  # reported by check_env_id, with the command that installs it
+    ProcgenGym3Env, PROCGEN_IMPORT_ERROR = None, error
+
 VARIANT = "ppo_procgen"  # written into checkpoints, so another variant's checkpoint is refused
 
-# The 16 games of the Procgen Benchmark; --env-id takes one of these names.
 GAMES = ("bigfish", "bossfight", "caveflyer", "chaser", "climber", "coinrun", "dodgeball",
          "fruitbot", "heist", "jumper", "leaper", "maze", "miner", "ninja", "plunder", "starpilot")
 DISTRIBUTION_MODES = ("easy", "hard", "extreme", "memory", "exploration")
@@ -40,7 +47,6 @@ DISTRIBUTION_MODES = ("easy", "hard", "extreme", "memory", "exploration")
 MODE_GAMES = {"memory": ("caveflyer", "dodgeball", "heist", "jumper", "maze", "miner"),
               "exploration": ("caveflyer", "climber", "coinrun", "heist", "jumper", "leaper",
                               "maze", "ninja")}
-# The rules of --distribution-mode and --num-levels (Procgen's own flags).
 ONE_OF_THE_MODES = command_line.Rule(f"one of {', '.join(DISTRIBUTION_MODES)}",
                                      lambda value: value in DISTRIBUTION_MODES)
 LEVELS = command_line.Rule("0 (unlimited levels) or more", lambda value: value >= 0)
@@ -121,8 +127,6 @@ class ProcgenVectorEnv:
     def reset(self, seed: int | None = None) -> tuple[np.ndarray, dict]:
         if self.games is not None:
             self.games.close()
-        from procgen import ProcgenGym3Env  # imported (and found) by check_env_id
-
         # a 32-bit seed: a resumed run's or an evaluation's (--seed plus an offset) may pass 2**31
         seed = None if seed is None else seed % 2**31
         self.games = ProcgenGym3Env(num=self.num_envs, rand_seed=seed, **self.options)
@@ -331,7 +335,7 @@ def ppo_loss(new_logprob: torch.Tensor, entropy: torch.Tensor, new_value: torch.
     return loss, stats
 
 
-@run_life.compiled
+@run_life.compiled  # [Speed: torch.compile] with --compile, fused into a few kernels
 def minibatch_loss(agent: Agent, obs: torch.Tensor, actions: torch.Tensor,
                    old_logprob: torch.Tensor, old_value: torch.Tensor, advantages: torch.Tensor,
                    returns: torch.Tensor, clip_coef: float,
@@ -506,13 +510,9 @@ def check_env_id(env_id: str, distribution_mode: str, num_levels: int, start_lev
     if distribution_mode == "exploration" and (num_levels, start_level) != (0, 0):
         exits.fail(VARIANT, "the exploration mode plays the one level Procgen picks for the game: "
                               "leave out --num-levels and --start-level")
-    try:
-        # procgen imports the retired `gym` package to register old-style environments, and gym
-        # prints a notice about itself on import that concerns neither this script nor its user.
-        with contextlib.redirect_stderr(io.StringIO()):
-            import procgen  # noqa: F401
-    except ImportError as error:
-        exits.fail(VARIANT, f"Procgen is not installed ({error}): pip install -e \".[procgen]\"")
+    if ProcgenGym3Env is None:
+        exits.fail(VARIANT, f"Procgen is not installed ({PROCGEN_IMPORT_ERROR}): pip install -e "
+                            "\".[procgen]\"")
 
 
 if __name__ == "__main__":

@@ -754,20 +754,21 @@ class Evaluation:
 
     def play(self, envs: gym.vector.VectorEnv, policy: Callable, state=None) -> list[float]:
         """Play --eval-episodes episodes in `envs` (one environment, reset on the evaluation's seed)
-        with `policy(obs, episode_start)`, which returns the actions for an observation
-        (`episode_start`: whether it begins an episode). A recurrent policy is given its `state`
-        too, from the one passed here, and returns its next state with the actions. Each episode's
-        score is what RecordEpisodeStatistics reports (`finished_episodes`). Returns the scores."""
+        with `policy(obs, done)`, which returns the actions for an observation (`done`: whether the
+        step before it ended an episode, as training's next_done). A recurrent policy is given its
+        `state` too, from the one passed here, and returns its next state with the actions. Each
+        episode's score is what RecordEpisodeStatistics reports (`finished_episodes`). Returns the
+        scores."""
         obs, _ = envs.reset(seed=self.seed)
-        episode_start = np.ones(envs.num_envs, dtype=bool)
+        done = np.zeros(envs.num_envs, dtype=bool)
         while self.playing:
             with torch.inference_mode():
                 if state is None:
-                    action = policy(obs, episode_start)
+                    action = policy(obs, done)
                 else:
-                    action, state = policy(obs, episode_start, state)
+                    action, state = policy(obs, done, state)
             obs, _, terminated, truncated, infos = envs.step(action)
-            episode_start = terminated | truncated
+            done = terminated | truncated
             for score, length in finished_episodes(infos):
                 self.episode_ended(score, length)
         envs.close()

@@ -57,6 +57,14 @@ def one_torch_thread():
     torch.set_num_threads(previous)
 
 
+def parse_args(script, argv: list[str]):
+    """What `python ppo/<script>.py argv...` reads before it runs (command_line.parse_args): the
+    settings and the checkpoint that --resume or --evaluate names."""
+    import command_line
+
+    return command_line.parse_args(script.Args, script.VARIANT, argv, doc=script.__doc__)
+
+
 def script_environment(env: dict | None = None) -> dict:
     """The environment of a script run from a test: the tests' own, unbuffered, with `env`, and one
     PyTorch thread unless OMP_NUM_THREADS says otherwise (see one_torch_thread)."""
@@ -308,7 +316,7 @@ def assert_compiled_run_resumes_exactly(script, args, workdir: Path, env_class: 
         assert stopped["interrupted"] and 0 < stopped["global_step"] < args.total_timesteps
         assert_logs_every_metric(only_run_dir(workdir / "unbroken"))
 
-        resumed_args, checkpoint = script.parse_args(["--resume", str(checkpoint_path)])
+        resumed_args, checkpoint = parse_args(script, ["--resume", str(checkpoint_path)])
         assert resumed_args.compile
         resumed = script.main(resumed_args, checkpoint)
     # Each step took 1/1024 s of the clock: every iteration's rate is num_envs x 1024 steps per second,
@@ -412,36 +420,27 @@ def assert_each_update_starts_at_ratio_one(script, run):
     """Call `run()` (a run of `script.main`, with --compile or --async-envs, say) and check that the
     first minibatch of every update saw probability ratios of 1: the network that scores it is the one
     that acted, so old_approx_kl and approx_kl are about 0 and no ratio is clipped. The statistics are
-    read from what the minibatch loss returns, outside the function that --compile compiles (a spy
-    inside it would be compiled too), by wrapping what ppo/run_life.py's `compiled` hands the script.
-    Returns what `run()` returns."""
-    import run_life
-
-    compiled, compute_gae = run_life.compiled, script.compute_gae
+    read from what the script's minibatch_loss returns, outside the function that --compile compiles
+    (a spy inside it would be compiled too). Returns what `run()` returns."""
+    minibatch_loss, compute_gae = script.minibatch_loss, script.compute_gae
     waiting, first_stats = [], []
 
     def recording_gae(*inputs):
         waiting.append(True)
         return compute_gae(*inputs)
 
-    def recording_compiled(args, policy_step, loss_on_minibatch):
-        policy_step, loss_on_minibatch = compiled(args, policy_step, loss_on_minibatch)
+    def first_minibatch_recorded(*inputs):
+        loss, stats = minibatch_loss(*inputs)
+        if waiting:
+            waiting.clear()
+            first_stats.append({key: float(value) for key, value in stats.items()})
+        return loss, stats
 
-        def first_minibatch_recorded(*inputs):
-            loss, stats = loss_on_minibatch(*inputs)
-            if waiting:
-                waiting.clear()
-                first_stats.append({key: float(value) for key, value in stats.items()})
-            return loss, stats
-
-        return policy_step, first_minibatch_recorded
-
-    original = (script.compute_gae, run_life.compiled)
-    script.compute_gae, run_life.compiled = recording_gae, recording_compiled
+    script.compute_gae, script.minibatch_loss = recording_gae, first_minibatch_recorded
     try:
         result = run()
     finally:
-        script.compute_gae, run_life.compiled = original
+        script.compute_gae, script.minibatch_loss = compute_gae, minibatch_loss
     assert first_stats, "no update ran"
     for stats in first_stats:
         assert abs(stats["approx_kl"]) < 1e-6 and abs(stats["old_approx_kl"]) < 1e-5, stats
@@ -483,6 +482,8 @@ def assert_logged_losses_are_the_updates_own(script, args, monkeypatch, reset_st
     import numpy as np
     import pytest
 
+    import run_life  # where the run computes the explained variance it logs
+
     compute_gae, ppo_loss = script.compute_gae, script.ppo_loss
     updates = []  # per iteration: (values, dones, returns, [each minibatch's statistics])
 
@@ -506,8 +507,8 @@ def assert_logged_losses_are_the_updates_own(script, args, monkeypatch, reset_st
         assert logged[f"losses/{key}"] == pytest.approx(expected, rel=1e-5, abs=1e-7), key
     for (values, dones, returns, _), explained in zip(updates, logged["losses/explained_variance"]):
         trained = dones.reshape(-1) == 0 if reset_steps_left_out else slice(None)
-        assert explained == pytest.approx(script.explained_variance(values.reshape(-1)[trained],
-                                                                    returns.reshape(-1)[trained]), rel=1e-5)
+        assert explained == pytest.approx(run_life.explained_variance(values.reshape(-1)[trained],
+                                                                      returns.reshape(-1)[trained]), rel=1e-5)
 
 
 # Tensor methods that read a tensor's values on the host: on a GPU, each one waits for the device.
@@ -603,7 +604,7 @@ def assert_evaluation_plays_the_saved_weights(script, args, monkeypatch) -> None
             built.append(self)
 
     monkeypatch.setattr(script, "Agent", RecordingAgent)
-    script.evaluate(*script.parse_args(["--evaluate", str(checkpoint_path), "--eval-episodes", "1", "--no-cuda"]))
+    script.evaluate(*parse_args(script, ["--evaluate", str(checkpoint_path), "--eval-episodes", "1", "--no-cuda"]))
     saved = torch.load(checkpoint_path, weights_only=False)["model"]
     assert len(built) == 1
     played = built[0].state_dict()
@@ -743,8 +744,8 @@ def assert_every_evaluated_episode_returns(script, args, capsys, expected: float
     script.main(replace(args, save_model=True))
     capsys.readouterr()
     checkpoint_path = only_run_dir(Path.cwd()) / "checkpoint.pt"
-    returns = script.evaluate(*script.parse_args(["--evaluate", str(checkpoint_path), "--eval-episodes", str(episodes),
-                                                  "--no-cuda"]))
+    returns = script.evaluate(*parse_args(script, ["--evaluate", str(checkpoint_path), "--eval-episodes", str(episodes),
+                                                   "--no-cuda"]))
     assert returns == [expected] * episodes
     assert assert_evaluation_output(capsys.readouterr().out, args.env_id, episodes) == [expected] * episodes
 

@@ -1,7 +1,8 @@
 """Bad input, typed as a new user would, in all seven scripts: for every numeric and choice flag, values
-that `check_args` must refuse with one line `<script>.py: error: ...` and exit code 2, before any
-environment is built. One table for all scripts, so a script cannot silently miss a rule, and a check
-that every such field of each script's Args has a row, so a new field cannot arrive unchecked.
+that the rules (command_line.check_args: the shared RULES, and those a script declares with its field)
+must refuse with one line `<script>.py: error: ...` and exit code 2, before any environment is built. One
+table for all scripts, so a script cannot silently miss a rule, and a check that every such field of each
+script's Args has a row, so a new field cannot arrive unchecked.
 
 Each case runs in process (parse_args, then main or evaluate) and stops in check_args, so the whole table takes a
 few seconds. Flags that tyro itself refuses while parsing (a choice outside a Literal) get its own
@@ -15,10 +16,11 @@ from dataclasses import asdict, fields
 import pytest
 import torch
 
-from conftest import expect_usage_error
+from conftest import expect_usage_error, parse_args
 
 importlib.import_module("ppo")  # puts ppo/ on the path, where the scripts' run machinery is
 import checkpoints  # noqa: E402
+import command_line  # noqa: E402
 
 SCRIPTS = ["ppo", "ppo_atari", "ppo_atari_lstm", "ppo_atari_envpool", "ppo_continuous_action", "ppo_procgen",
            "ppo_atari_multigpu"]
@@ -82,7 +84,7 @@ def flag(name: str) -> str:
 
 def run_command(module, argv: list[str]):
     """What `python ppo/<script>.py argv...` runs, in this process: main, or evaluate with --evaluate."""
-    args, checkpoint = module.parse_args(argv)
+    args, checkpoint = parse_args(module, argv)
     return (module.evaluate if args.evaluate else module.main)(args, checkpoint)
 
 
@@ -104,7 +106,7 @@ def test_a_choice_outside_a_literal_is_refused_by_the_parser_and_by_check_args(s
     module = load(script)
     for name, value in PARSED_BY_TYRO[script].items():
         with pytest.raises(SystemExit) as stop:
-            module.parse_args([flag(name), value])
+            parse_args(module, [flag(name), value])
         assert stop.value.code == 2
         error = capsys.readouterr().err
         assert "Traceback" not in error and value in error and flag(name) in error, error
@@ -130,9 +132,7 @@ def test_every_numeric_and_choice_field_has_a_row(script):
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_the_defaults_pass_the_checks(script):
     module = load(script)
-    checks = module.check_args
-    args = module.Args()
-    checks(args, 1) if script == "ppo_atari_multigpu" else checks(args)
+    command_line.check_args(module.Args(), module.VARIANT)
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
@@ -161,11 +161,11 @@ def test_a_resume_refuses_a_changed_hyperparameter_and_takes_run_time_options(sc
     trained = asdict(module.Args(capture_video=True, cudagraphs=True, save_interval=5))
     torch.save({"format": checkpoints.CHECKPOINT_FORMAT, "variant": module.VARIANT, "args": trained}, path)
     for name, value in (("gamma", "0.5"), ("update_epochs", "7")):
-        expect_usage_error(capsys, lambda: module.parse_args(["--resume", path, flag(name), value]), f"{script}.py",
+        expect_usage_error(capsys, lambda: parse_args(module, ["--resume", path, flag(name), value]), f"{script}.py",
                            f"made with {flag(name)}", f"drop {flag(name)}")
-    resumed, _ = module.parse_args(["--resume", path, "--compile", "--save-interval", "3", "--no-cuda"])
+    resumed, _ = parse_args(module, ["--resume", path, "--compile", "--save-interval", "3", "--no-cuda"])
     assert resumed.compile and resumed.save_interval == 3 and not resumed.cuda and resumed.capture_video
-    evaluation, _ = module.parse_args(["--evaluate", path])
+    evaluation, _ = parse_args(module, ["--evaluate", path])
     assert not (evaluation.capture_video or evaluation.cudagraphs)
     assert evaluation.save_interval == module.Args().save_interval
 
@@ -178,7 +178,7 @@ def test_resume_and_evaluate_together_are_refused(script, capsys, workdir):
     path = str(workdir / "checkpoint.pt")
     torch.save({"format": checkpoints.CHECKPOINT_FORMAT, "variant": module.VARIANT,
                 "args": asdict(module.Args())}, path)
-    expect_usage_error(capsys, lambda: module.parse_args(["--resume", path, "--evaluate", path]), f"{script}.py",
+    expect_usage_error(capsys, lambda: parse_args(module, ["--resume", path, "--evaluate", path]), f"{script}.py",
                        "--resume", "--evaluate", "give one of them")
 
 
@@ -186,18 +186,19 @@ def test_resume_and_evaluate_together_are_refused(script, capsys, workdir):
 def test_an_evaluation_refuses_the_training_flags_it_would_not_use(script, capsys, workdir):
     """--evaluate with --num-envs 3 used to evaluate as if it were not there, while --num-minibatches 7
     was refused by a rule about training minibatches. Every training flag is now refused, by name; the
-    settings an evaluation reads (EVALUATION_FIELDS: the seed, and Procgen's levels) may change."""
+    settings an evaluation reads (marked EvaluationMayChange: the seed, and Procgen's levels) may change."""
     module = load(script)
     path = str(workdir / "checkpoint.pt")
     torch.save({"format": checkpoints.CHECKPOINT_FORMAT, "variant": module.VARIANT,
                 "args": asdict(module.Args())}, path)
     for name, value in (("num_minibatches", "7"), ("num_envs", "3"), ("learning_rate", "0.1")):
-        expect_usage_error(capsys, lambda: module.parse_args(["--evaluate", path, flag(name), value]),
+        expect_usage_error(capsys, lambda: parse_args(module, ["--evaluate", path, flag(name), value]),
                            f"{script}.py", f"{flag(name)} is a training setting, which --evaluate does not use")
     evaluation_flags = {"seed": "9", "distribution_mode": "hard", "num_levels": "0", "start_level": "5"}
-    assert module.EVALUATION_FIELDS <= evaluation_flags.keys()
-    for name in module.EVALUATION_FIELDS:
-        args, _ = module.parse_args(["--evaluate", path, flag(name), evaluation_flags[name]])
+    evaluation_fields = command_line.marked(module.Args, command_line.EVALUATION_MAY_CHANGE)
+    assert "seed" in evaluation_fields and evaluation_fields <= evaluation_flags.keys()
+    for name in evaluation_fields:
+        args, _ = parse_args(module, ["--evaluate", path, flag(name), evaluation_flags[name]])
         assert str(getattr(args, name)) == evaluation_flags[name]
 
 
@@ -206,7 +207,7 @@ def test_minibatches_of_one_transition_are_refused_when_advantages_are_normalize
     """A one-transition minibatch has no standard deviation: normalizing its advantage would make the
     weights NaN one update later. Refused in one line; without --norm-adv such a minibatch is allowed."""
     module = load(script)
-    checks = (lambda args: module.check_args(args, 1)) if script == "ppo_atari_multigpu" else module.check_args
+    checks = lambda args: command_line.check_args(args, module.VARIANT)  # noqa: E731
     sizes = dict(num_envs=4, num_steps=1, num_minibatches=4, total_timesteps=8, cuda=False)
     expect_usage_error(capsys, lambda: checks(module.Args(**sizes)), f"{script}.py", "minibatches of 1 transition",
                        "--num-minibatches")

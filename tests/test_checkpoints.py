@@ -18,7 +18,7 @@ import cloudpickle
 import pytest
 import torch
 
-from conftest import assert_same_agent_state, expect_usage_error, only_run_dir, run_script
+from conftest import parse_args, assert_same_agent_state, expect_usage_error, only_run_dir, run_script
 
 importlib.import_module("ppo")  # puts ppo/ on the path, where the scripts' run machinery is
 import checkpoints  # noqa: E402
@@ -113,7 +113,7 @@ def test_a_checkpoint_that_would_run_a_command_is_refused(tiny, where, tmp_path,
     evil = tmp_path / "evil.pt"
     torch.save(crafted(read(path), where, RunsACommand(marker)), evil)
     for mode in ("--evaluate", "--resume"):
-        expect_usage_error(capsys, lambda: script.parse_args([mode, str(evil)]), f"{script.VARIANT}.py",
+        expect_usage_error(capsys, lambda: parse_args(script, [mode, str(evil)]), f"{script.VARIANT}.py",
                            f"refusing {str(evil)!r}", "posix.system")
         assert not marker.exists(), mode
     torch.load(evil, weights_only=False)  # the payload is live: a pickle reader runs it
@@ -181,9 +181,9 @@ def test_an_old_checkpoint_resumes_only_with_the_flag(tiny, tmp_path, capsys):
     script, path = tiny
     torch.save(pickled_as_before(script, one_batch_more(read(path))), tmp_path / "old.pt")
     old_path = str(tmp_path / "old.pt")
-    expect_usage_error(capsys, lambda: script.parse_args(["--resume", old_path]), f"{script.VARIANT}.py",
+    expect_usage_error(capsys, lambda: parse_args(script, ["--resume", old_path]), f"{script.VARIANT}.py",
                        f"{old_path!r} is a checkpoint of the older format", "--trust-old-checkpoint")
-    _, old = script.parse_args(["--resume", old_path, "--trust-old-checkpoint"])
+    _, old = parse_args(script, ["--resume", old_path, "--trust-old-checkpoint"])
     if script.VARIANT in PICKLED_ENVS:  # its pickles, marked for unpickling
         assert all(isinstance(item, checkpoints.TrustedOldPickle) for item in leaves(old["envs"]))
 
@@ -199,13 +199,13 @@ def test_an_old_checkpoint_resumed_with_the_flag_ends_as_its_new_twin(tiny, tmp_
         torch.save(checkpoint, tmp_path / name / "checkpoint.pt")
     old_path = str(tmp_path / "old" / "checkpoint.pt")
     monkeypatch.chdir(tmp_path)
-    with_new = script.main(*script.parse_args(["--resume", str(tmp_path / "new" / "checkpoint.pt")]))
-    with_old = script.main(*script.parse_args(["--resume", old_path, "--trust-old-checkpoint"]))
+    with_new = script.main(*parse_args(script, ["--resume", str(tmp_path / "new" / "checkpoint.pt")]))
+    with_old = script.main(*parse_args(script, ["--resume", old_path, "--trust-old-checkpoint"]))
     assert_same_agent_state(with_new["agent"].state_dict(), with_old["agent"].state_dict())
     assert with_old["recent_returns"] == with_new["recent_returns"]
     rewritten = read(old_path)  # the resumed run saved the new format, which resumes without the flag
     assert rewritten["format"] == checkpoints.CHECKPOINT_FORMAT and rewritten["global_step"] == new["args"]["total_timesteps"]
-    assert script.parse_args(["--resume", old_path])[1]["format"] == checkpoints.CHECKPOINT_FORMAT
+    assert parse_args(script, ["--resume", old_path])[1]["format"] == checkpoints.CHECKPOINT_FORMAT
 
 
 def test_an_old_checkpoint_evaluates_without_the_flag_and_its_pickles_stay_shut(tiny, tmp_path):
@@ -217,11 +217,11 @@ def test_an_old_checkpoint_evaluates_without_the_flag_and_its_pickles_stay_shut(
     if script.VARIANT in PICKLED_ENVS:
         old["envs"] = first_leaf_replaced(old["envs"], pickle.dumps(RunsACommand(marker)))
     torch.save(old, tmp_path / "old.pt")
-    args, checkpoint = script.parse_args(["--evaluate", str(tmp_path / "old.pt")])
+    args, checkpoint = parse_args(script, ["--evaluate", str(tmp_path / "old.pt")])
     assert set(checkpoint) == set(checkpoints.EVALUATION_KEYS)
     assert_same_agent_state(read(path)["model"], checkpoint["model"])
     with pytest.raises(SystemExit):
-        script.parse_args(["--resume", str(tmp_path / "old.pt")])
+        parse_args(script, ["--resume", str(tmp_path / "old.pt")])
     assert not marker.exists()
 
 
@@ -230,7 +230,7 @@ def test_the_flag_comes_from_the_command_line_never_from_the_checkpoint(tiny, tm
     old = one_batch_more(pickled_as_before(script, read(path)))
     old["args"]["trust_old_checkpoint"] = True
     torch.save(old, tmp_path / "old.pt")
-    expect_usage_error(capsys, lambda: script.parse_args(["--resume", str(tmp_path / "old.pt")]),
+    expect_usage_error(capsys, lambda: parse_args(script, ["--resume", str(tmp_path / "old.pt")]),
                        f"{script.VARIANT}.py", "--trust-old-checkpoint")
 
 
@@ -243,6 +243,6 @@ def test_saved_environments_that_do_not_fit_are_refused_in_one_line(tiny, tmp_pa
     checkpoint["envs"][0][0]["class"] = "AnotherWrapper"
     torch.save(checkpoint, tmp_path / "checkpoint.pt")
     monkeypatch.chdir(tmp_path)
-    args, loaded = script.parse_args(["--resume", str(tmp_path / "checkpoint.pt")])
+    args, loaded = parse_args(script, ["--resume", str(tmp_path / "checkpoint.pt")])
     expect_usage_error(capsys, lambda: exits.run_and_exit(script.main, args, loaded, script.VARIANT, "classic-control"),
                        "ppo.py", "cannot resume the saved environments", "AnotherWrapper")

@@ -24,6 +24,9 @@ import numpy as np
 import pytest
 import torch
 
+importlib.import_module("ppo")  # puts ppo/ on the path, where the scripts' run machinery is
+from run_life import finished_episodes  # noqa: E402
+
 ALE_SCRIPTS = ["ppo_atari", "ppo_atari_lstm", "ppo_atari_multigpu"]
 ALE_IDS = ["BreakoutNoFrameskip-v4", "ALE/Breakout-v5"]
 # Asterix: no FIRE action, 3 lives, 50 points a reward (a score summed from clipped rewards is 50
@@ -275,7 +278,8 @@ def ale_play(script_name: str, env_id: str, seed: int = 1, extra_steps: int = 8)
         obs, reward, terminated, truncated, infos = envs.step(np.array([action]))
         ended = bool(terminated[0] or truncated[0])
         play.steps.append(Step(action, obs[0].copy(), float(reward[0]), bool(terminated[0]), bool(truncated[0]),
-                               infos["final_obs"][0].copy() if ended else None, script.finished_games(infos),
+                               infos["final_obs"][0].copy() if ended else None,
+                               [(0, *game) for game in finished_episodes(infos)],
                                Played.of(log.take())))
         if steps_left is not None:
             steps_left -= 1
@@ -532,7 +536,7 @@ def test_every_reset_presses_fire_then_action_2_in_games_with_fire_and_nothing_i
 def test_a_lost_life_ends_the_training_episode_and_the_same_game_goes_on(ale_script_name, env_id):
     """[Atari 3] terminated is set exactly when a step loses a life that is not the last one (lives
     counted by the emulator) or ends the game; after a lost life the reset takes one no-op step and
-    the same game goes on (no new game in the emulator); a game is reported (finished_games) only
+    the same game goes on (no new game in the emulator); a game is reported (finished_episodes) only
     when it is over."""
     play = ale_play(ale_script_name, env_id)
     lives, lost_lives = play.reset.lives[-1], 0
@@ -550,7 +554,7 @@ def test_a_lost_life_ends_the_training_episode_and_the_same_game_goes_on(ale_scr
 @pytest.mark.parametrize("env_id", [ALE_IDS[0], ALE_IDS[1], NO_FIRE_ID])
 def test_rewards_are_clipped_to_their_sign_and_the_logged_score_is_the_whole_games_raw_score(ale_script_name, env_id):
     """[Atari 6] Each step's training reward is the sign of what its 4 frames paid; the score and
-    length that finished_games reports (RecordEpisodeStatistics below the lives and the clipping) are
+    length that finished_episodes reports (RecordEpisodeStatistics below the lives and the clipping) are
     the whole game's: the raw rewards of every frame after the start's no-ops, over all the game's
     lives and reset steps, and the number of its steps of 4 frames. Asterix pays 50 a reward, so a
     score summed from clipped rewards is 50 times too small."""

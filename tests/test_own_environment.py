@@ -119,8 +119,8 @@ def test_a_module_that_does_not_import_or_register_the_id_is_named(script, user_
 
 REFUSED = [  # (script, env id, what the line must say)
     ("ppo", "myenvs:MyDict-v0", ["observations are Dict", "FlattenObservation"]),
-    ("ppo", "myenvs:MyMultiDiscrete-v0", ["MultiDiscrete action space", "one Discrete action"]),
-    ("ppo_continuous_action", "myenvs:MyMultiDiscrete-v0", ["MultiDiscrete action space", "expose Box or Discrete"]),
+    ("ppo", "myenvs:MyMultiDiscrete-v0", ["MultiDiscrete action space", "ppo/ppo_multidiscrete.py"]),
+    ("ppo_continuous_action", "myenvs:MyMultiDiscrete-v0", ["MultiDiscrete action space", "ppo/ppo_multidiscrete.py"]),
     ("ppo_continuous_action", "myenvs:MyCartPole-v0", ["Discrete action space", "ppo/ppo.py"]),
     ("ppo", "myenvs:MyPendulum-v0", ["Box action space", "ppo/ppo_continuous_action.py"]),
 ]
@@ -183,7 +183,7 @@ def test_every_script_claims_its_run_folder_through_run_life(workdir, monkeypatc
     run_life = load("ppo").run_life
     monkeypatch.setattr(run_life.time, "time", lambda: 1_800_000_000.0)
     args = load("ppo").Args(cuda=False)
-    first, second = run_life.Run(args, "ppo", None, 1), run_life.Run(args, "ppo", None, 1)
+    first, second = run_life.Run(args, "ppo", None), run_life.Run(args, "ppo", None)
     assert second.name == first.name + "-2" and second.folder == f"runs/{first.name}-2"
     assert (workdir / "runs" / first.name).is_dir() and (workdir / "runs" / second.name).is_dir()
     for script in ("ppo", "ppo_atari", "ppo_atari_lstm", "ppo_atari_envpool", "ppo_continuous_action",

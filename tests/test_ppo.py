@@ -25,7 +25,12 @@ from conftest import (METRICS, assert_compiled_loss_matches_plain, assert_compil
                       PROGRESS_LINE, assert_progress_is_printed_within_a_rollout, assert_stopped_with_its_logs_flushed,
                       clock_of_the_steps)
 import ppo.ppo as script
-from ppo.ppo import Agent, Args, evaluate, main, minibatch_loss, parse_args
+from conftest import parse_args as parse_args_of
+from ppo.ppo import Agent, Args, evaluate, main, minibatch_loss
+
+
+def parse_args(argv: list[str]):  # what `python ppo/ppo.py argv...` reads
+    return parse_args_of(script, argv)
 
 
 # A small, fast configuration: 2 envs x 32 steps, 2 minibatches.

@@ -21,9 +21,14 @@ from conftest import (assert_compiled_loss_matches_plain, assert_compiles_whole,
                       assert_each_update_starts_at_ratio_one, assert_anneal_clip_lowers_the_clipping_coefficient,
                       assert_progress_is_printed_within_a_rollout, assert_stopped_with_its_logs_flushed)
 import ppo.ppo_atari as ppo_atari  # noqa: E402
-from ppo.ppo_atari import (Agent, Args, main, make_env, make_envs,  # noqa: E402
-                           minibatch_loss, parse_args, finished_games)
-from checkpoints import save_games  # noqa: E402  (the scripts' run machinery, importable once ppo is)
+from conftest import parse_args as parse_args_of  # noqa: E402
+from ppo.ppo_atari import Agent, Args, main, make_env, make_envs, minibatch_loss  # noqa: E402
+from checkpoints import save_envs  # noqa: E402  (the scripts' run machinery, importable once ppo is)
+from run_life import finished_episodes  # noqa: E402
+
+
+def parse_args(argv: list[str]):  # what `python ppo/ppo_atari.py argv...` reads
+    return parse_args_of(ppo_atari, argv)
 
 TINY = ["--num-envs", "2", "--num-steps", "16", "--num-minibatches", "2", "--no-cuda"]
 TINY_ARGS = dict(num_envs=2, num_steps=16, num_minibatches=2, cuda=False)
@@ -162,7 +167,7 @@ def test_a_lost_life_beside_a_finished_game_is_not_a_game(script):
     for _ in range(3):
         *_, infos = envs.step(np.zeros(2, dtype=np.int64))
     assert list(infos["_final_info"]) == [True, True]
-    assert script.finished_games(infos) == [(1, 3.0, 3)]
+    assert finished_episodes(infos) == [(3.0, 3)]
 
 
 @pytest.mark.parametrize("env_id", ["BreakoutNoFrameskip-v4", "ALE/Breakout-v5"])
@@ -242,15 +247,15 @@ def test_a_restored_vector_env_continues_the_very_same_games():
     rng = np.random.default_rng(0)
     for _ in range(100):
         envs.step(rng.integers(4, size=2))
-    restored = make_envs("BreakoutNoFrameskip-v4", 2, saved_envs=save_games(envs))
+    restored = make_envs("BreakoutNoFrameskip-v4", 2, saved_envs=save_envs(envs))
     games = 0
     for _ in range(600):
         action = rng.integers(4, size=2)
         expected, actual = envs.step(action), restored.step(action)
         for a, b in zip(expected[:4], actual[:4]):
             assert np.array_equal(a, b)
-        assert finished_games(expected[4]) == finished_games(actual[4])
-        games += len(finished_games(expected[4]))
+        assert finished_episodes(expected[4]) == finished_episodes(actual[4])
+        games += len(finished_episodes(expected[4]))
     assert games > 0
 
 
@@ -363,10 +368,10 @@ def test_async_envs_play_the_same_games_as_sync_envs_and_save_them_alike():
             expected, actual = sync.step(action), workers.step(action)
             for a, b in zip(expected[:4], actual[:4]):
                 assert np.array_equal(a, b), step
-            assert finished_games(expected[4]) == finished_games(actual[4])
-            games += len(finished_games(expected[4]))
+            assert finished_episodes(expected[4]) == finished_episodes(actual[4])
+            games += len(finished_episodes(expected[4]))
         assert games > 0
-        saved = save_games(workers)
+        saved = save_envs(workers)
         assert isinstance(saved, list) and len(saved) == 2
         restored = make_envs("BreakoutNoFrameskip-v4", 2, saved_envs=saved)
         for _ in range(300):
@@ -388,7 +393,7 @@ def test_games_recorded_on_video_are_not_saved_and_the_worker_writes_the_video(t
     envs.reset(seed=0)
     for _ in range(20):
         envs.step(np.ones(2, dtype=np.int64))
-    assert save_games(envs) is None
+    assert save_envs(envs) is None
     envs.close()  # ends the recording of the unfinished game: the file is written now
     assert list((tmp_path / "videos").glob("*.mp4"))
 

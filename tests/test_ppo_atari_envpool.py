@@ -10,7 +10,7 @@ import torch
 pytest.importorskip("envpool")
 
 import ppo.ppo_atari_envpool as script  # noqa: E402
-from conftest import (assert_compiled_loss_matches_plain, assert_compiles_whole, assert_details_marked,  # noqa: E402
+from conftest import (parse_args, assert_compiled_loss_matches_plain, assert_compiles_whole, assert_details_marked,  # noqa: E402
                       assert_evaluation_output, assert_first_minibatch_replays_the_rollout, assert_logs_every_metric,
                       expect_missing_package_error, expect_usage_error, interrupt_after_first_progress_line,
                       only_run_dir, read_scalars, run_script, without_module,
@@ -192,7 +192,7 @@ def test_an_evaluation_scores_whole_games_unclipped(workdir, monkeypatch):
     torch.manual_seed(0)
     torch.save({"variant": script.VARIANT, "args": asdict(Args(env_id="BeamRider-v5")), "run_name": "untrained",
                 "model": script.Agent(9).state_dict()}, workdir / "untrained.pt")
-    scores = script.evaluate(*script.parse_args(["--evaluate", "untrained.pt", "--eval-episodes", "1", "--no-cuda"]))
+    scores = script.evaluate(*parse_args(script, ["--evaluate", "untrained.pt", "--eval-episodes", "1", "--no-cuda"]))
     clipped, unclipped = (sum(rewards) for rewards in zip(*steps))
     assert scores == [unclipped]
     assert unclipped >= 44 * clipped > 0
@@ -268,7 +268,7 @@ def test_a_resumed_run_trains_the_saved_weights(workdir, monkeypatch):
     monkeypatch.setattr(np.random, "shuffle", recording_shuffle)
     checkpoint_path = only_run_dir(workdir) / "checkpoint.pt"
     checkpoint = torch.load(checkpoint_path, weights_only=False)
-    resumed = main(*script.parse_args(["--resume", str(checkpoint_path)]))
+    resumed = main(*parse_args(script, ["--resume", str(checkpoint_path)]))
     assert resumed["global_step"] == 96
     _, first_weights = minibatches[0]
     for name, value in checkpoint["model"].items():
@@ -332,7 +332,7 @@ def test_a_wrong_env_id_prints_one_line_and_nothing_else(tmp_path):
     result = run_script("ppo_atari_envpool.py", "--env-id", "Foo-v5", cwd=tmp_path, check=False)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
-        "ppo_atari_envpool.py: error: unknown env id 'Foo-v5': envpool's Atari games are named like Breakout-v5"]
+        "ppo_atari_envpool.py: error: unknown env id 'Foo-v5': envpool's ids of this kind are named like Breakout-v5"]
 
 
 def test_missing_envpool_names_the_extra(tmp_path):

@@ -13,7 +13,7 @@ import torch
 pytest.importorskip("ale_py")
 pytest.importorskip("cv2")
 
-from conftest import (assert_compiled_loss_matches_plain, assert_details_marked, assert_evaluation_output,  # noqa: E402
+from conftest import (parse_args, assert_compiled_loss_matches_plain, assert_details_marked, assert_evaluation_output,  # noqa: E402
                       assert_first_minibatch_replays_the_rollout, assert_logs_every_metric,
                       assert_resume_keeps_the_latest_scores, assert_same_final_weights,
                       expect_usage_error, only_run_dir, run_script, run_unbroken_and_interrupted,
@@ -199,7 +199,7 @@ def test_an_evaluation_resets_the_lstm_state_at_every_lost_life(workdir, monkeyp
     monkeypatch.setattr(script, "make_envs", recording_envs)
     torch.save({"variant": script.VARIANT, "args": asdict(Args()), "run_name": "untrained",
                 "model": Agent(4).state_dict()}, workdir / "untrained.pt")
-    script.evaluate(*script.parse_args(["--evaluate", "untrained.pt", "--eval-episodes", "1", "--no-cuda"]))
+    script.evaluate(*parse_args(script, ["--evaluate", "untrained.pt", "--eval-episodes", "1", "--no-cuda"]))
     assert sum(ends_returned) == 5  # Breakout's five lives, the last one ending the game
     assert dones_given == [0.0] + ends_returned[:-1]
 
@@ -282,7 +282,7 @@ def test_a_compiled_run_trains_and_cudagraphs_needs_cuda(capsys, workdir):
 
 def test_minibatches_must_hold_whole_environments(capsys, workdir):
     expect_usage_error(capsys, lambda: main(Args(num_envs=6, num_minibatches=4)), "ppo_atari_lstm.py",
-                       "--num-envs 6", "--num-minibatches 4")
+                       "--num-minibatches must be a divisor of --num-envs", "whole environment sequences", "got 4")
     expect_usage_error(capsys, lambda: main(Args(env_id="CartPole-v1", **TINY_ARGS)), "ppo_atari_lstm.py",
                        "ppo/ppo.py")
 

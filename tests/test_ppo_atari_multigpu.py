@@ -23,8 +23,14 @@ from conftest import (REPO, assert_details_marked, assert_evaluation_output, ass
                       run_unbroken_and_interrupted, torchrun, assert_first_minibatch_replays_the_rollout,
                       assert_each_update_starts_at_ratio_one, assert_anneal_clip_lowers_the_clipping_coefficient,
                       assert_progress_is_printed_within_a_rollout, assert_stopped_with_its_logs_flushed)
+from conftest import parse_args as parse_args_of  # noqa: E402
 from ppo.ppo_atari_multigpu import (Agent, Args, evaluate, gradient_step, main, make_envs,  # noqa: E402
-                                    minibatch_loss, parse_args)
+                                    minibatch_loss)
+import ppo.ppo_atari_multigpu as script  # noqa: E402
+
+
+def parse_args(argv: list[str]):  # what `python ppo/ppo_atari_multigpu.py argv...` reads
+    return parse_args_of(script, argv)
 
 TINY = ["--num-envs", "2", "--num-steps", "16", "--num-minibatches", "2", "--no-cuda"]
 TWO_PROCESSES = torchrun("--standalone", "--nproc-per-node", "2")
@@ -101,10 +107,13 @@ def train_on_fixed_minibatches(rank: int, world_size: int, port: int, out_dir, c
     agent = Agent(num_actions=4)
     optimizer = torch.optim.Adam(agent.parameters(), lr=2.5e-4, eps=1e-5)
     share = MINIBATCH_SIZE // world_size
-    loss_on_minibatch = torch.compile(minibatch_loss, fullgraph=True) if compiled else minibatch_loss
+    import ppo.ppo_atari_multigpu as script
+
+    if compiled:  # the loss gradient_step calls, compiled as one graph (in this rank's process)
+        script.minibatch_loss = torch.compile(minibatch_loss, fullgraph=True)
     for minibatch in fixed_minibatches(agent, 3):
         gradient_step(agent, optimizer, tuple(t[rank * share:(rank + 1) * share] for t in minibatch), ARGS.clip_coef,
-                      ARGS, world_size, loss_on_minibatch)
+                      ARGS, world_size)
     torch.save({"weights": {name: p.detach() for name, p in agent.named_parameters()},
                 "grads": {name: p.grad for name, p in agent.named_parameters()}},
                out_dir / f"world{world_size}_rank{rank}.pt")
@@ -246,12 +255,13 @@ def train_with_a_game_ending_every_step(rank: int, port: int, out_dir) -> None:
     import os
 
     import ppo.ppo_atari_multigpu as script
+    import run_life
 
     os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE="2",
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     os.chdir(out_dir)
     step_numbers = itertools.count(1)
-    script.finished_games = lambda infos: [(0, float(1000 * rank + next(step_numbers)), 7)]
+    run_life.finished_episodes = lambda infos: [(float(1000 * rank + next(step_numbers)), 7)]
     script.main(Args(seed=1, num_envs=4, num_steps=4, num_minibatches=2, total_timesteps=64, cuda=False))
 
 

@@ -17,7 +17,12 @@ from conftest import (assert_compiled_loss_matches_plain, assert_compiled_run_re
                       assert_anneal_clip_lowers_the_clipping_coefficient,
                       PROGRESS_LINE, assert_progress_is_printed_within_a_rollout, assert_stopped_with_its_logs_flushed)
 from ppo import ppo_procgen as script
-from ppo.ppo_procgen import Agent, Args, evaluate, main, minibatch_loss, parse_args
+from conftest import parse_args as parse_args_of
+from ppo.ppo_procgen import Agent, Args, evaluate, main, minibatch_loss
+
+
+def parse_args(argv: list[str]):  # what `python ppo/ppo_procgen.py argv...` reads
+    return parse_args_of(script, argv)
 
 SCRIPT = "ppo_procgen.py"
 
