@@ -23,6 +23,11 @@ trial is PRUNED. A run that diverges (exit 3, the scripts' guard), refuses its f
 or is killed makes the trial FAILED, the reason stored as its user attribute `failure`: never a score,
 and the study goes on.
 
+Before the first trial, every flag of the space and of --command, and those the tuner gives each run,
+is looked up in the script's own `--help`: a flag the script does not take would fail every trial, so
+it is refused in one line (exit 2). A run refusing the values sampled for it (exit 2: sizes that do
+not divide) still fails only its trial.
+
 --trials N is a total for the study: workers claim trials under a lock in the study folder, so that
 together they make exactly N (complete, pruned and failed ones), and running the same command again
 continues the study (a larger --trials adds to it). A worker that is lost (killed, preempted, its
@@ -44,6 +49,7 @@ import ctypes
 import json
 import math
 import os
+import re
 import shlex
 import signal
 import socket
@@ -251,6 +257,70 @@ def load_space(path: Path, env_ids: list[str]) -> Space:
 
 
 # ---------------------------------------------------------------------------------------------------
+# The script's own flags, read from its --help
+# ---------------------------------------------------------------------------------------------------
+
+# An option's line starts with its flags (`--env-id STR`, `--anneal-lr, --no-anneal-lr`,
+# `-e ENV, --env-id ENV`), then two spaces or more, then its help, which may end in `(default: X)`.
+OPTION = re.compile(r"(?:^|, )--([A-Za-z0-9][\w.-]*)")
+DEFAULT = re.compile(r"\(default: ([^()]*)\)")
+
+
+def script_options(command: list[str], resolved: list[str], script: str) -> dict[str, str | None]:
+    """The long flags the script's `--help` lists (without their dashes), each with the default it
+    shows, as tyro and argparse's ArgumentDefaultsHelpFormatter print it, or None. A wide COLUMNS
+    keeps each option's flags and help on one line; tyro draws a box around them, taken off here."""
+    shown = f"`{shlex.join([*command, '--help'])}`"
+    try:
+        result = subprocess.run([*resolved, "--help"], capture_output=True, text=True, timeout=300,
+                                stdin=subprocess.DEVNULL, env={**os.environ, "COLUMNS": "400"})
+    except subprocess.TimeoutExpired:
+        fail(f"--command: {shown} did not answer in 300 s: the tuner reads {script}'s flags from it")
+    if result.returncode != 0:
+        said = (result.stderr.strip() or result.stdout.strip() or "no output").splitlines()[-1]
+        fail(f"--command: {shown} exited {result.returncode} ({said}): the tuner reads {script}'s "
+             "flags from it, so it must run")
+    options: dict[str, str | None] = {}
+    flags: list[str] = []
+    for line in result.stdout.splitlines():
+        text = line.strip().strip("\u2502|").strip()
+        column = re.split(r"\s{2,}", text, maxsplit=1)[0] if text.startswith("-") else ""
+        if OPTION.findall(column):  # a new option; else a line of the current one's help
+            flags = OPTION.findall(column)
+            options.update({flag: None for flag in flags if flag not in options})
+            text = text[len(column):]
+        default = DEFAULT.search(text)
+        if default and flags:
+            options[flags[0]] = default.group(1).strip()
+    return options
+
+
+def check_flags(command: list[str], space: Space, space_path: Path, options: dict, script: str) -> None:
+    """Refuse, before any trial, a flag that the script does not take: each run of every trial would
+    stop on it (exit 2) and the study would end with nothing but failed trials. The flags are those
+    of --command after the script (a launcher's own, torchrun's, come before it), each value a
+    boolean parameter of the space can take (--flag, --no-flag), and the ones the tuner gives."""
+    if not options:
+        fail(f"--command: {script}'s --help lists no --flags: the tuner checks the space's flags against "
+             "them, so it needs a script whose --help lists its options")
+    start = next((i + 1 for i, token in enumerate(command) if token.endswith(".py")), 1)
+    fix = ": fix the name, or leave the flag out"
+    needed = [(token[2:].split("=")[0], "--command: ", fix)
+              for token in command[start:] if token.startswith("--")]
+    for param in space.params:
+        if param.flag:
+            choices = getattr(param.distribution, "choices", None) or [None]
+            needed += [(name, f"the space file {space_path}: ", fix)
+                       for name in dict.fromkeys(param.arguments(choice)[0][2:] if isinstance(choice, bool)
+                                                 else param.name for choice in choices)]
+    needed += [(name, "", ", and the tuner gives it to every run: tune a script that takes the flags of "
+                "ppo/'s scripts") for name in sorted(RESERVED_FLAGS - {"evaluate"})]
+    for name, where, hint in needed:
+        if name not in options:
+            fail(f"{where}--{name} is not a flag of {script} (its --help lists no --{name}){hint}")
+
+
+# ---------------------------------------------------------------------------------------------------
 # The study: its definition, storage, lock and heartbeats
 # ---------------------------------------------------------------------------------------------------
 
@@ -272,6 +342,7 @@ class Tuning:
     grace_seconds: float = 60.0
     max_retries: int = 3
     resolved: list[str] = field(default_factory=list)  # the command as executed (run.resolve)
+    script_defaults: dict = field(default_factory=dict)  # the space's flags' defaults, as --help shows them
 
     def definition(self) -> dict:
         """What makes a study this study: a later command that differs in it is refused."""
@@ -1090,6 +1161,17 @@ def plan(args: argparse.Namespace) -> Tuning:
                   args.heartbeat_seconds, args.grace_seconds, args.max_retries, run.resolve(command))
 
 
+def check_script(args: argparse.Namespace, tuning: Tuning) -> None:
+    """The flags of the space and of --command against the script's --help, which also gives the
+    defaults the report compares trials with (kept in `tuning`). Last of the checks: it runs the
+    script, which takes seconds."""
+    label = next((token for token in tuning.command[1:] if token.endswith(".py")), tuning.command[0])
+    options = script_options(tuning.command, tuning.resolved, label)
+    check_flags(tuning.command, tuning.space, args.space, options, label)
+    tuning.script_defaults = {param.name: options[param.name] for param in tuning.space.params
+                              if param.flag and options.get(param.name) is not None}
+
+
 def in_space(distribution, value) -> bool:
     choices = getattr(distribution, "choices", None)
     if choices is not None:
@@ -1151,8 +1233,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     tuning = plan(args)
     enqueued = [enqueued_values(tuning.space, flags) for flags in args.enqueue]
+    if not args.worker:  # a worker's invocation has checked them
+        check_script(args, tuning)
     run.make_directory(tuning.study_dir, "--study-dir")
     study = open_study(args, tuning, args.worker_index)
+    if not args.worker and "script_defaults" not in study.user_attrs:
+        # Kept once, with the study: the report finds the trial of the defaults by them.
+        study.set_user_attr("script_defaults", tuning.script_defaults)
     if args.worker:
         name = (f"slurm {os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ['SLURM_ARRAY_TASK_ID']}"
                 if "SLURM_ARRAY_TASK_ID" in os.environ else f"{socket.gethostname()}:{os.getpid()}")

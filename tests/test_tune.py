@@ -179,11 +179,17 @@ PPO = str(REPO / "ppo" / "ppo.py")
      'when = { early = true }\n', [], "`when` names early, which is not a parameter above it"),
     (LEARNING_RATE_SPACE, ["--command", f"python {PPO} --seed 3"], "--command sets --seed"),
     (LEARNING_RATE_SPACE, ["--enqueue", "--gamma 0.9"], "--gamma is not a flag of the space"),
-], ids=["no script", "bad TOML", "no bounds", "reserved flag", "bad when", "fixed seed", "bad enqueue"])
+    # A flag the script lacks would fail every trial: it is looked up in the script's --help first.
+    (LEARNING_RATE_SPACE + '[params.num-layers]\ntype = "int"\nlow = 1\nhigh = 3\n', [],
+     f"the space file space.toml: --num-layers is not a flag of {PPO} (its --help lists no --num-layers)"),
+    (LEARNING_RATE_SPACE, ["--command", f"python {PPO} --num-env 8"],
+     f"--command: --num-env is not a flag of {PPO} (its --help lists no --num-env)"),
+], ids=["no script", "bad TOML", "no bounds", "reserved flag", "bad when", "fixed seed", "bad enqueue",
+        "space flag the script lacks", "command flag the script lacks"])
 def test_wrong_input_is_one_line(tmp_path, space, options, fragment):
     (tmp_path / "space.toml").write_text(space)
-    # A --command in `options` replaces the first.
-    result = run_tool("tune.py", "--command", f"python {PPO}", "--space", "space.toml",
+    # A --command in `options` replaces the first. Two trials at most, should wrong input get through.
+    result = run_tool("tune.py", "--command", f"python {PPO}", "--space", "space.toml", "--trials", "2",
                       "--env-ids", "CartPole-v1", "--total-timesteps", "2048", *options, cwd=tmp_path)
     expect_error_line(result, "tune.py", fragment)
     assert not list(tmp_path.glob("tuning/*/trials"))  # refused before any trial
