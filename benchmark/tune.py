@@ -75,6 +75,9 @@ TUNER = Path(__file__).resolve()
 RESERVED_FLAGS = {"env-id", "seed", "total-timesteps", "save-model", "save-minutes", "resume", "evaluate"}
 # The scripts' exit codes (ppo/exits.py): wrong input, diverged (its guard), stopped with a checkpoint.
 WRONG_INPUT, DIVERGED, STOPPED = 2, 3, run.STOPPED
+# The Optuna release on which `set_user_attr_of_trial`, the one reach into Optuna's internals, was
+# checked; tests/test_tune.py fails on another, to have it checked again.
+OPTUNA_CHECKED = "5.0.0"
 
 
 def fail(message: str) -> NoReturn:
@@ -463,9 +466,10 @@ class Heartbeat(threading.Thread):
 
 def retry(study, trial, max_retries: int) -> int | None:
     """Queue a copy of a lost or stopped trial with the same values, to be claimed as a new trial. Its
-    system attributes are those of Optuna's RetryFailedTrialCallback (`failed_trial`: the first trial of
-    the series, `retry_history`), so Optuna's tools read it; the copy works in the first trial's folder
-    and continues its runs. Returns the first trial's number, or None past `max_retries`."""
+    system attributes are those Optuna's RetryHeartbeatStaleTrialCallback writes (`failed_trial`: the
+    first trial of the series, `retry_history`), so that Optuna's tools read it; the copy works in the
+    first trial's folder and takes over its runs. Returns the first trial's number, or None past
+    `max_retries`."""
     import optuna
 
     history = [*trial.system_attrs.get("retry_history", []), trial.number]
@@ -475,6 +479,17 @@ def retry(study, trial, max_retries: int) -> int | None:
         state=optuna.trial.TrialState.WAITING, params=trial.params, distributions=trial.distributions,
         system_attrs={"failed_trial": history[0], "retry_history": history}))
     return history[0]
+
+
+def set_user_attr_of_trial(study, number: int, key: str, value) -> None:
+    """Set a user attribute of a running trial that another process asked for. Optuna's public API
+    sets one only through the Trial object that study.ask() gave the trial's own process
+    (Trial.set_user_attr), and a lost worker's Trial is gone with it; so this goes through the
+    storage's internal interface, as Optuna's own heartbeat code (optuna.storages.fail_stale_trials)
+    does. Its one reach into Optuna's internals, checked on OPTUNA_CHECKED."""
+    storage = study._storage
+    trial_id = storage.get_trial_id_from_study_id_trial_number(study._study_id, number)
+    storage.set_trial_user_attr(trial_id, key, value)
 
 
 def fail_stale_trials(study, tuning: Tuning) -> None:
@@ -490,17 +505,15 @@ def fail_stale_trials(study, tuning: Tuning) -> None:
             age = time.time() - trial.datetime_start.timestamp() if trial.datetime_start else 0
         if age <= tuning.grace_seconds:
             continue
-        storage = study._storage  # what optuna.storages.fail_stale_trials does for the storages it serves
-        storage.set_trial_user_attr(trial._trial_id, "failure",
-                                    f"its worker was lost: no heartbeat for {age:.0f} s")
-        try:
-            if not storage.set_trial_state_values(trial._trial_id, state=optuna.trial.TrialState.FAIL):
-                continue
-        except optuna.exceptions.UpdateFinishedTrialError:
-            continue  # it ended meanwhile
+        try:  # the reason first: a finished trial takes no attribute
+            set_user_attr_of_trial(study, trial.number, "failure",
+                                   f"its worker was lost: no heartbeat for {age:.0f} s")
+            study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
+        except (ValueError, optuna.exceptions.UpdateFinishedTrialError):
+            continue  # it ended meanwhile: its worker was slow, not lost
         first = retry(study, trial, tuning.max_retries)
         print(f"[trial {trial.number}] FAILED: its worker was lost (no heartbeat for {age:.0f} s); "
-              + (f"retried, continuing the runs of trial {first}" if first is not None else
+              + (f"retried, taking over the runs of trial {first}" if first is not None else
                  f"retried {tuning.max_retries} times already: not again"), flush=True)
 
 

@@ -209,3 +209,37 @@ def test_a_two_task_job_array_of_workers_finishes_one_study(slurm_cluster, tmp_p
     assert workers == {f"slurm {array_job}_{task}" for task in (0, 1)}
     # The report job ran after the workers.
     assert "3 trials: 3 complete" in (tmp_path / "study" / "report" / "index.md").read_text()
+
+
+@pytest.fixture
+def tune_module(monkeypatch):
+    """benchmark/tune.py imported here; run.py's helpers, which it makes speak as tune.py, are put back."""
+    from benchmark import run as runner
+
+    monkeypatch.setattr(runner, "fail", runner.fail)
+    from benchmark import tune as module
+
+    return module
+
+
+def test_the_one_reach_into_optuna_s_internals_works_on_the_release_it_was_checked_on(tmp_path, tune_module):
+    """tune.set_user_attr_of_trial sets the failure reason of a lost worker's trial, for which Optuna has
+    no public call: it uses the storage's internal interface. Checked on tune.OPTUNA_CHECKED; another
+    Optuna release fails here, to have it checked again (then the constant is updated)."""
+    tune = tune_module
+    assert optuna.__version__ == tune.OPTUNA_CHECKED, (
+        f"Optuna {optuna.__version__}: check tune.set_user_attr_of_trial against it, then set OPTUNA_CHECKED")
+    study = load_or_create(tmp_path)
+    study.ask()  # a trial whose Trial object is gone, as with its lost worker
+    tune.set_user_attr_of_trial(load_or_create(tmp_path), 0, "failure", "its worker was lost")
+    load_or_create(tmp_path).tell(0, state=optuna.trial.TrialState.FAIL)
+    [trial] = load_or_create(tmp_path).get_trials()
+    assert trial.state == optuna.trial.TrialState.FAIL
+    assert trial.user_attrs == {"failure": "its worker was lost"}
+
+
+def load_or_create(tmp_path: Path):
+    """A study in a journal file of tmp_path, opened afresh, as another process would."""
+    journal = optuna.storages.journal.JournalFileBackend(str(tmp_path / "journal.log"))
+    return optuna.create_study(study_name="test", storage=optuna.storages.JournalStorage(journal),
+                               load_if_exists=True)
