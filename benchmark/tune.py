@@ -32,11 +32,17 @@ not divide) still fails only its trial.
 together they make exactly N (complete, pruned and failed ones), and running the same command again
 continues the study (a larger --trials adds to it). A worker that is lost (killed, preempted, its
 node gone) stops touching its trial's heartbeat file; after --grace-seconds another worker marks the
-trial FAILED and queues a retry with the same flags (as Optuna's RetryFailedTrialCallback does, whose
-system attributes it writes), which continues each unfinished run from its checkpoint (`--resume`).
-Optuna's JournalStorage keeps no heartbeat, so the heartbeats are files beside the trials, on the
-filesystem the workers share anyway. A worker asked to stop (Ctrl-C, `kill`, Slurm's warning) stops
-its run the same way and queues the same retry. At the end, and with --report, the study's report
+trial FAILED and queues a retry with the same flags (writing the system attributes of Optuna's
+RetryHeartbeatStaleTrialCallback). Optuna's own heartbeats exist for RDBStorage only, not for the
+JournalStorage a study keeps by default, so the heartbeats are files beside the trials, on the
+filesystem the workers share anyway. The retry takes over what the lost runs left: a run with a
+checkpoint is continued from it (`--resume`); a run lost before its first checkpoint has its folder
+moved aside (to set-aside/, named in the run's log and the worker's output) and starts afresh. A
+retry whose continued run fails (its checkpoint unreadable, say) moves that folder aside too and is
+itself retried, up to --max-retries. A worker asked to stop (Ctrl-C, `kill`, Slurm's warning) stops
+its run the same way and queues the same retry.
+
+At the end, and with --report, the study's report
 goes to <study-dir>/report/: the best settings as the command that trains them, the top trials, the
 failed and pruned ones with their reasons, and plots of the optimization history and of the
 parameters' importances.
@@ -550,6 +556,11 @@ class Failed(Exception):
     """A run failed; the argument is the reason stored with the trial."""
 
 
+class TakeoverFailed(Failed):
+    """A run continued from what a lost or stopped run left failed; its folder was moved aside, so
+    that the trial's retry starts that run afresh."""
+
+
 class WorkerStopped(Exception):
     """The worker was asked to stop; its run saved and stopped."""
 
@@ -678,6 +689,17 @@ class Worker:
             self.study.tell(trial, state=states.PRUNED)
             print(f"[trial {trial.number}] pruned: {where}", flush=True)
             return
+        except TakeoverFailed as reason:
+            trial.set_user_attr("returns", returns)
+            trial.set_user_attr("failure", f"{reason} (continuing the run left by an earlier try)")
+            self.study.tell(trial, state=states.FAIL)
+            with Lock(self.tuning.study_dir):
+                queued = retry(self.study, self.study.get_trials(deepcopy=False)[trial.number],
+                               self.tuning.max_retries)
+            print(f"[trial {trial.number}] FAILED: {reason}, continuing the run left by an earlier try: "
+                  + ("retried, to start that run afresh" if queued is not None else
+                     f"retried {self.tuning.max_retries} times already: not again"), flush=True)
+            return
         except Failed as reason:
             trial.set_user_attr("returns", returns)
             trial.set_user_attr("failure", str(reason))
@@ -718,8 +740,8 @@ class Worker:
         if done.is_file() and json.loads(done.read_text()).get("command") == spec.command:
             self.report_progress(trial, spec, episodes, reported, finished=True)
             return json.loads(done.read_text())["final_return"]
-        checkpoints = sorted(spec.workdir.glob("runs/*/checkpoint.pt"))
-        resume = ["--resume", os.path.relpath(checkpoints[0], spec.workdir)] if checkpoints else []
+        checkpoint = self.take_over(trial, spec)
+        resume = ["--resume", os.path.relpath(checkpoint, spec.workdir)] if checkpoint else []
         argv = spec.argv + resume
         log_path = spec.workdir / "run.log"
         with open(log_path, "a") as log:
@@ -752,13 +774,53 @@ class Worker:
         if code == STOPPED and self.stop_signal is not None:
             raise WorkerStopped()
         if code != 0:
-            raise Failed(f"{spec.label}: {why_it_failed(code, log_path)}")
+            reason = f"{spec.label}: {why_it_failed(code, log_path)}"
+            if checkpoint is not None and code != DIVERGED:
+                # Not the settings' fault (they ran until the checkpoint): what the lost run left is,
+                # an unreadable checkpoint say. Continuing it would fail again: the retry starts afresh.
+                self.set_aside(trial, spec, checkpoint.parent,
+                               f"continuing it failed (exit {code}); the trial's retry starts the run afresh")
+                raise TakeoverFailed(reason)
+            raise Failed(reason)
         final = self.final_return(spec)
         if self.report_progress(trial, spec, episodes, reported, finished=True):
             pruned = max(reported) - spec.position * self.tuning.total_timesteps
             raise Pruned(f"{spec.label} at step {pruned:,} of {self.tuning.total_timesteps:,} (its end)")
         done.write_text(json.dumps({"command": spec.command, "final_return": final}) + "\n")
         return final
+
+    def take_over(self, trial, spec: RunSpec) -> Path | None:
+        """Before a run starts: what earlier tries of it left in its runs/ (a lost or stopped worker's
+        run). The folder with a checkpoint is continued from it (its path is returned); every other
+        one, a run lost before its first checkpoint, is moved aside, so that the run starts afresh
+        and is the one run the scorer finds there. A first try finds nothing."""
+        runs_dir = spec.workdir / "runs"
+        if not runs_dir.is_dir():
+            return None
+        checkpoints = sorted(runs_dir.rglob("checkpoint.pt"), key=lambda path: path.stat().st_mtime)
+        kept = checkpoints[-1] if checkpoints else None
+        folders = set(report.find_run_dirs(runs_dir)) | {path.parent for path in checkpoints}
+        for folder in sorted(folders - {kept and kept.parent}):
+            why = ("a run lost before its first checkpoint; the run starts afresh"
+                   if not (folder / "checkpoint.pt").is_file() else
+                   f"a run with an older checkpoint than {kept.parent.relative_to(spec.workdir)}'s")
+            self.set_aside(trial, spec, folder, why)
+        return kept
+
+    def set_aside(self, trial, spec: RunSpec, folder: Path, why: str) -> None:
+        """Move a run folder from the run's runs/ to its set-aside/ (kept, for a look), and say so in
+        the run's log and the worker's output."""
+        target = spec.workdir / "set-aside" / folder.relative_to(spec.workdir / "runs")
+        for count in range(1, 1000):
+            if not target.exists():
+                break
+            target = target.with_name(f"{folder.name}.{count}")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        folder.rename(target)
+        said = f"moved {folder.relative_to(spec.workdir)} aside to {target.relative_to(spec.workdir)}: {why}"
+        with open(spec.workdir / "run.log", "a") as log:
+            log.write(f"# {said}\n")
+        print(f"[trial {trial.number}] {spec.label}: {said}", flush=True)
 
     def report_progress(self, trial, spec: RunSpec, episodes: Episodes, reported: set[int],
                         finished: bool) -> bool:

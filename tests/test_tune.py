@@ -100,41 +100,100 @@ def test_a_bad_region_is_pruned_during_its_run(tmp_path):
     assert "pruned" in (tmp_path / "study" / "report" / "index.md").read_text()
 
 
-def test_a_killed_worker_s_trial_is_retried_from_its_runs_checkpoints(tmp_path):
-    """SIGKILL to a worker mid-trial: its run saves and stops (it dies with its worker), and the same
-    command later finds the trial without a heartbeat, fails it with the reason and retries it, which
-    continues the run from its checkpoint; the study then has its one trial."""
+def child_processes(pid: int) -> list[int]:
+    """The processes that `pid` started and that still run (Linux's /proc)."""
+    return [int(child) for task in Path(f"/proc/{pid}/task").iterdir()
+            for child in (task / "children").read_text().split()]
+
+
+def lose_with_its_run(worker: subprocess.Popen) -> None:
+    """The worker and its run gone at once, as a node that vanishes takes them: neither gets a signal
+    it could act on (a worker killed alone has its run stopped by SIGTERM, and the run saves)."""
+    [run_pid] = child_processes(worker.pid)
+    worker.send_signal(signal.SIGSTOP)  # so that it does not see its run die
+    os.kill(run_pid, signal.SIGKILL)
+    worker.send_signal(signal.SIGKILL)
+
+
+@pytest.mark.parametrize("loss", ["worker alone", "with its run, before the first checkpoint",
+                                  "with its run, after a checkpoint", "after a checkpoint left unreadable"])
+def test_a_lost_worker_s_trial_is_retried_and_takes_over_what_its_run_left(tmp_path, loss):
+    """A worker lost mid-trial: the same command later finds the trial without a heartbeat, fails it
+    with the reason and retries it. The retry continues the run from its checkpoint: the one it saved
+    as its worker died (SIGTERM, from the worker's death), or its last periodic one (--save-minutes);
+    a run lost before any has its folder moved aside and starts afresh, where a run beside it would
+    leave two for the scorer. A retry that cannot continue (an unreadable checkpoint) moves the folder
+    aside too and is retried in turn. Either way the study ends with its one trial scored."""
     (tmp_path / "slow_ppo.py").write_text(SLOW_PPO)
-    options = ["--env-ids", "CartPole-v1", "--total-timesteps", "2048", "--seeds", "1", "--trials", "1",
-               "--poll-seconds", "0.5", "--heartbeat-seconds", "0.5", "--grace-seconds", "3"]
     space = tmp_path / "space.toml"
     space.write_text(LEARNING_RATE_SPACE)
+    before = loss == "with its run, before the first checkpoint"
     command = [sys.executable, str(REPO / "benchmark" / "tune.py"), "--command",
                "python slow_ppo.py --num-steps 16", "--space", str(space),
-               "--study-dir", str(tmp_path / "study"), "--study-name", "test", *options]
-    # 32 iterations of 4 x 16 steps, 1.3 s each; the retried trial's resumed run goes at full speed.
-    env = {**os.environ, "SLOW_STEP_SECONDS": "0.02"}
-    worker = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+               "--study-dir", str(tmp_path / "study"), "--study-name", "test",
+               "--env-ids", "CartPole-v1", "--total-timesteps", "2048", "--seeds", "1", "--trials", "1",
+               "--poll-seconds", "0.5", "--heartbeat-seconds", "0.5", "--grace-seconds", "3"]
+    # 32 iterations of 4 x 16 steps, 1.3 s each; a checkpoint every 0.6 s (at the end of an iteration),
+    # or none before 10 minutes.
+    worker = subprocess.Popen([*command, "--save-minutes", "10" if before else "0.01"], cwd=tmp_path,
+                              env={**os.environ, "SLOW_STEP_SECONDS": "0.02"}, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT)
-    log = tmp_path / "study" / "trials" / "0" / "CartPole-v1__seed1" / "run.log"
+    workdir = tmp_path / "study" / "trials" / "0" / "CartPole-v1__seed1"
+    log = workdir / "run.log"
+
+    def ready() -> bool:  # a run under way: an iteration logged, and with a checkpoint when asked for
+        return (log.is_file() and "\nstep " in log.read_text()
+                and (before or loss == "worker alone" or any(workdir.glob("runs/*/checkpoint.pt"))))
+
     deadline = time.time() + 120
-    while not (log.is_file() and "\nstep " in log.read_text()):
+    while not ready():
         assert worker.poll() is None and time.time() < deadline, worker.communicate()[0]
         time.sleep(0.2)
-    worker.send_signal(signal.SIGKILL)
+    if loss == "worker alone":
+        worker.send_signal(signal.SIGKILL)
+    else:
+        lose_with_its_run(worker)
     worker.wait()
+    [lost_run] = list((workdir / "runs").iterdir())
+    if before:
+        assert not list(lost_run.glob("checkpoint.pt*")) and list(lost_run.glob("events.out.tfevents.*"))
+    if loss == "after a checkpoint left unreadable":
+        (lost_run / "checkpoint.pt").write_text("not a checkpoint\n")
 
-    again = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
+    # The retries' runs go at full speed.
+    again = subprocess.run(command, cwd=tmp_path, env={**os.environ, "SLOW_STEP_SECONDS": "0"},
+                           capture_output=True, text=True, timeout=180)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
-    lost, retried = load_study(tmp_path / "study").get_trials()
+    lost, *retries = load_study(tmp_path / "study").get_trials()
     assert lost.state == optuna.trial.TrialState.FAIL
     assert lost.user_attrs["failure"].startswith("its worker was lost: no heartbeat for ")
-    assert retried.state == optuna.trial.TrialState.COMPLETE
-    assert retried.system_attrs["failed_trial"] == 0 and retried.params == lost.params
-    text = log.read_text()
-    assert "stopped at step" in text  # the lost worker's run saved when its worker died ...
-    assert "--resume runs/" in text and "resuming " in text  # ... and the retry continued it
+    *failed_retries, scored = retries
+    assert scored.state == optuna.trial.TrialState.COMPLETE, scored.user_attrs
+    for retry in retries:
+        assert retry.system_attrs["failed_trial"] == 0 and retry.params == lost.params
     assert "1 trials: 1 complete, 0 pruned, 0 failed" in again.stdout
+    [run] = list((workdir / "runs").iterdir())  # the one run the scorer found
+    text = log.read_text()
+    set_aside = workdir / "set-aside" / lost_run.name
+    if loss in ("worker alone", "with its run, after a checkpoint"):
+        assert not failed_retries and run == lost_run
+        if loss == "worker alone":
+            assert "stopped at step" in text  # the lost worker's run saved when its worker died ...
+        assert "--resume runs/" in text and "resuming " in text  # ... and the retry continued it
+        assert not set_aside.exists()
+    else:
+        moved = f"moved runs/{lost_run.name} aside to set-aside/{lost_run.name}: "
+        assert moved in text and moved in again.stdout  # named in the run's log and the worker's output
+        assert set_aside.is_dir() and run != lost_run
+        assert "--resume" not in text.split(moved)[-1]  # the run then started afresh
+    if loss == "after a checkpoint left unreadable":
+        [failed] = failed_retries
+        assert failed.state == optuna.trial.TrialState.FAIL
+        assert "(continuing the run left by an earlier try)" in failed.user_attrs["failure"]
+        assert "cannot read checkpoint" in failed.user_attrs["failure"]
+        assert scored.system_attrs["retry_history"] == [0, failed.number]
+    elif loss == "with its run, before the first checkpoint":
+        assert not failed_retries
 
 
 def test_a_diverging_trial_fails_with_its_reason_and_the_study_goes_on(tmp_path):
