@@ -42,9 +42,12 @@ retry whose continued run fails (its checkpoint unreadable, say) moves that fold
 itself retried, up to --max-retries. A worker asked to stop (Ctrl-C, `kill`, Slurm's warning) stops
 its run the same way and queues the same retry.
 
-At the end, and with --report, the study's report
-goes to <study-dir>/report/: the best settings as the command that trains them, the top trials, the
-failed and pruned ones with their reasons, and plots of the optimization history and of the
+Each complete trial keeps the wall time of its runs added up (each run's, as benchmark/report.py
+reads it from its event files) and their mean SPS. At the end, and with --report, the study's report
+goes to <study-dir>/report/: the best settings as the command that trains them, the best within the
+wall time of the script's defaults (a trial whose flags all equal the defaults its --help shows; or
+within --max-seconds), the top trials with their wall time and SPS, the failed and pruned ones with
+their reasons, and plots of the optimization history, of score against wall time and of the
 parameters' importances.
 """
 
@@ -674,12 +677,13 @@ class Worker:
         continues = f"continues trial {first}: " if first != trial.number else ""
         print(f"[trial {trial.number}] {continues}{shlex.join(flags) or '(the defaults)'}  ({self.name})",
               flush=True)
-        returns, scores = {}, []
+        returns, scores, runs = {}, [], []
         try:
             for position, (env_id, seed) in enumerate(self.tuning.pairs()):
                 spec = self.plan(flags, env_id, seed, position, home)
-                value = self.run_one(trial, spec)
-                returns[spec.label] = value
+                scored = self.run_one(trial, spec)
+                value = returns[spec.label] = scored["final_return"]
+                runs.append(scored)
                 scores.append(self.tuning.space.normalize(env_id, value))
                 print(f"[trial {trial.number}] {spec.label}: final return {value:.2f} "
                       f"(normalized {scores[-1]:.3f})", flush=True)
@@ -718,6 +722,12 @@ class Worker:
                      "retried too often already: not queued again"), flush=True)
             return
         trial.set_user_attr("returns", returns)
+        # What the settings cost: the runs go one after the other, so the trial's wall time is theirs
+        # added up (None where a run's is unknown: one read back from an older tuner's done.json).
+        seconds = [scored.get("wall_seconds") for scored in runs]
+        sps = [scored.get("sps") for scored in runs]
+        trial.set_user_attr("wall_seconds", None if None in seconds else float(sum(seconds)))
+        trial.set_user_attr("sps", None if None in sps else float(np.mean(sps)))
         score = float(np.mean(scores))
         self.study.tell(trial, score)
         print(f"[trial {trial.number}] score {score:.4f} (mean of {len(scores)} normalized final returns)",
@@ -730,16 +740,16 @@ class Worker:
         return RunSpec(env_id, seed, position, home / f"{run.safe_name(env_id)}__seed{seed}",
                        [*self.tuning.command, *tail], [*self.tuning.resolved, *tail, *saving])
 
-    def run_one(self, trial, spec: RunSpec) -> float:
+    def run_one(self, trial, spec: RunSpec) -> dict:
         """Run (or continue, or read back) one run of the trial, reporting to the pruner as it goes;
-        returns its final return, or raises Pruned, Failed or WorkerStopped."""
+        returns its score_run dict, or raises Pruned, Failed or WorkerStopped."""
         spec.workdir.mkdir(parents=True, exist_ok=True)
         done = spec.workdir / "done.json"
         reported: set[int] = set()
         episodes = Episodes(spec.workdir)
         if done.is_file() and json.loads(done.read_text()).get("command") == spec.command:
             self.report_progress(trial, spec, episodes, reported, finished=True)
-            return json.loads(done.read_text())["final_return"]
+            return json.loads(done.read_text())
         checkpoint = self.take_over(trial, spec)
         resume = ["--resume", os.path.relpath(checkpoint, spec.workdir)] if checkpoint else []
         argv = spec.argv + resume
@@ -782,12 +792,12 @@ class Worker:
                                f"continuing it failed (exit {code}); the trial's retry starts the run afresh")
                 raise TakeoverFailed(reason)
             raise Failed(reason)
-        final = self.final_return(spec)
+        scored = self.score_run(spec)
         if self.report_progress(trial, spec, episodes, reported, finished=True):
             pruned = max(reported) - spec.position * self.tuning.total_timesteps
             raise Pruned(f"{spec.label} at step {pruned:,} of {self.tuning.total_timesteps:,} (its end)")
-        done.write_text(json.dumps({"command": spec.command, "final_return": final}) + "\n")
-        return final
+        done.write_text(json.dumps({"command": spec.command, **scored}) + "\n")
+        return scored
 
     def take_over(self, trial, spec: RunSpec) -> Path | None:
         """Before a run starts: what earlier tries of it left in its runs/ (a lost or stopped worker's
@@ -844,8 +854,9 @@ class Worker:
                 return True
         return False
 
-    def final_return(self, spec: RunSpec) -> float:
-        """The report's metric for the run (benchmark/report.py: load_run, final_return)."""
+    def score_run(self, spec: RunSpec) -> dict:
+        """The report's metric for the run (benchmark/report.py: load_run, final_return), and what it
+        cost: its wall time (its sittings' spans, added up) and SPS, as the report reads them."""
         runs_dir = spec.workdir / "runs"
         found = report.find_run_dirs(runs_dir) if runs_dir.is_dir() else []
         if len(found) != 1:
@@ -854,7 +865,7 @@ class Worker:
         value, count, _ = data.final_return() if data is not None else (math.nan, 0, False)
         if count == 0:
             raise Failed(f"{spec.label}: no episode ended in the run: raise --total-timesteps")
-        return value
+        return {"final_return": value, "wall_seconds": data.wall_seconds, "sps": data.sps}
 
 
 def why_it_failed(code: int, log_path: Path) -> str:
@@ -879,13 +890,90 @@ def why_it_failed(code: int, log_path: Path) -> str:
 # ---------------------------------------------------------------------------------------------------
 
 
-def best_commands(study) -> list[str]:
-    """The best trial's settings as the commands that train them, one per env id."""
+def best_commands(study, trial) -> list[str]:
+    """A trial's settings as the commands that train them, one per env id."""
     definition = study.user_attrs["definition"]
     space = load_space_text(definition["space"])
-    flags = space.arguments(study.best_trial.params)
+    flags = space.arguments(trial.params)
     return [shlex.join([*definition["command"], "--env-id", env_id, "--total-timesteps",
                         str(definition["total_timesteps"]), *flags]) for env_id in definition["env_ids"]]
+
+
+def same_value(value, shown: str) -> bool:
+    """Whether a trial's value is the default `shown` as the script's --help prints it."""
+    if isinstance(value, bool) or shown in ("True", "False"):
+        return str(value) == shown
+    if isinstance(value, (int, float)):
+        try:
+            return math.isclose(float(shown), value, rel_tol=1e-9)
+        except ValueError:
+            return False
+    return str(value) == shown
+
+
+def defaults_trials(study, complete: list) -> list:
+    """The complete trials of the script's defaults: each flag a trial passes (a flag its `when`
+    leaves out takes the default anyway) equals the default the script's --help shows, which the
+    study keeps as `script_defaults`."""
+    defaults = study.user_attrs.get("script_defaults") or {}
+    flags = {param.name for param in load_space_text(study.user_attrs["definition"]["space"]).params
+             if param.flag}
+    return [trial for trial in complete if defaults and all(
+        name in defaults and same_value(value, defaults[name])
+        for name, value in trial.params.items() if name in flags)]
+
+
+def cost(trial) -> str:
+    """A trial's wall time (its runs', added up) and mean SPS, for the report."""
+    seconds, sps = trial.user_attrs.get("wall_seconds"), trial.user_attrs.get("sps")
+    return (f"{report.format_duration(seconds) if seconds is not None else 'unknown wall time'}, "
+            f"{f'{sps:,.0f}' if sps is not None else '?'} SPS")
+
+
+# A trial of the same cost as the defaults' may time a little slower (other work on the machine, the
+# disk): the report's budget from the defaults' wall time allows this much more.
+TIMING_NOISE = 0.10
+
+
+def within_budget(study, complete: list, max_seconds: float | None) -> tuple[list[str], dict]:
+    """The report's section on the best settings within a time budget, for a researcher whose compute
+    is fixed: the best overall may buy its score with many times the defaults' wall time. The budget
+    is --max-seconds, else the wall time of the script's defaults (their trials' mean) plus
+    TIMING_NOISE. Returns its lines, and what the plot of score against wall time marks."""
+    defaults = defaults_trials(study, complete)
+    timed = [trial.user_attrs["wall_seconds"] for trial in defaults
+             if trial.user_attrs.get("wall_seconds") is not None]
+    said = [f"The script's defaults, trial {trial.number}: score {trial.value:.4f}, {cost(trial)}."
+            for trial in defaults]
+    if max_seconds is not None:
+        budget = max_seconds
+        heading, limit = f"{report.format_duration(budget)} (--max-seconds)", report.format_duration(budget)
+    elif timed:
+        budget = float(np.mean(timed)) * (1 + TIMING_NOISE)
+        heading = "the defaults' wall time"
+        limit = (f"the defaults' wall time plus {TIMING_NOISE:.0%}, the noise of timing one trial: "
+                 f"{report.format_duration(budget)}")
+    else:
+        why = ("the study keeps no defaults of the script (run the tuner's command once more to store "
+               "them)" if not study.user_attrs.get("script_defaults") else
+               "no trial of the script's defaults has completed (enqueue one: --enqueue with the "
+               "defaults its --help shows)")
+        return ["## Best within the defaults' wall time", "",
+                f"Not known: {why}; or give --max-seconds.", ""], {"defaults": defaults}
+    within = [trial for trial in complete if trial.user_attrs.get("wall_seconds") is not None
+              and trial.user_attrs["wall_seconds"] <= budget]
+    marks = {"defaults": defaults, "budget": budget, "best_within": within[0] if within else None,
+             "budget_label": "--max-seconds" if max_seconds is not None else
+             f"the defaults' wall time + {TIMING_NOISE:.0%}"}
+    lines = [f"## Best within {heading}", "", *said]
+    if not within:
+        return [*lines, f"No complete trial took at most {limit}.", ""], marks
+    best = within[0]
+    lines.append(f"{len(within)} complete trial(s) took at most {limit}. The best of them is trial "
+                 f"{best.number}: score {best.value:.4f}, {cost(best)}"
+                 + (", the defaults themselves." if best in defaults else
+                    ", the best overall too." if best.number == complete[0].number else "."))
+    return [*lines, "", "```bash", *best_commands(study, best), "```", ""], marks
 
 
 def load_space_text(text: str) -> Space:
@@ -900,7 +988,7 @@ def load_space_text(text: str) -> Space:
         os.unlink(file.name)
 
 
-def write_report(study, out_dir: Path, top: int = 10) -> str:
+def write_report(study, out_dir: Path, top: int = 10, max_seconds: float | None = None) -> str:
     """<out_dir>/index.md and its plots; returns the markdown, which is printed too."""
     import optuna
 
@@ -927,18 +1015,27 @@ def write_report(study, out_dir: Path, top: int = 10) -> str:
              "and retried. Wall time, first trial's start to last trial's end: "
              f"{report.format_duration(wall)}.")
     lines = [f"# Tuning study `{study.study_name}`", "", about, "", tally, ""]
+    marks: dict = {}
     if complete:
         best = complete[0]
         returns = ", ".join(f"{label} {value:.2f}"
                             for label, value in best.user_attrs.get("returns", {}).items())
         lines += ["## Best settings", "",
-                  f"Trial {best.number}, score {best.value:.4f}; final returns: {returns}.",
-                  "", "```bash", *best_commands(study), "```", ""]
-        lines += ["## Top trials", "", "| trial | score | " + " | ".join(names) + " | state |",
-                  "| --- | --- | " + " | ".join("---" for _ in names) + " | --- |"]
+                  f"Trial {best.number}, score {best.value:.4f}, {cost(best)}; final returns: {returns}.",
+                  "", "```bash", *best_commands(study, best), "```", ""]
+        budget_lines, marks = within_budget(study, complete, max_seconds)
+        lines += budget_lines
+        lines += ["## Top trials", "", "Wall time: the trial's runs', added up (they run one after the "
+                  "other); SPS: their mean.", "",
+                  "| trial | score | wall time | SPS | " + " | ".join(names) + " | state |",
+                  "| --- | --- | --- | --- | " + " | ".join("---" for _ in names) + " | --- |"]
         for trial in complete[:top]:
             cells = " | ".join(format_value(trial.params.get(name)) for name in names)
-            lines.append(f"| {trial.number} | {trial.value:.4f} | {cells} | complete |")
+            seconds, sps = trial.user_attrs.get("wall_seconds"), trial.user_attrs.get("sps")
+            state = "complete, the defaults" if trial in marks.get("defaults", []) else "complete"
+            lines.append(f"| {trial.number} | {trial.value:.4f} "
+                         f"| {report.format_duration(seconds) if seconds is not None else '-'} "
+                         f"| {f'{sps:,.0f}' if sps is not None else '-'} | {cells} | {state} |")
         lines.append("")
     else:
         lines += ["No trial has completed yet.", ""]
@@ -952,7 +1049,8 @@ def write_report(study, out_dir: Path, top: int = 10) -> str:
             lines.append(f"- trial {trial.number}: {trial.state.name.lower()}{again}: {why}")
         lines.append("")
     out_dir.mkdir(parents=True, exist_ok=True)
-    plots = [plot_history(study, out_dir), plot_importances(study, out_dir)]
+    plots = [plot_history(study, out_dir), plot_cost(study, out_dir, complete, marks),
+             plot_importances(study, out_dir)]
     lines += ["## Plots", "", *[f"![{alt}]({name})" if name else alt for alt, name in plots], ""]
     text = "\n".join(lines)
     (out_dir / "index.md").write_text(text)
@@ -1006,6 +1104,43 @@ def plot_history(study, out_dir: Path) -> tuple[str, str | None]:
     return "optimization history", "history.png"
 
 
+def plot_cost(study, out_dir: Path, complete: list, marks: dict) -> tuple[str, str | None]:
+    """Each complete trial's score against its wall time, the trade-off the best overall may hide:
+    the defaults, the time budget, the best within it and the best overall marked."""
+    timed = [trial for trial in complete if trial.user_attrs.get("wall_seconds") is not None]
+    if not timed:
+        return "No plot of score against wall time: no complete trial has a wall time.", None
+    plt, fig, axes = figure()
+
+    def point(trial):
+        return trial.user_attrs["wall_seconds"], trial.value
+
+    axes.scatter(*zip(*map(point, timed)), color="tab:blue", s=18, label="complete trial")
+    defaults = [trial for trial in marks.get("defaults", []) if trial in timed]
+    if defaults:
+        axes.scatter(*zip(*map(point, defaults)), facecolors="none", edgecolors="black", marker="s", s=70,
+                     label="the defaults")
+    if marks.get("budget") is not None:
+        axes.axvline(marks["budget"], color="gray", linestyle="--", label=marks["budget_label"])
+    best_within = marks.get("best_within")
+    if best_within is not None and best_within in timed:
+        axes.scatter(*point(best_within), facecolors="none", edgecolors="tab:green", s=160, linewidths=2,
+                     label=f"best within the budget (trial {best_within.number})")
+    if complete[0] in timed:
+        axes.scatter(*point(complete[0]), color="tab:red", marker="*", s=140,
+                     label=f"best overall (trial {complete[0].number})")
+    axes.set_xlim(left=0)
+    axes.set_xlabel("wall time of the trial's runs, added up (s)")
+    axes.set_ylabel("score (normalized final return)")
+    axes.set_title(f"score against wall time: {study.study_name}", fontsize="medium")
+    axes.grid(alpha=0.3)
+    axes.legend(fontsize="small", loc="best")
+    fig.tight_layout()
+    fig.savefig(out_dir / "cost.png")
+    plt.close(fig)
+    return "score against wall time", "cost.png"
+
+
 def plot_importances(study, out_dir: Path) -> tuple[str, str | None]:
     """optuna.importance.get_param_importances over the complete trials, as horizontal bars."""
     import optuna
@@ -1052,6 +1187,8 @@ def worker_args(args: argparse.Namespace) -> list[str]:
         options += ["--storage", args.storage]
     if args.sampler_seed is not None:
         options += ["--sampler-seed", str(args.sampler_seed)]
+    if args.max_seconds is not None:  # for the report job
+        options += ["--max-seconds", f"{args.max_seconds:g}"]
     return options
 
 
@@ -1158,6 +1295,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-retries", type=int, default=3, help="times a lost trial is retried")
     parser.add_argument("--report", action="store_true",
                         help="write and print the report of the study as it is")
+    parser.add_argument("--max-seconds", type=float,
+                        help="the report's time budget for a trial (its runs' wall time, added up): it names "
+                        "the best settings within it (default: the wall time of the script's defaults)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--worker-index", type=int, default=0, help=argparse.SUPPRESS)
     slurm = parser.add_argument_group("Slurm", "submit the workers as a job array, not run them here")
@@ -1174,6 +1314,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     slurm.add_argument("--dry-run", action="store_true", help="write the job scripts, submit nothing")
     args = parser.parse_args(argv)
     args.requeue = False  # run.resource_lines reads it: workers are not requeued, their trials are
+    if args.max_seconds is not None and not 0 < args.max_seconds < float("inf"):
+        parser.error(f"--max-seconds must be above 0, got {args.max_seconds}")
     if args.report:
         if args.study_dir is None:
             parser.error("--report needs --study-dir (and --study-name unless it is the folder's name)")
@@ -1303,7 +1445,7 @@ def main(argv: list[str] | None = None) -> int:
         if "definition" not in study.user_attrs:
             fail(f"the study {args.study_name!r} was not made by tune.py: "
                  "it holds no definition to report on")
-        print(write_report(study, args.study_dir / "report"), flush=True)
+        print(write_report(study, args.study_dir / "report", max_seconds=args.max_seconds), flush=True)
         print(f"report: {args.study_dir / 'report' / 'index.md'}", flush=True)
         return 0
     tuning = plan(args)
@@ -1330,7 +1472,7 @@ def main(argv: list[str] | None = None) -> int:
         code = Worker(study, tuning, args.trials, f"{socket.gethostname()}:{os.getpid()}").loop()
     else:
         code = run_local_workers(args)
-    print(write_report(study, tuning.study_dir / "report"), flush=True)
+    print(write_report(study, tuning.study_dir / "report", max_seconds=args.max_seconds), flush=True)
     print(f"this invocation: {report.format_duration(time.time() - started)}; report: "
           f"{tuning.study_dir / 'report' / 'index.md'}", flush=True)
     return code

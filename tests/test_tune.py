@@ -1,6 +1,9 @@
 """The tuner (benchmark/tune.py) with real Optuna, a real journal file and tiny CartPole runs: the number
-of trials, pruning during a run, a worker killed mid-trial, a diverging trial, wrong input, and a study
-of a two-task Slurm job array on the one-node cluster (skipped where Slurm is not installed)."""
+of trials, the report's wall times and best settings within the defaults' time, pruning during a run, a
+worker lost mid-trial (alone, or with its run before and after its first checkpoint), a diverging trial
+and one whose sizes do not divide, wrong input (a flag the script lacks among it), the one reach into
+Optuna's internals, and a study of a two-task Slurm job array on the one-node cluster (skipped where
+Slurm is not installed)."""
 
 import os
 import re
@@ -12,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, SLOW_PPO, expect_error_line, run_tool, wait_for_jobs
+from benchmark.report import format_duration
+from conftest import REPO, SLOW_PPO, expect_error_line, run_tool, table_rows, wait_for_jobs
 
 optuna = pytest.importorskip("optuna")
 
@@ -50,10 +54,46 @@ def run_logs(study_dir: Path, trial: int) -> list[Path]:
     return sorted((study_dir / "trials" / str(trial)).glob("*/run.log"))
 
 
-def test_two_workers_make_exactly_the_trials_asked_for_and_the_same_command_continues(tmp_path):
+def assert_costs_reported(study_dir: Path, study, tune_module) -> None:
+    """Each complete trial's wall time and SPS in the top trials' table, the trial of the script's
+    defaults (trial 0, enqueued with them) found, and the best settings within its wall time (or
+    within --max-seconds) named beside the best overall, as the data say, whatever the times were."""
+    trials = {trial.number: trial for trial in study.get_trials()}
+    for trial in trials.values():
+        assert trial.user_attrs["wall_seconds"] > 0 and trial.user_attrs["sps"] > 0, trial.user_attrs
+    report = (study_dir / "report" / "index.md").read_text()
+    rows = {int(row["trial"]): row for row in table_rows(report, "trial")}
+    assert set(rows) == set(trials)
+    for number, row in rows.items():
+        assert row["SPS"] == f"{trials[number].user_attrs['sps']:,.0f}"
+        assert row["wall time"] != "-"
+    assert rows[0]["state"] == "complete, the defaults"
+    assert [row["state"] for number, row in rows.items() if number != 0] == ["complete"] * 2
+    budget = trials[0].user_attrs["wall_seconds"] * (1 + tune_module.TIMING_NOISE)
+    within = max((trial for trial in trials.values() if trial.user_attrs["wall_seconds"] <= budget),
+                 key=lambda trial: trial.value)
+    section = report.split("## Best within the defaults' wall time")[1].split("## ")[0]
+    assert f"The best of them is trial {within.number}: score {within.value:.4f}" in section, section
+    assert "--learning-rate " in section  # the command that trains them
+    assert (study_dir / "report" / "cost.png").is_file()
+
+    # A budget of the user's: all trials are within a day, none within a millisecond.
+    best = study.best_trial
+    for seconds, expected in [("86400", f"The best of them is trial {best.number}: score {best.value:.4f}"),
+                              ("0.001", "No complete trial took at most 0.0 s.")]:
+        again = run_tool("tune.py", "--report", "--study-dir", str(study_dir), "--study-name", "test",
+                         "--max-seconds", seconds, cwd=study_dir)
+        assert again.returncode == 0, again.stderr
+        section = again.stdout.split("## Best within ")[1].split("## ")[0]
+        assert section.startswith(f"{format_duration(float(seconds))} (--max-seconds)"), section
+        assert expected in section, section
+
+
+def test_two_workers_make_exactly_the_trials_asked_for_and_the_same_command_continues(tmp_path, tune_module):
     """Three trials for two workers: the last is claimed while the other worker's trial runs, which a
-    worker that counted only finished trials (as Optuna's MaxTrialsCallback does) would not see."""
-    result = tune(tmp_path, *TINY, "--trials", "3", "--workers", "2")
+    worker that counted only finished trials (as Optuna's MaxTrialsCallback does) would not see. The
+    first is ppo.py's default learning rate: the report finds it, and the best within its wall time."""
+    result = tune(tmp_path, *TINY, "--trials", "3", "--workers", "2", "--enqueue", "--learning-rate 0.00025")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     study = load_study(tmp_path / "study")
     trials = study.get_trials()
@@ -70,6 +110,7 @@ def test_two_workers_make_exactly_the_trials_asked_for_and_the_same_command_cont
     assert (tmp_path / "study" / "report" / "history.png").is_file()
     best = study.best_trial
     assert f"--learning-rate {best.params['learning-rate']}" in result.stdout  # the command that trains it
+    assert_costs_reported(tmp_path / "study", study, tune_module)
 
     again = tune(tmp_path, *TINY, "--trials", "3", "--workers", "2")
     assert again.returncode == 0, again.stderr
@@ -196,19 +237,28 @@ def test_a_lost_worker_s_trial_is_retried_and_takes_over_what_its_run_left(tmp_p
         assert not failed_retries
 
 
-def test_a_diverging_trial_fails_with_its_reason_and_the_study_goes_on(tmp_path):
-    result = tune(tmp_path, *TINY, "--trials", "2", "--enqueue", "--learning-rate 1e30",
-                  "--enqueue", "--learning-rate 0.0025", space=learning_rate_space(high=1e31))
+def test_a_diverging_trial_and_one_whose_sizes_do_not_divide_fail_with_their_reasons(tmp_path):
+    """Sampled values a run refuses (4 x 128 steps in 3 minibatches: its exit 2) fail their trial, as
+    a divergence does; neither is wrong input of the study, which goes on and ends with exit 0."""
+    minibatches = '[params.num-minibatches]\ntype = "categorical"\nchoices = [3, 4]\n'
+    space = learning_rate_space(high=1e31) + minibatches
+    result = tune(tmp_path, *TINY, "--trials", "3", "--enqueue", "--learning-rate 1e30 --num-minibatches 4",
+                  "--enqueue", "--learning-rate 0.0025 --num-minibatches 3",
+                  "--enqueue", "--learning-rate 0.0025 --num-minibatches 4", space=space)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    diverged, good = load_study(tmp_path / "study").get_trials()
+    diverged, undivided, good = load_study(tmp_path / "study").get_trials()
     assert diverged.state == optuna.trial.TrialState.FAIL and diverged.value is None
     assert diverged.user_attrs["failure"].startswith("CartPole-v1 seed 1: ppo.py: diverged: ")
     # The scripts' divergence guard (ppo/run_life.py) stopped it, with its exit code.
     assert run_logs(tmp_path / "study", 0)[0].read_text().rstrip().endswith("# exit code 3")
+    assert undivided.state == optuna.trial.TrialState.FAIL
+    failure = undivided.user_attrs["failure"]
+    assert failure.startswith("CartPole-v1 seed 1: wrong input (exit 2): ppo.py: error: ")
+    assert "into --num-minibatches 3 equal minibatches" in failure
     assert good.state == optuna.trial.TrialState.COMPLETE
     report = (tmp_path / "study" / "report" / "index.md").read_text()
     assert "- trial 0: fail: CartPole-v1 seed 1: ppo.py: diverged: " in report
-    assert "1 complete, 0 pruned, 1 failed" in report
+    assert "1 complete, 0 pruned, 2 failed" in report
 
 
 def test_an_environment_of_the_user_s_module_on_a_relative_pythonpath(tmp_path):
