@@ -1,9 +1,9 @@
 """The tuner (benchmark/tune.py) with real Optuna, a real journal file and tiny CartPole runs: the number
 of trials, the report's wall times and best settings within the defaults' time, pruning during a run, a
-worker lost mid-trial (alone, or with its run before and after its first checkpoint), a diverging trial
-and one whose sizes do not divide, wrong input (a flag the script lacks among it), the one reach into
-Optuna's internals, and a study of a two-task Slurm job array on the one-node cluster (skipped where
-Slurm is not installed)."""
+worker lost mid-trial (alone; with its run, before its first checkpoint, after one, after one left
+unreadable), a diverging trial and one whose sizes do not divide, wrong input (a flag the script lacks
+among it), the one reach into Optuna's internals, and a study of a two-task Slurm job array on the
+one-node cluster (skipped where Slurm is not installed)."""
 
 import os
 import re
