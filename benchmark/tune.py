@@ -23,17 +23,31 @@ trial is PRUNED. A run that diverges (exit 3, the scripts' guard), refuses its f
 or is killed makes the trial FAILED, the reason stored as its user attribute `failure`: never a score,
 and the study goes on.
 
+Before the first trial, every flag of the space and of --command, and those the tuner gives each run,
+is looked up in the script's own `--help`: a flag the script does not take would fail every trial, so
+it is refused in one line (exit 2). A run refusing the values sampled for it (exit 2: sizes that do
+not divide) still fails only its trial.
+
 --trials N is a total for the study: workers claim trials under a lock in the study folder, so that
 together they make exactly N (complete, pruned and failed ones), and running the same command again
 continues the study (a larger --trials adds to it). A worker that is lost (killed, preempted, its
 node gone) stops touching its trial's heartbeat file; after --grace-seconds another worker marks the
-trial FAILED and queues a retry with the same flags (as Optuna's RetryFailedTrialCallback does, whose
-system attributes it writes), which continues each unfinished run from its checkpoint (`--resume`).
-Optuna's JournalStorage keeps no heartbeat, so the heartbeats are files beside the trials, on the
-filesystem the workers share anyway. A worker asked to stop (Ctrl-C, `kill`, Slurm's warning) stops
-its run the same way and queues the same retry. At the end, and with --report, the study's report
-goes to <study-dir>/report/: the best settings as the command that trains them, the top trials, the
-failed and pruned ones with their reasons, and plots of the optimization history and of the
+trial FAILED and queues a retry with the same flags (writing the system attributes of Optuna's
+RetryHeartbeatStaleTrialCallback). Optuna's own heartbeats exist for RDBStorage only, not for the
+JournalStorage a study keeps by default, so the heartbeats are files beside the trials, on the
+filesystem the workers share anyway. The retry takes over what the lost runs left: a run with a
+checkpoint is continued from it (`--resume`); a run lost before its first checkpoint has its folder
+moved aside (to set-aside/, named in the run's log and the worker's output) and starts afresh. A
+retry whose continued run fails (its checkpoint unreadable, say) moves that folder aside too and is
+itself retried, up to --max-retries. A worker asked to stop (Ctrl-C, `kill`, Slurm's warning) stops
+its run the same way and queues the same retry.
+
+Each complete trial keeps the wall time of its runs added up (each run's, as benchmark/report.py
+reads it from its event files) and their mean SPS. At the end, and with --report, the study's report
+goes to <study-dir>/report/: the best settings as the command that trains them, the best within the
+wall time of the script's defaults (a trial whose flags all equal the defaults its --help shows; or
+within --max-seconds), the top trials with their wall time and SPS, the failed and pruned ones with
+their reasons, and plots of the optimization history, of score against wall time and of the
 parameters' importances.
 """
 
@@ -44,6 +58,7 @@ import ctypes
 import json
 import math
 import os
+import re
 import shlex
 import signal
 import socket
@@ -69,6 +84,9 @@ TUNER = Path(__file__).resolve()
 RESERVED_FLAGS = {"env-id", "seed", "total-timesteps", "save-model", "save-minutes", "resume", "evaluate"}
 # The scripts' exit codes (ppo/exits.py): wrong input, diverged (its guard), stopped with a checkpoint.
 WRONG_INPUT, DIVERGED, STOPPED = 2, 3, run.STOPPED
+# The Optuna release on which `set_user_attr_of_trial`, the one reach into Optuna's internals, was
+# checked; tests/test_tune.py fails on another, to have it checked again.
+OPTUNA_CHECKED = "5.0.0"
 
 
 def fail(message: str) -> NoReturn:
@@ -251,6 +269,70 @@ def load_space(path: Path, env_ids: list[str]) -> Space:
 
 
 # ---------------------------------------------------------------------------------------------------
+# The script's own flags, read from its --help
+# ---------------------------------------------------------------------------------------------------
+
+# An option's line starts with its flags (`--env-id STR`, `--anneal-lr, --no-anneal-lr`,
+# `-e ENV, --env-id ENV`), then two spaces or more, then its help, which may end in `(default: X)`.
+OPTION = re.compile(r"(?:^|, )--([A-Za-z0-9][\w.-]*)")
+DEFAULT = re.compile(r"\(default: ([^()]*)\)")
+
+
+def script_options(command: list[str], resolved: list[str], script: str) -> dict[str, str | None]:
+    """The long flags the script's `--help` lists (without their dashes), each with the default it
+    shows, as tyro and argparse's ArgumentDefaultsHelpFormatter print it, or None. A wide COLUMNS
+    keeps each option's flags and help on one line; tyro draws a box around them, taken off here."""
+    shown = f"`{shlex.join([*command, '--help'])}`"
+    try:
+        result = subprocess.run([*resolved, "--help"], capture_output=True, text=True, timeout=300,
+                                stdin=subprocess.DEVNULL, env={**os.environ, "COLUMNS": "400"})
+    except subprocess.TimeoutExpired:
+        fail(f"--command: {shown} did not answer in 300 s: the tuner reads {script}'s flags from it")
+    if result.returncode != 0:
+        said = (result.stderr.strip() or result.stdout.strip() or "no output").splitlines()[-1]
+        fail(f"--command: {shown} exited {result.returncode} ({said}): the tuner reads {script}'s "
+             "flags from it, so it must run")
+    options: dict[str, str | None] = {}
+    flags: list[str] = []
+    for line in result.stdout.splitlines():
+        text = line.strip().strip("\u2502|").strip()
+        column = re.split(r"\s{2,}", text, maxsplit=1)[0] if text.startswith("-") else ""
+        if OPTION.findall(column):  # a new option; else a line of the current one's help
+            flags = OPTION.findall(column)
+            options.update({flag: None for flag in flags if flag not in options})
+            text = text[len(column):]
+        default = DEFAULT.search(text)
+        if default and flags:
+            options[flags[0]] = default.group(1).strip()
+    return options
+
+
+def check_flags(command: list[str], space: Space, space_path: Path, options: dict, script: str) -> None:
+    """Refuse, before any trial, a flag that the script does not take: each run of every trial would
+    stop on it (exit 2) and the study would end with nothing but failed trials. The flags are those
+    of --command after the script (a launcher's own, torchrun's, come before it), each value a
+    boolean parameter of the space can take (--flag, --no-flag), and the ones the tuner gives."""
+    if not options:
+        fail(f"--command: {script}'s --help lists no --flags: the tuner checks the space's flags against "
+             "them, so it needs a script whose --help lists its options")
+    start = next((i + 1 for i, token in enumerate(command) if token.endswith(".py")), 1)
+    fix = ": fix the name, or leave the flag out"
+    needed = [(token[2:].split("=")[0], "--command: ", fix)
+              for token in command[start:] if token.startswith("--")]
+    for param in space.params:
+        if param.flag:
+            choices = getattr(param.distribution, "choices", None) or [None]
+            needed += [(name, f"the space file {space_path}: ", fix)
+                       for name in dict.fromkeys(param.arguments(choice)[0][2:] if isinstance(choice, bool)
+                                                 else param.name for choice in choices)]
+    needed += [(name, "", ", and the tuner gives it to every run: tune a script that takes the flags of "
+                "ppo/'s scripts") for name in sorted(RESERVED_FLAGS - {"evaluate"})]
+    for name, where, hint in needed:
+        if name not in options:
+            fail(f"{where}--{name} is not a flag of {script} (its --help lists no --{name}){hint}")
+
+
+# ---------------------------------------------------------------------------------------------------
 # The study: its definition, storage, lock and heartbeats
 # ---------------------------------------------------------------------------------------------------
 
@@ -272,6 +354,7 @@ class Tuning:
     grace_seconds: float = 60.0
     max_retries: int = 3
     resolved: list[str] = field(default_factory=list)  # the command as executed (run.resolve)
+    script_defaults: dict = field(default_factory=dict)  # the space's flags' defaults, as --help shows them
 
     def definition(self) -> dict:
         """What makes a study this study: a later command that differs in it is refused."""
@@ -392,9 +475,10 @@ class Heartbeat(threading.Thread):
 
 def retry(study, trial, max_retries: int) -> int | None:
     """Queue a copy of a lost or stopped trial with the same values, to be claimed as a new trial. Its
-    system attributes are those of Optuna's RetryFailedTrialCallback (`failed_trial`: the first trial of
-    the series, `retry_history`), so Optuna's tools read it; the copy works in the first trial's folder
-    and continues its runs. Returns the first trial's number, or None past `max_retries`."""
+    system attributes are those Optuna's RetryHeartbeatStaleTrialCallback writes (`failed_trial`: the
+    first trial of the series, `retry_history`), so that Optuna's tools read it; the copy works in the
+    first trial's folder and takes over its runs. Returns the first trial's number, or None past
+    `max_retries`."""
     import optuna
 
     history = [*trial.system_attrs.get("retry_history", []), trial.number]
@@ -404,6 +488,17 @@ def retry(study, trial, max_retries: int) -> int | None:
         state=optuna.trial.TrialState.WAITING, params=trial.params, distributions=trial.distributions,
         system_attrs={"failed_trial": history[0], "retry_history": history}))
     return history[0]
+
+
+def set_user_attr_of_trial(study, number: int, key: str, value) -> None:
+    """Set a user attribute of a running trial that another process asked for. Optuna's public API
+    sets one only through the Trial object that study.ask() gave the trial's own process
+    (Trial.set_user_attr), and a lost worker's Trial is gone with it; so this goes through the
+    storage's internal interface, as Optuna's own heartbeat code (optuna.storages.fail_stale_trials)
+    does. Its one reach into Optuna's internals, checked on OPTUNA_CHECKED."""
+    storage = study._storage
+    trial_id = storage.get_trial_id_from_study_id_trial_number(study._study_id, number)
+    storage.set_trial_user_attr(trial_id, key, value)
 
 
 def fail_stale_trials(study, tuning: Tuning) -> None:
@@ -419,17 +514,15 @@ def fail_stale_trials(study, tuning: Tuning) -> None:
             age = time.time() - trial.datetime_start.timestamp() if trial.datetime_start else 0
         if age <= tuning.grace_seconds:
             continue
-        storage = study._storage  # what optuna.storages.fail_stale_trials does for the storages it serves
-        storage.set_trial_user_attr(trial._trial_id, "failure",
-                                    f"its worker was lost: no heartbeat for {age:.0f} s")
-        try:
-            if not storage.set_trial_state_values(trial._trial_id, state=optuna.trial.TrialState.FAIL):
-                continue
-        except optuna.exceptions.UpdateFinishedTrialError:
-            continue  # it ended meanwhile
+        try:  # the reason first: a finished trial takes no attribute
+            set_user_attr_of_trial(study, trial.number, "failure",
+                                   f"its worker was lost: no heartbeat for {age:.0f} s")
+            study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
+        except (ValueError, optuna.exceptions.UpdateFinishedTrialError):
+            continue  # it ended meanwhile: its worker was slow, not lost
         first = retry(study, trial, tuning.max_retries)
         print(f"[trial {trial.number}] FAILED: its worker was lost (no heartbeat for {age:.0f} s); "
-              + (f"retried, continuing the runs of trial {first}" if first is not None else
+              + (f"retried, taking over the runs of trial {first}" if first is not None else
                  f"retried {tuning.max_retries} times already: not again"), flush=True)
 
 
@@ -464,6 +557,11 @@ class Pruned(Exception):
 
 class Failed(Exception):
     """A run failed; the argument is the reason stored with the trial."""
+
+
+class TakeoverFailed(Failed):
+    """A run continued from what a lost or stopped run left failed; its folder was moved aside, so
+    that the trial's retry starts that run afresh."""
 
 
 class WorkerStopped(Exception):
@@ -579,12 +677,13 @@ class Worker:
         continues = f"continues trial {first}: " if first != trial.number else ""
         print(f"[trial {trial.number}] {continues}{shlex.join(flags) or '(the defaults)'}  ({self.name})",
               flush=True)
-        returns, scores = {}, []
+        returns, scores, runs = {}, [], []
         try:
             for position, (env_id, seed) in enumerate(self.tuning.pairs()):
                 spec = self.plan(flags, env_id, seed, position, home)
-                value = self.run_one(trial, spec)
-                returns[spec.label] = value
+                scored = self.run_one(trial, spec)
+                value = returns[spec.label] = scored["final_return"]
+                runs.append(scored)
                 scores.append(self.tuning.space.normalize(env_id, value))
                 print(f"[trial {trial.number}] {spec.label}: final return {value:.2f} "
                       f"(normalized {scores[-1]:.3f})", flush=True)
@@ -593,6 +692,17 @@ class Worker:
             trial.set_user_attr("pruned", str(where))
             self.study.tell(trial, state=states.PRUNED)
             print(f"[trial {trial.number}] pruned: {where}", flush=True)
+            return
+        except TakeoverFailed as reason:
+            trial.set_user_attr("returns", returns)
+            trial.set_user_attr("failure", f"{reason} (continuing the run left by an earlier try)")
+            self.study.tell(trial, state=states.FAIL)
+            with Lock(self.tuning.study_dir):
+                queued = retry(self.study, self.study.get_trials(deepcopy=False)[trial.number],
+                               self.tuning.max_retries)
+            print(f"[trial {trial.number}] FAILED: {reason}, continuing the run left by an earlier try: "
+                  + ("retried, to start that run afresh" if queued is not None else
+                     f"retried {self.tuning.max_retries} times already: not again"), flush=True)
             return
         except Failed as reason:
             trial.set_user_attr("returns", returns)
@@ -612,6 +722,12 @@ class Worker:
                      "retried too often already: not queued again"), flush=True)
             return
         trial.set_user_attr("returns", returns)
+        # What the settings cost: the runs go one after the other, so the trial's wall time is theirs
+        # added up (None where a run's is unknown: one read back from an older tuner's done.json).
+        seconds = [scored.get("wall_seconds") for scored in runs]
+        sps = [scored.get("sps") for scored in runs]
+        trial.set_user_attr("wall_seconds", None if None in seconds else float(sum(seconds)))
+        trial.set_user_attr("sps", None if None in sps else float(np.mean(sps)))
         score = float(np.mean(scores))
         self.study.tell(trial, score)
         print(f"[trial {trial.number}] score {score:.4f} (mean of {len(scores)} normalized final returns)",
@@ -624,18 +740,18 @@ class Worker:
         return RunSpec(env_id, seed, position, home / f"{run.safe_name(env_id)}__seed{seed}",
                        [*self.tuning.command, *tail], [*self.tuning.resolved, *tail, *saving])
 
-    def run_one(self, trial, spec: RunSpec) -> float:
+    def run_one(self, trial, spec: RunSpec) -> dict:
         """Run (or continue, or read back) one run of the trial, reporting to the pruner as it goes;
-        returns its final return, or raises Pruned, Failed or WorkerStopped."""
+        returns its score_run dict, or raises Pruned, Failed or WorkerStopped."""
         spec.workdir.mkdir(parents=True, exist_ok=True)
         done = spec.workdir / "done.json"
         reported: set[int] = set()
         episodes = Episodes(spec.workdir)
         if done.is_file() and json.loads(done.read_text()).get("command") == spec.command:
             self.report_progress(trial, spec, episodes, reported, finished=True)
-            return json.loads(done.read_text())["final_return"]
-        checkpoints = sorted(spec.workdir.glob("runs/*/checkpoint.pt"))
-        resume = ["--resume", os.path.relpath(checkpoints[0], spec.workdir)] if checkpoints else []
+            return json.loads(done.read_text())
+        checkpoint = self.take_over(trial, spec)
+        resume = ["--resume", os.path.relpath(checkpoint, spec.workdir)] if checkpoint else []
         argv = spec.argv + resume
         log_path = spec.workdir / "run.log"
         with open(log_path, "a") as log:
@@ -668,13 +784,53 @@ class Worker:
         if code == STOPPED and self.stop_signal is not None:
             raise WorkerStopped()
         if code != 0:
-            raise Failed(f"{spec.label}: {why_it_failed(code, log_path)}")
-        final = self.final_return(spec)
+            reason = f"{spec.label}: {why_it_failed(code, log_path)}"
+            if checkpoint is not None and code != DIVERGED:
+                # Not the settings' fault (they ran until the checkpoint): what the lost run left is,
+                # an unreadable checkpoint say. Continuing it would fail again: the retry starts afresh.
+                self.set_aside(trial, spec, checkpoint.parent,
+                               f"continuing it failed (exit {code}); the trial's retry starts the run afresh")
+                raise TakeoverFailed(reason)
+            raise Failed(reason)
+        scored = self.score_run(spec)
         if self.report_progress(trial, spec, episodes, reported, finished=True):
             pruned = max(reported) - spec.position * self.tuning.total_timesteps
             raise Pruned(f"{spec.label} at step {pruned:,} of {self.tuning.total_timesteps:,} (its end)")
-        done.write_text(json.dumps({"command": spec.command, "final_return": final}) + "\n")
-        return final
+        done.write_text(json.dumps({"command": spec.command, **scored}) + "\n")
+        return scored
+
+    def take_over(self, trial, spec: RunSpec) -> Path | None:
+        """Before a run starts: what earlier tries of it left in its runs/ (a lost or stopped worker's
+        run). The folder with a checkpoint is continued from it (its path is returned); every other
+        one, a run lost before its first checkpoint, is moved aside, so that the run starts afresh
+        and is the one run the scorer finds there. A first try finds nothing."""
+        runs_dir = spec.workdir / "runs"
+        if not runs_dir.is_dir():
+            return None
+        checkpoints = sorted(runs_dir.rglob("checkpoint.pt"), key=lambda path: path.stat().st_mtime)
+        kept = checkpoints[-1] if checkpoints else None
+        folders = set(report.find_run_dirs(runs_dir)) | {path.parent for path in checkpoints}
+        for folder in sorted(folders - {kept and kept.parent}):
+            why = ("a run lost before its first checkpoint; the run starts afresh"
+                   if not (folder / "checkpoint.pt").is_file() else
+                   f"a run with an older checkpoint than {kept.parent.relative_to(spec.workdir)}'s")
+            self.set_aside(trial, spec, folder, why)
+        return kept
+
+    def set_aside(self, trial, spec: RunSpec, folder: Path, why: str) -> None:
+        """Move a run folder from the run's runs/ to its set-aside/ (kept, for a look), and say so in
+        the run's log and the worker's output."""
+        target = spec.workdir / "set-aside" / folder.relative_to(spec.workdir / "runs")
+        for count in range(1, 1000):
+            if not target.exists():
+                break
+            target = target.with_name(f"{folder.name}.{count}")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        folder.rename(target)
+        said = f"moved {folder.relative_to(spec.workdir)} aside to {target.relative_to(spec.workdir)}: {why}"
+        with open(spec.workdir / "run.log", "a") as log:
+            log.write(f"# {said}\n")
+        print(f"[trial {trial.number}] {spec.label}: {said}", flush=True)
 
     def report_progress(self, trial, spec: RunSpec, episodes: Episodes, reported: set[int],
                         finished: bool) -> bool:
@@ -698,8 +854,9 @@ class Worker:
                 return True
         return False
 
-    def final_return(self, spec: RunSpec) -> float:
-        """The report's metric for the run (benchmark/report.py: load_run, final_return)."""
+    def score_run(self, spec: RunSpec) -> dict:
+        """The report's metric for the run (benchmark/report.py: load_run, final_return), and what it
+        cost: its wall time (its sittings' spans, added up) and SPS, as the report reads them."""
         runs_dir = spec.workdir / "runs"
         found = report.find_run_dirs(runs_dir) if runs_dir.is_dir() else []
         if len(found) != 1:
@@ -708,7 +865,7 @@ class Worker:
         value, count, _ = data.final_return() if data is not None else (math.nan, 0, False)
         if count == 0:
             raise Failed(f"{spec.label}: no episode ended in the run: raise --total-timesteps")
-        return value
+        return {"final_return": value, "wall_seconds": data.wall_seconds, "sps": data.sps}
 
 
 def why_it_failed(code: int, log_path: Path) -> str:
@@ -733,13 +890,90 @@ def why_it_failed(code: int, log_path: Path) -> str:
 # ---------------------------------------------------------------------------------------------------
 
 
-def best_commands(study) -> list[str]:
-    """The best trial's settings as the commands that train them, one per env id."""
+def best_commands(study, trial) -> list[str]:
+    """A trial's settings as the commands that train them, one per env id."""
     definition = study.user_attrs["definition"]
     space = load_space_text(definition["space"])
-    flags = space.arguments(study.best_trial.params)
+    flags = space.arguments(trial.params)
     return [shlex.join([*definition["command"], "--env-id", env_id, "--total-timesteps",
                         str(definition["total_timesteps"]), *flags]) for env_id in definition["env_ids"]]
+
+
+def same_value(value, shown: str) -> bool:
+    """Whether a trial's value is the default `shown` as the script's --help prints it."""
+    if isinstance(value, bool) or shown in ("True", "False"):
+        return str(value) == shown
+    if isinstance(value, (int, float)):
+        try:
+            return math.isclose(float(shown), value, rel_tol=1e-9)
+        except ValueError:
+            return False
+    return str(value) == shown
+
+
+def defaults_trials(study, complete: list) -> list:
+    """The complete trials of the script's defaults: each flag a trial passes (a flag its `when`
+    leaves out takes the default anyway) equals the default the script's --help shows, which the
+    study keeps as `script_defaults`."""
+    defaults = study.user_attrs.get("script_defaults") or {}
+    flags = {param.name for param in load_space_text(study.user_attrs["definition"]["space"]).params
+             if param.flag}
+    return [trial for trial in complete if defaults and all(
+        name in defaults and same_value(value, defaults[name])
+        for name, value in trial.params.items() if name in flags)]
+
+
+def cost(trial) -> str:
+    """A trial's wall time (its runs', added up) and mean SPS, for the report."""
+    seconds, sps = trial.user_attrs.get("wall_seconds"), trial.user_attrs.get("sps")
+    return (f"{report.format_duration(seconds) if seconds is not None else 'unknown wall time'}, "
+            f"{f'{sps:,.0f}' if sps is not None else '?'} SPS")
+
+
+# A trial of the same cost as the defaults' may time a little slower (other work on the machine, the
+# disk): the report's budget from the defaults' wall time allows this much more.
+TIMING_NOISE = 0.10
+
+
+def within_budget(study, complete: list, max_seconds: float | None) -> tuple[list[str], dict]:
+    """The report's section on the best settings within a time budget, for a researcher whose compute
+    is fixed: the best overall may buy its score with many times the defaults' wall time. The budget
+    is --max-seconds, else the wall time of the script's defaults (their trials' mean) plus
+    TIMING_NOISE. Returns its lines, and what the plot of score against wall time marks."""
+    defaults = defaults_trials(study, complete)
+    timed = [trial.user_attrs["wall_seconds"] for trial in defaults
+             if trial.user_attrs.get("wall_seconds") is not None]
+    said = [f"The script's defaults, trial {trial.number}: score {trial.value:.4f}, {cost(trial)}."
+            for trial in defaults]
+    if max_seconds is not None:
+        budget = max_seconds
+        heading, limit = f"{report.format_duration(budget)} (--max-seconds)", report.format_duration(budget)
+    elif timed:
+        budget = float(np.mean(timed)) * (1 + TIMING_NOISE)
+        heading = "the defaults' wall time"
+        limit = (f"the defaults' wall time plus {TIMING_NOISE:.0%}, the noise of timing one trial: "
+                 f"{report.format_duration(budget)}")
+    else:
+        why = ("the study keeps no defaults of the script (run the tuner's command once more to store "
+               "them)" if not study.user_attrs.get("script_defaults") else
+               "no trial of the script's defaults has completed (enqueue one: --enqueue with the "
+               "defaults its --help shows)")
+        return ["## Best within the defaults' wall time", "",
+                f"Not known: {why}; or give --max-seconds.", ""], {"defaults": defaults}
+    within = [trial for trial in complete if trial.user_attrs.get("wall_seconds") is not None
+              and trial.user_attrs["wall_seconds"] <= budget]
+    marks = {"defaults": defaults, "budget": budget, "best_within": within[0] if within else None,
+             "budget_label": "--max-seconds" if max_seconds is not None else
+             f"the defaults' wall time + {TIMING_NOISE:.0%}"}
+    lines = [f"## Best within {heading}", "", *said]
+    if not within:
+        return [*lines, f"No complete trial took at most {limit}.", ""], marks
+    best = within[0]
+    lines.append(f"{len(within)} complete trial(s) took at most {limit}. The best of them is trial "
+                 f"{best.number}: score {best.value:.4f}, {cost(best)}"
+                 + (", the defaults themselves." if best in defaults else
+                    ", the best overall too." if best.number == complete[0].number else "."))
+    return [*lines, "", "```bash", *best_commands(study, best), "```", ""], marks
 
 
 def load_space_text(text: str) -> Space:
@@ -754,7 +988,7 @@ def load_space_text(text: str) -> Space:
         os.unlink(file.name)
 
 
-def write_report(study, out_dir: Path, top: int = 10) -> str:
+def write_report(study, out_dir: Path, top: int = 10, max_seconds: float | None = None) -> str:
     """<out_dir>/index.md and its plots; returns the markdown, which is printed too."""
     import optuna
 
@@ -781,18 +1015,27 @@ def write_report(study, out_dir: Path, top: int = 10) -> str:
              "and retried. Wall time, first trial's start to last trial's end: "
              f"{report.format_duration(wall)}.")
     lines = [f"# Tuning study `{study.study_name}`", "", about, "", tally, ""]
+    marks: dict = {}
     if complete:
         best = complete[0]
         returns = ", ".join(f"{label} {value:.2f}"
                             for label, value in best.user_attrs.get("returns", {}).items())
         lines += ["## Best settings", "",
-                  f"Trial {best.number}, score {best.value:.4f}; final returns: {returns}.",
-                  "", "```bash", *best_commands(study), "```", ""]
-        lines += ["## Top trials", "", "| trial | score | " + " | ".join(names) + " | state |",
-                  "| --- | --- | " + " | ".join("---" for _ in names) + " | --- |"]
+                  f"Trial {best.number}, score {best.value:.4f}, {cost(best)}; final returns: {returns}.",
+                  "", "```bash", *best_commands(study, best), "```", ""]
+        budget_lines, marks = within_budget(study, complete, max_seconds)
+        lines += budget_lines
+        lines += ["## Top trials", "", "Wall time: the trial's runs', added up (they run one after the "
+                  "other); SPS: their mean.", "",
+                  "| trial | score | wall time | SPS | " + " | ".join(names) + " | state |",
+                  "| --- | --- | --- | --- | " + " | ".join("---" for _ in names) + " | --- |"]
         for trial in complete[:top]:
             cells = " | ".join(format_value(trial.params.get(name)) for name in names)
-            lines.append(f"| {trial.number} | {trial.value:.4f} | {cells} | complete |")
+            seconds, sps = trial.user_attrs.get("wall_seconds"), trial.user_attrs.get("sps")
+            state = "complete, the defaults" if trial in marks.get("defaults", []) else "complete"
+            lines.append(f"| {trial.number} | {trial.value:.4f} "
+                         f"| {report.format_duration(seconds) if seconds is not None else '-'} "
+                         f"| {f'{sps:,.0f}' if sps is not None else '-'} | {cells} | {state} |")
         lines.append("")
     else:
         lines += ["No trial has completed yet.", ""]
@@ -806,7 +1049,8 @@ def write_report(study, out_dir: Path, top: int = 10) -> str:
             lines.append(f"- trial {trial.number}: {trial.state.name.lower()}{again}: {why}")
         lines.append("")
     out_dir.mkdir(parents=True, exist_ok=True)
-    plots = [plot_history(study, out_dir), plot_importances(study, out_dir)]
+    plots = [plot_history(study, out_dir), plot_cost(study, out_dir, complete, marks),
+             plot_importances(study, out_dir)]
     lines += ["## Plots", "", *[f"![{alt}]({name})" if name else alt for alt, name in plots], ""]
     text = "\n".join(lines)
     (out_dir / "index.md").write_text(text)
@@ -860,6 +1104,43 @@ def plot_history(study, out_dir: Path) -> tuple[str, str | None]:
     return "optimization history", "history.png"
 
 
+def plot_cost(study, out_dir: Path, complete: list, marks: dict) -> tuple[str, str | None]:
+    """Each complete trial's score against its wall time, the trade-off the best overall may hide:
+    the defaults, the time budget, the best within it and the best overall marked."""
+    timed = [trial for trial in complete if trial.user_attrs.get("wall_seconds") is not None]
+    if not timed:
+        return "No plot of score against wall time: no complete trial has a wall time.", None
+    plt, fig, axes = figure()
+
+    def point(trial):
+        return trial.user_attrs["wall_seconds"], trial.value
+
+    axes.scatter(*zip(*map(point, timed)), color="tab:blue", s=18, label="complete trial")
+    defaults = [trial for trial in marks.get("defaults", []) if trial in timed]
+    if defaults:
+        axes.scatter(*zip(*map(point, defaults)), facecolors="none", edgecolors="black", marker="s", s=70,
+                     label="the defaults")
+    if marks.get("budget") is not None:
+        axes.axvline(marks["budget"], color="gray", linestyle="--", label=marks["budget_label"])
+    best_within = marks.get("best_within")
+    if best_within is not None and best_within in timed:
+        axes.scatter(*point(best_within), facecolors="none", edgecolors="tab:green", s=160, linewidths=2,
+                     label=f"best within the budget (trial {best_within.number})")
+    if complete[0] in timed:
+        axes.scatter(*point(complete[0]), color="tab:red", marker="*", s=140,
+                     label=f"best overall (trial {complete[0].number})")
+    axes.set_xlim(left=0)
+    axes.set_xlabel("wall time of the trial's runs, added up (s)")
+    axes.set_ylabel("score (normalized final return)")
+    axes.set_title(f"score against wall time: {study.study_name}", fontsize="medium")
+    axes.grid(alpha=0.3)
+    axes.legend(fontsize="small", loc="best")
+    fig.tight_layout()
+    fig.savefig(out_dir / "cost.png")
+    plt.close(fig)
+    return "score against wall time", "cost.png"
+
+
 def plot_importances(study, out_dir: Path) -> tuple[str, str | None]:
     """optuna.importance.get_param_importances over the complete trials, as horizontal bars."""
     import optuna
@@ -906,6 +1187,8 @@ def worker_args(args: argparse.Namespace) -> list[str]:
         options += ["--storage", args.storage]
     if args.sampler_seed is not None:
         options += ["--sampler-seed", str(args.sampler_seed)]
+    if args.max_seconds is not None:  # for the report job
+        options += ["--max-seconds", f"{args.max_seconds:g}"]
     return options
 
 
@@ -1012,6 +1295,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-retries", type=int, default=3, help="times a lost trial is retried")
     parser.add_argument("--report", action="store_true",
                         help="write and print the report of the study as it is")
+    parser.add_argument("--max-seconds", type=float,
+                        help="the report's time budget for a trial (its runs' wall time, added up): it names "
+                        "the best settings within it (default: the wall time of the script's defaults)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--worker-index", type=int, default=0, help=argparse.SUPPRESS)
     slurm = parser.add_argument_group("Slurm", "submit the workers as a job array, not run them here")
@@ -1028,6 +1314,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     slurm.add_argument("--dry-run", action="store_true", help="write the job scripts, submit nothing")
     args = parser.parse_args(argv)
     args.requeue = False  # run.resource_lines reads it: workers are not requeued, their trials are
+    if args.max_seconds is not None and not 0 < args.max_seconds < float("inf"):
+        parser.error(f"--max-seconds must be above 0, got {args.max_seconds}")
     if args.report:
         if args.study_dir is None:
             parser.error("--report needs --study-dir (and --study-name unless it is the folder's name)")
@@ -1090,6 +1378,17 @@ def plan(args: argparse.Namespace) -> Tuning:
                   args.heartbeat_seconds, args.grace_seconds, args.max_retries, run.resolve(command))
 
 
+def check_script(args: argparse.Namespace, tuning: Tuning) -> None:
+    """The flags of the space and of --command against the script's --help, which also gives the
+    defaults the report compares trials with (kept in `tuning`). Last of the checks: it runs the
+    script, which takes seconds."""
+    label = next((token for token in tuning.command[1:] if token.endswith(".py")), tuning.command[0])
+    options = script_options(tuning.command, tuning.resolved, label)
+    check_flags(tuning.command, tuning.space, args.space, options, label)
+    tuning.script_defaults = {param.name: options[param.name] for param in tuning.space.params
+                              if param.flag and options.get(param.name) is not None}
+
+
 def in_space(distribution, value) -> bool:
     choices = getattr(distribution, "choices", None)
     if choices is not None:
@@ -1146,13 +1445,18 @@ def main(argv: list[str] | None = None) -> int:
         if "definition" not in study.user_attrs:
             fail(f"the study {args.study_name!r} was not made by tune.py: "
                  "it holds no definition to report on")
-        print(write_report(study, args.study_dir / "report"), flush=True)
+        print(write_report(study, args.study_dir / "report", max_seconds=args.max_seconds), flush=True)
         print(f"report: {args.study_dir / 'report' / 'index.md'}", flush=True)
         return 0
     tuning = plan(args)
     enqueued = [enqueued_values(tuning.space, flags) for flags in args.enqueue]
+    if not args.worker:  # a worker's invocation has checked them
+        check_script(args, tuning)
     run.make_directory(tuning.study_dir, "--study-dir")
     study = open_study(args, tuning, args.worker_index)
+    if not args.worker and "script_defaults" not in study.user_attrs:
+        # Kept once, with the study: the report finds the trial of the defaults by them.
+        study.set_user_attr("script_defaults", tuning.script_defaults)
     if args.worker:
         name = (f"slurm {os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ['SLURM_ARRAY_TASK_ID']}"
                 if "SLURM_ARRAY_TASK_ID" in os.environ else f"{socket.gethostname()}:{os.getpid()}")
@@ -1168,7 +1472,7 @@ def main(argv: list[str] | None = None) -> int:
         code = Worker(study, tuning, args.trials, f"{socket.gethostname()}:{os.getpid()}").loop()
     else:
         code = run_local_workers(args)
-    print(write_report(study, tuning.study_dir / "report"), flush=True)
+    print(write_report(study, tuning.study_dir / "report", max_seconds=args.max_seconds), flush=True)
     print(f"this invocation: {report.format_duration(time.time() - started)}; report: "
           f"{tuning.study_dir / 'report' / 'index.md'}", flush=True)
     return code
