@@ -9,7 +9,9 @@
 Arguments after `--` go to pytest, e.g. `nox -s main -- tests/test_ppo.py -n 0`.
 
 A stack is installed with uv: `uv pip sync` of its lock (which makes the environment hold exactly
-the lock's packages, resolving nothing), then the project itself without its dependencies.
+the lock's packages, resolving nothing), then the project itself without its dependencies. uv writes
+no bytecode unless asked (pip does), and a shell with PYTHONDONTWRITEBYTECODE=1 never writes it later:
+without `--compile-bytecode` every process of the suite compiled PyTorch's sources anew, seconds each.
 tests/test_locks.py fails when a lock no longer satisfies pyproject.toml. Which tests a stack runs is
 chosen by the markers declared in pyproject.toml.
 """
@@ -67,7 +69,7 @@ def pytest(session: nox.Session, stack: str, selection: str) -> None:
 
 def install_and_test(session: nox.Session, stack: str) -> None:
     extra, selection, _ = STACKS[stack]
-    session.run_install("uv", "pip", "sync", *find_links(), str(LOCKS / f"{stack}.txt"))
+    session.run_install("uv", "pip", "sync", "--compile-bytecode", *find_links(), str(LOCKS / f"{stack}.txt"))
     session.install("--no-deps", "-e", f".[{extra}]")
     pytest(session, stack, selection)
 
@@ -102,6 +104,6 @@ def newest(session: nox.Session, stack: str) -> None:
     """No lock: the newest releases that install (PyTorch stays the CPU build of locks/torch.txt), in a
     new environment; each script's tiny run, evaluation and resumption (the `smoke` tests)."""
     extra, selection, _ = STACKS[stack]
-    session.install(*find_links(), "-r", str(TORCH), "-e", f".[{extra}]")
+    session.install("--compile-bytecode", *find_links(), "-r", str(TORCH), "-e", f".[{extra}]")
     session.run("uv", "pip", "freeze")
     pytest(session, stack, f"smoke and {selection}")
