@@ -313,10 +313,11 @@ def check_gymnasium_id(env_id: str, variant: str, atari: bool = False) -> None:
                       "ppo/ppo_continuous_action.py for Box actions")
 
 
-def check_envpool_id(env_id: str, variant: str, kinds: tuple[str, ...], example: str) -> None:
+def check_envpool_id(env_id: str, variant: str, kinds: tuple[str, ...] | None,
+                     example: str) -> None:
     """Refuse an id that envpool does not have, or one of another kind of task than `kinds` (the
-    names of envpool's spec classes, such as AtariEnvSpec), naming the script to use instead;
-    `example` is an id of the kind the script takes."""
+    names of envpool's spec classes, such as AtariEnvSpec; None takes any), naming the script to
+    use instead; `example` is an id of the kind the script takes."""
     try:
         # envpool 1.0 imports the retired `gym` package where it is installed (Procgen's extra
         # brings it), and gym prints a notice about itself that concerns no user of this collection.
@@ -333,7 +334,7 @@ def check_envpool_id(env_id: str, variant: str, kinds: tuple[str, ...], example:
         fail(variant, f"unknown env id {env_id!r}{hint}: envpool's ids of this kind are named like "
                       f"{example}")
     kind = type(envpool.make_spec(env_id)).__name__
-    if kind not in kinds:
+    if kinds is not None and kind not in kinds:
         fail(variant, f"{env_id} is not a task {variant}.py trains on ({kind}): use ppo/ppo.py for "
                       "vector observations and ppo/ppo_continuous_action.py for Box actions")
 

@@ -420,12 +420,14 @@ class Run:
               f"(last {len(returns)} episodes)", flush=True)
 
     def end_iteration(self, iteration: int, global_step: int, update_means: dict[str, float],
-                      values: np.ndarray, returns: np.ndarray, **rollout_state) -> None:
+                      values: np.ndarray, returns: np.ndarray, charts: dict | None = None,
+                      **rollout_state) -> None:
         """After each update: stop the run if it diverged; log the update's `update_means` (the
         losses, the approximate KL, the clip fraction), the learning rate, the explained variance of
-        the `values` the rollout recorded against their `returns`, and the SPS; print the progress
-        line; and, when due, write the checkpoint, with `rollout_state` (where the environments
-        stand, under the names a resumed run reads back with `resumed`).
+        the `values` the rollout recorded against their `returns`, the SPS, and the script's own
+        `charts` (as charts/<name>); print the progress line; and, when due, write the checkpoint,
+        with `rollout_state` (where the environments stand, under the names a resumed run reads
+        back with `resumed`).
 
         Under torchrun every rank sends rank 0 its figures and the episodes that ended, once an
         iteration: rank 0 logs the world's (the means of the ranks' means, the explained variance
@@ -458,6 +460,8 @@ class Run:
             self.writer.add_scalar("losses/explained_variance", explained_variance(values, returns),
                                    global_step)
             self.writer.add_scalar("charts/SPS", self.steps_per_second(global_step), global_step)
+            for name, value in (charts or {}).items():
+                self.writer.add_scalar(f"charts/{name}", value, global_step)
             self.print_progress(global_step, iteration)
         if self.checkpoint_due(iteration):
             self.save_checkpoint(iteration, global_step, rollout_state)
@@ -752,21 +756,23 @@ class Evaluation:
         torch.manual_seed(self.args.seed)
         return agent
 
-    def play(self, envs: gym.vector.VectorEnv, policy: Callable, state=None) -> list[float]:
+    def play(self, envs: gym.vector.VectorEnv, policy: Callable, state=None,
+             infos_too: bool = False) -> list[float]:
         """Play --eval-episodes episodes in `envs` (one environment, reset on the evaluation's seed)
         with `policy(obs, done)`, which returns the actions for an observation (`done`: whether the
         step before it ended an episode, as training's next_done). A recurrent policy is given its
-        `state` too, from the one passed here, and returns its next state with the actions. Each
-        episode's score is what RecordEpisodeStatistics reports (`finished_episodes`). Returns the
-        scores."""
-        obs, _ = envs.reset(seed=self.seed)
+        `state` too, from the one passed here, and returns its next state with the actions; a
+        policy that reads the environments' infos (an action mask), with `infos_too`, is given
+        them. Each episode's score is what RecordEpisodeStatistics reports (`finished_episodes`).
+        Returns the scores."""
+        obs, infos = envs.reset(seed=self.seed)
         done = np.zeros(envs.num_envs, dtype=bool)
         while self.playing:
             with torch.inference_mode():
-                if state is None:
-                    action = policy(obs, done)
-                else:
+                if state is not None:
                     action, state = policy(obs, done, state)
+                else:
+                    action = policy(obs, done, infos) if infos_too else policy(obs, done)
             obs, _, terminated, truncated, infos = envs.step(action)
             done = terminated | truncated
             for score, length in finished_episodes(infos):

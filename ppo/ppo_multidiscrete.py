@@ -1,0 +1,571 @@
+"""PPO for actions of several discrete parts, with invalid-action masking: Jumanji's Cleaner.
+
+    python ppo/ppo_multidiscrete.py --env-id Jumanji/Cleaner-v0   # train (envpool's C++ port)
+    python ppo/ppo_multidiscrete.py --no-action-masks             # ... and without the masks
+    python ppo/ppo_multidiscrete.py --resume runs/<run>/checkpoint.pt     # carry on
+    python ppo/ppo_multidiscrete.py --evaluate runs/<run>/checkpoint.pt   # score a saved agent
+
+ppo.py, for MultiDiscrete actions: one categorical choice per part of the action, and a mask of the
+choices the environment allows at each step, whether it comes in an `action_mask` key of a Dict
+observation, in `info["action_mask"]` or from an `action_masks()` method. The 13 core details are
+marked as in ppo.py (1 in make_envs, 2 and 13 in the agent, 5 in compute_gae, 7 to 10 and 12 in
+ppo_loss, 3, 4, 6 and 11 in main); the MultiDiscrete detail and the masking ones in ActionParts,
+the agent and minibatch_loss; docs/ppo_multidiscrete.md explains each. The run itself (its flags,
+checkpoints, logs, progress line and stop signals) comes from the modules beside this file,
+written once for every script: copy them along with it.
+"""
+
+from dataclasses import dataclass
+
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.optim as optim
+from torch.distributions.categorical import Categorical
+
+import command_line
+import exits
+import run_life
+
+VARIANT = "ppo_multidiscrete"  # written into checkpoints: another variant's checkpoint is refused
+
+
+@command_line.with_run_flags(VARIANT)  # then --seed, --cuda, --track, --save-model, --resume, ...
+@dataclass
+class Args:
+    env_id: str = "Jumanji/Cleaner-v0"
+    """the id of the environment: gymnasium's, or one of envpool's Jumanji ports"""
+    total_timesteps: int = 500000
+    """total environment steps of the experiment"""
+    learning_rate: float = 2.5e-4
+    """the learning rate of the optimizer"""
+    num_envs: int = 4
+    """the number of parallel environments"""
+    num_steps: int = 128
+    """the number of steps to run in each environment per rollout"""
+    anneal_lr: bool = True
+    """if toggled, anneal the learning rate linearly to zero"""
+    gamma: float = 0.99
+    """the discount factor gamma"""
+    gae_lambda: float = 0.95
+    """the lambda of generalized advantage estimation"""
+    num_minibatches: int = 4
+    """the number of minibatches each batch is split into"""
+    update_epochs: int = 4
+    """the number of passes over the batch per update"""
+    norm_adv: bool = True
+    """if toggled, normalize advantages within each minibatch"""
+    clip_coef: float = 0.2
+    """the surrogate clipping coefficient"""
+    anneal_clip: bool = False
+    """if toggled, anneal the clip coefficient linearly to zero, as the PPO paper does for Atari"""
+    clip_vloss: bool = True
+    """if toggled, clip the value loss as the original PPO code does"""
+    ent_coef: float = 0.01
+    """coefficient of the entropy bonus"""
+    vf_coef: float = 0.5
+    """coefficient of the value loss"""
+    max_grad_norm: float = 0.5
+    """the maximum norm for global gradient clipping"""
+    target_kl: float | None = None
+    """if set, stop the update epochs early once the approximate KL exceeds it"""
+    bootstrap_truncated: bool = False
+    """if toggled, a time limit is no death: its last reward gets + gamma x V(final observation)"""
+    action_masks: command_line.EvaluationKeeps[bool] = True
+    """if toggled, never sample or train on the actions the environment's mask rules out"""
+
+
+def make_env(env_id: str, idx: int, capture_video: bool, video_folder: str,
+             video_episodes: int | None = None):
+    """Return a function that builds one environment; video is recorded from the first one only.
+    RecordEpisodeStatistics reports each episode's return and length as it ends."""
+
+    def thunk():
+        if env_id.startswith("Jumanji/"):
+            env = JumanjiGame(env_id)
+        elif capture_video and idx == 0:
+            env = run_life.record_video(gym.make(env_id, render_mode="rgb_array"), video_folder,
+                                        video_episodes)
+        else:
+            env = gym.make(env_id)
+        if ActionParts.takes(env.action_space):
+            env = ActionParts(env)
+        return gym.wrappers.RecordEpisodeStatistics(env)
+
+    return thunk
+
+
+class JumanjiGame(gym.Env):
+    """One of envpool's C++ ports of Jumanji's environments as a gymnasium environment: a pool of
+    one, made anew on the seed a reset is given. envpool resets a finished game itself, on the step
+    after its end, whatever that step's action; a reset after an episode's end is that step."""
+
+    def __init__(self, env_id: str):
+        import envpool
+
+        self.make_pool = lambda seed: envpool.make(env_id, env_type="gymnasium", num_envs=1,
+                                                   seed=seed)
+        self.pool, self.finished = self.make_pool(0), False
+        self.observation_space = self.pool.observation_space
+        self.action_space = self.pool.action_space
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        if seed is not None:
+            self.pool.close()
+            self.pool, self.finished = self.make_pool(seed), False
+        if self.finished:
+            obs, _, _, _, info = self.pool.step(np.zeros((1, *self.action_space.shape),
+                                                         self.action_space.dtype))
+        else:
+            obs, info = self.pool.reset()
+        self.finished = False
+        return first_of(obs), first_of(info)
+
+    def step(self, action: np.ndarray):
+        obs, reward, terminated, truncated, info = self.pool.step(action[None])
+        self.finished = bool(terminated[0] or truncated[0])
+        return (first_of(obs), float(reward[0]), bool(terminated[0]), bool(truncated[0]),
+                first_of(info))
+
+
+def first_of(batch):
+    """The first environment's share of a pool's output: an array, or a dict of them (nested)."""
+    return ({key: first_of(value) for key, value in batch.items()} if isinstance(batch, dict)
+            else batch[0])
+
+
+class ActionParts(gym.Wrapper):
+    """[MultiDiscrete 1: Independent action components] The action as its parts: a MultiDiscrete
+    space from 0, whichever space the environment has (Discrete is one part, an integer Box such as
+    the Jumanji ports' one part per entry), turned back into the environment's values at each step.
+
+    [Masking 1: The mask of each step, one row per part] Every info gets the environment's mask as
+    `action_mask`: sum(nvec) booleans, the first part's choices, then the second's, and so on.
+    It is read from the Dict observation's `action_mask` (then taken out of the observation), from
+    the info's, or from an `action_masks()` method (sb3-contrib's convention); without any, every
+    choice is allowed. A mask of one row per part, padded to the longest, is read row by row; a
+    joint mask, one entry per combination of the parts, cannot be applied part by part and is
+    refused. An observation that is not a flat vector (a Dict, a Discrete state) is flattened as
+    gymnasium.spaces.flatten does: a Discrete value one-hot, a Box as its numbers."""
+
+    @staticmethod
+    def takes(space: gym.Space) -> bool:
+        integer_box = isinstance(space, gym.spaces.Box) and np.issubdtype(space.dtype, np.integer)
+        return isinstance(space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete)) or integer_box
+
+    def __init__(self, env: gym.Env):
+        super().__init__(env)
+        space = env.action_space
+        if isinstance(space, gym.spaces.Box):
+            self.first, self.nvec = space.low.flatten(), (space.high - space.low + 1).flatten()
+        else:
+            discrete = isinstance(space, gym.spaces.Discrete)
+            self.first, self.nvec = np.atleast_1d(space.start), np.atleast_1d(space.n if discrete
+                                                                               else space.nvec)
+        self.action_space = gym.spaces.MultiDiscrete(self.nvec)
+        observations = env.observation_space
+        self.mask_in_obs = (isinstance(observations, gym.spaces.Dict)
+                            and "action_mask" in observations.spaces)
+        if self.mask_in_obs:
+            observations = gym.spaces.Dict({key: part for key, part in observations.items()
+                                            if key != "action_mask"})
+        # a Dict or a Discrete state becomes one vector; a Box stays (check_spaces refuses images)
+        self.unflat_space = None if isinstance(observations, gym.spaces.Box) else observations
+        if self.unflat_space is not None:
+            self.observation_space = gym.spaces.flatten_space(observations)
+
+    def observed(self, obs, info: dict) -> tuple[np.ndarray, dict]:
+        if self.mask_in_obs:  # flattening reads the other keys only
+            mask = obs["action_mask"]
+        elif "action_mask" in info:
+            mask = info["action_mask"]
+        else:
+            try:
+                mask = self.env.get_wrapper_attr("action_masks")()
+            except AttributeError:
+                mask = np.ones(self.nvec.sum(), dtype=bool)
+        if self.unflat_space is not None:
+            obs = gym.spaces.flatten(self.unflat_space, obs)
+        return obs, {**info, "action_mask": self.mask_as_rows(np.asarray(mask, dtype=bool))}
+
+    def mask_as_rows(self, mask: np.ndarray) -> np.ndarray:
+        nvec = self.nvec
+        if mask.shape == (nvec.sum(),):
+            return mask
+        if mask.shape == (len(nvec), nvec.max()):
+            return np.concatenate([row[:n] for row, n in zip(mask, nvec)])
+        joint = mask.shape == tuple(nvec)
+        exits.fail(VARIANT, f"the action mask's shape {mask.shape} is " + (
+            f"joint over the action's {len(nvec)} parts: flatten the action into one "
+            f"Discrete({np.prod(nvec)}) for ppo/ppo.py" if joint else
+            f"neither ({nvec.sum()},) nor ({len(nvec)}, {nvec.max()}) for the action's parts "
+            f"{nvec.tolist()}"))
+
+    def reset(self, **kwargs):
+        return self.observed(*self.env.reset(**kwargs))
+
+    def step(self, action: np.ndarray):
+        space = self.env.action_space
+        values = (action + self.first).astype(space.dtype)
+        values = values.reshape(space.shape) if space.shape else values[0]  # Discrete: a number
+        obs, reward, terminated, truncated, info = self.env.step(values)
+        obs, info = self.observed(obs, info)
+        return obs, reward, terminated, truncated, info
+
+
+def make_envs(env_id: str, num_envs: int, capture_video: bool = False, video_folder: str = "videos",
+              saved_envs: list | None = None,
+              video_episodes: int | None = None) -> gym.vector.SyncVectorEnv:
+    """Build the vector of environments (from `saved_envs`, the very ones a checkpoint saved),
+    refusing those whose spaces this script cannot train on.
+
+    [Core 1: Vectorized architecture] One learner steps `num_envs` copies of the environment in lock
+    step, so each rollout holds num_envs x num_steps transitions.
+
+    Autoreset (run_life.vector_env): SAME_STEP mode resets a finished environment within the step
+    that ends its episode: every step() is a real transition, and the observation and mask it
+    returns for a finished environment are already the next episode's first."""
+    if env_id.startswith("Jumanji/"):
+        command_line.check_envpool_id(env_id, VARIANT, None, "Jumanji/Cleaner-v0")
+    else:
+        command_line.check_gymnasium_id(env_id, VARIANT)
+    envs = run_life.vector_env([make_env(env_id, i, capture_video, video_folder, video_episodes)
+                                for i in range(num_envs)], env_id, VARIANT, saved_envs)
+    command_line.check_spaces(envs, env_id, VARIANT, actions=(gym.spaces.MultiDiscrete,))
+    return envs
+
+
+def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Module:
+    """[Core 2: Orthogonal initialization of weights, constant initialization of biases] Orthogonal
+    weights with gain sqrt(2) for the hidden layers (openai/baselines' choice, the gain that suits
+    ReLU), 0.01 for the policy head so that the first policy is close to uniform, 1 for the value
+    head; biases 0."""
+    torch.nn.init.orthogonal_(layer.weight, std)
+    torch.nn.init.constant_(layer.bias, bias_const)
+    return layer
+
+
+class Agent(nn.Module):
+    """[Core 13: Separate MLP networks for policy and value functions] Two 64-64 tanh MLPs: on
+    simple tasks a shared trunk makes the policy and value objectives compete. The policy's last
+    layer gives the logits of every part's choices side by side, sum(nvec) of them. With
+    --no-action-masks (`action_masks` False) it is given the masks and ignores them: the rollout
+    still stores them, and the run logs how often the policy picks a ruled-out choice."""
+
+    def __init__(self, obs_size: int, nvec: list[int], action_masks: bool = True):
+        super().__init__()
+        self.nvec, self.action_masks = [int(n) for n in nvec], action_masks
+        self.critic = nn.Sequential(
+            layer_init(nn.Linear(obs_size, 64)),
+            nn.Tanh(),
+            layer_init(nn.Linear(64, 64)),
+            nn.Tanh(),
+            layer_init(nn.Linear(64, 1), std=1.0),
+        )
+        self.actor = nn.Sequential(
+            layer_init(nn.Linear(obs_size, 64)),
+            nn.Tanh(),
+            layer_init(nn.Linear(64, 64)),
+            nn.Tanh(),
+            layer_init(nn.Linear(64, sum(self.nvec)), std=0.01),
+        )
+
+    def get_value(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.critic(obs)
+
+    def logits_of_parts(self, obs: torch.Tensor, mask: torch.Tensor) -> list[torch.Tensor]:
+        """[Masking 2: Invalid logits replaced] Each ruled-out choice's logit becomes the most
+        negative float, so its probability is exactly 0: it is never sampled, and, as masked_fill
+        writes a constant, no gradient reaches it. A part with one valid choice takes it with
+        probability 1 (log-probability and entropy 0). Not -inf: in a part whose choices are all
+        ruled out, normalizing would give -inf - (-inf) = NaN; here such a part stays uniform.
+        Then the logits split into one row per part."""
+        logits = self.actor(obs)
+        if self.action_masks:
+            logits = logits.masked_fill(~mask, torch.finfo(logits.dtype).min)
+        return logits.split(self.nvec, dim=-1)
+
+    @run_life.compiled
+    def get_action(self, obs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """The rollout's policy step: sample each part's choice, and nothing else. Log-probabilities
+        and values come after the rollout, in one batched pass (main)."""
+        return torch.stack([torch.multinomial(logits.softmax(dim=-1), num_samples=1).squeeze(-1)
+                            for logits in self.logits_of_parts(obs, mask)], dim=-1)
+
+    def get_action_and_value(self, obs: torch.Tensor, mask: torch.Tensor,
+                             action: torch.Tensor | None = None):
+        """Sample an action (or score a given one) under `mask`: returns action, log-prob, entropy
+        and value.
+
+        [MultiDiscrete 1: Independent action components] The parts are drawn independently, so the
+        action's probability is the product of theirs: its log-probability, and the entropy, are
+        sums over the parts. [Masking 3: Entropy over the valid choices] The ruled-out choices have
+        probability 0 and add nothing to a part's entropy."""
+        parts = [Categorical(logits=logits, validate_args=False)
+                 for logits in self.logits_of_parts(obs, mask)]
+        if action is None:
+            action = torch.stack([part.sample() for part in parts], dim=-1)
+        logprob = torch.stack([part.log_prob(choice)
+                               for part, choice in zip(parts, action.unbind(dim=-1))]).sum(0)
+        entropy = torch.stack([part.entropy() for part in parts]).sum(0)
+        return action, logprob, entropy, self.critic(obs)
+
+
+def compute_gae(rewards: np.ndarray, values: np.ndarray, dones: np.ndarray, next_value: np.ndarray,
+                next_done: np.ndarray, gamma: float,
+                gae_lambda: float) -> tuple[np.ndarray, np.ndarray]:
+    """[Core 5: Generalized Advantage Estimation] Advantages and value targets of one rollout. The
+    arrays are (num_steps, num_envs), next_value and next_done (num_envs,): the observation after
+    the last step. dones[t] = 1 where obs[t] begins an episode, so nothing flows back across t."""
+    num_steps = rewards.shape[0]
+    advantages = np.zeros_like(rewards)
+    last_advantage = np.zeros_like(next_value)
+    for t in reversed(range(num_steps)):
+        if t == num_steps - 1:
+            next_nonterminal, next_values = 1.0 - next_done, next_value
+        else:
+            next_nonterminal, next_values = 1.0 - dones[t + 1], values[t + 1]
+        delta = rewards[t] + gamma * next_values * next_nonterminal - values[t]
+        last_advantage = delta + gamma * gae_lambda * next_nonterminal * last_advantage
+        advantages[t] = last_advantage
+    returns = advantages + values
+    return advantages, returns
+
+
+def ppo_loss(new_logprob: torch.Tensor, entropy: torch.Tensor, new_value: torch.Tensor,
+             old_logprob: torch.Tensor, old_value: torch.Tensor, advantages: torch.Tensor,
+             returns: torch.Tensor, clip_coef: float, args: Args) -> tuple[torch.Tensor, dict]:
+    """The PPO objective on one minibatch, with the clipping coefficient of this update; returns the
+    loss to minimize and detached statistics."""
+    logratio = new_logprob - old_logprob
+    ratio = logratio.exp()
+
+    if args.norm_adv:
+        # [Core 7: Normalization of advantages] per minibatch, not per batch.
+        advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+
+    # [Core 8: Clipped surrogate objective] pessimistic bound: the larger of the two losses.
+    pg_loss_unclipped = -advantages * ratio
+    pg_loss_clipped = -advantages * torch.clamp(ratio, 1 - clip_coef, 1 + clip_coef)
+    pg_loss = torch.max(pg_loss_unclipped, pg_loss_clipped).mean()
+
+    if args.clip_vloss:
+        # [Core 9: Value function loss clipping] the new value may move at most clip_coef away from
+        # the value recorded during the rollout before the clipped term takes over.
+        v_loss_unclipped = (new_value - returns) ** 2
+        v_clipped = old_value + torch.clamp(new_value - old_value, -clip_coef, clip_coef)
+        v_loss_clipped = (v_clipped - returns) ** 2
+        v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
+    else:
+        v_loss = 0.5 * ((new_value - returns) ** 2).mean()
+
+    # [Core 10: Overall loss and entropy bonus] one loss for the policy and the value function; the
+    # entropy term keeps the policy exploring.
+    entropy_mean = entropy.mean()
+    loss = pg_loss - args.ent_coef * entropy_mean + args.vf_coef * v_loss
+
+    with torch.no_grad():
+        # [Core 12: Debug variables] two estimators of KL(old || new) and how often clipping bites.
+        old_approx_kl = (-logratio).mean()
+        approx_kl = ((ratio - 1) - logratio).mean()
+        clipfrac = ((ratio - 1.0).abs() > clip_coef).float().mean()
+    stats = {"policy_loss": pg_loss.detach(), "value_loss": v_loss.detach(),
+             "entropy": entropy_mean.detach(), "old_approx_kl": old_approx_kl,
+             "approx_kl": approx_kl, "clipfrac": clipfrac}
+    return loss, stats
+
+
+@run_life.compiled  # [Speed: torch.compile] with --compile, fused into a few kernels
+def minibatch_loss(agent: Agent, obs: torch.Tensor, masks: torch.Tensor,
+                   actions: torch.Tensor, old_logprob: torch.Tensor, old_value: torch.Tensor,
+                   advantages: torch.Tensor, returns: torch.Tensor, clip_coef: float,
+                   args: Args) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The network on one minibatch, then the PPO loss: the unit --compile compiles. [Masking 4:
+    The update applies the rollout's masks] The new log-probabilities are those of the policy the
+    rollout sampled from, masked as it was: unmasked, the ratio would compare two policies."""
+    _, new_logprob, entropy, new_value = agent.get_action_and_value(obs, masks, actions)
+    return ppo_loss(new_logprob, entropy, new_value.flatten(), old_logprob, old_value, advantages,
+                    returns, clip_coef, args)
+
+
+def truncated_value(agent: Agent, infos: dict, truncated: np.ndarray,
+                    device: torch.device) -> np.ndarray:
+    """[Truncation: bootstrap the value of a time limit's final observation] (--bootstrap-truncated)
+    V(final observation) for each environment whose episode the time limit cut off (the episode
+    would have gone on), 0 elsewhere; info["final_obs"] holds that observation (SAME_STEP). The
+    caller adds gamma x this value to the step's reward: its target is r + gamma V(s_final)."""
+    values = np.zeros(len(truncated), dtype=np.float32)
+    if truncated.any():
+        final_obs = np.stack(infos["final_obs"][truncated])
+        with torch.inference_mode():
+            final_value = agent.get_value(torch.as_tensor(final_obs, dtype=torch.float32,
+                                                          device=device))
+        values[truncated] = final_value.flatten().cpu().numpy()
+    return values
+
+
+def ruled_out_share(actions: np.ndarray, masks: np.ndarray, nvec: list[int]) -> float:
+    """The share of the rollout's actions with a part that the mask ruled out: 0 when masked
+    (unless a part had no valid choice at all), what masking spares with --no-action-masks."""
+    first_choice_of_part = np.cumsum([0, *nvec[:-1]])
+    allowed = np.take_along_axis(masks, actions + first_choice_of_part, axis=-1)
+    return float((~allowed).any(axis=-1).mean())
+
+
+def main(args: Args, checkpoint: dict | None = None) -> dict:
+    """Train as `args` says (resumed: from `checkpoint`); returns a summary for callers (tests)."""
+    # The run: its flags checked, its name and folder, its device (run_life.Run).
+    run = run_life.Run(args, VARIANT, checkpoint)
+    device = run.device
+    batch_size = args.num_envs * args.num_steps
+    minibatch_size = batch_size // args.num_minibatches
+    num_iterations = args.total_timesteps // batch_size
+    # Python's, NumPy's and PyTorch's random generators start from --seed (the environments' below).
+    run_life.seed_everything(args.seed, args.torch_deterministic)
+    # Networks this small run fastest on one thread: more threads cost more in handing work out than
+    # they save.
+    torch.set_num_threads(1)
+
+    envs = make_envs(args.env_id, args.num_envs, args.capture_video, run.video_folder,
+                     saved_envs=run.saved_envs)
+    obs_shape = envs.single_observation_space.shape
+    nvec = envs.single_action_space.nvec.tolist()  # the choices of each part of the action
+    agent = Agent(obs_shape[0], nvec, args.action_masks).to(device)
+    # [Core 3: The Adam optimizer's epsilon parameter] 1e-5 as in the original code, not PyTorch's
+    # 1e-8: Adam divides each step by sqrt(v) + eps, so the larger eps damps the steps of weights
+    # whose tiny gradients it would scale up to full size. fused=True: one kernel for all weights.
+    optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
+
+    # Rollout storage, (num_steps, num_envs, ...), refilled every iteration. It is kept in NumPy,
+    # beside the environments, and the whole batch moves to the training device once per iteration.
+    obs = np.zeros((args.num_steps, args.num_envs) + obs_shape, dtype=np.float32)
+    actions = np.zeros((args.num_steps, args.num_envs, len(nvec)), dtype=np.int64)
+    masks = np.zeros((args.num_steps, args.num_envs, sum(nvec)), dtype=bool)
+    rewards = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
+    dones = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
+
+    # The run starts: its logs open and, resumed, it takes back its weights, optimizer, random
+    # generators and step count. The environments go on where the checkpoint left them, or are
+    # reset on seeds that a resumed run has not played yet.
+    global_step = run.start(agent, optimizer, num_iterations, envs, batch_size=batch_size,
+                            minibatch_size=minibatch_size)
+    resumed = run.resumed("next_obs", "next_mask", "next_done")
+    if resumed is None:
+        next_obs, infos = envs.reset(seed=args.seed + global_step)
+        resumed = next_obs, infos["action_mask"], np.zeros(args.num_envs, dtype=bool)
+    next_obs, next_mask, next_done = resumed
+
+    for iteration in run.iterations():  # resumed: from the checkpoint's; a stop signal ends them
+        # [Core 4: Adam learning rate annealing] linearly from learning_rate toward 0, reached at
+        # the run's end (the last iteration uses learning_rate / num_iterations); --anneal-clip too.
+        fraction_left = 1.0 - (iteration - 1.0) / num_iterations
+        if args.anneal_lr:
+            optimizer.param_groups[0]["lr"] = fraction_left * args.learning_rate
+        clip_coef = fraction_left * args.clip_coef if args.anneal_clip else args.clip_coef
+
+        # Rollout: num_steps steps in every environment with the current policy.
+        for step in range(args.num_steps):
+            global_step += args.num_envs
+            obs[step] = next_obs
+            masks[step] = next_mask  # [Masking 4] kept for the update
+            dones[step] = next_done
+
+            with torch.inference_mode():
+                action = agent.get_action(torch.as_tensor(next_obs, dtype=torch.float32,
+                                                          device=device),
+                                          torch.as_tensor(next_mask, device=device))
+            # [Speed: one host transfer per step] the sampled action is the only thing the rollout
+            # brings back from the device; log-probabilities and values wait for the batched pass
+            # below.
+            actions[step] = action.cpu().numpy()
+
+            next_obs, reward, terminations, truncations, infos = envs.step(actions[step])
+            # A time limit ends the episode like a termination, as in the original PPO...
+            next_done = np.logical_or(terminations, truncations)
+            next_mask = infos["action_mask"]  # a finished environment's: its next episode's
+            rewards[step] = reward
+            if args.bootstrap_truncated:  # ...unless the run values what the time limit cut off
+                cut_off = truncations & ~terminations
+                rewards[step] += args.gamma * truncated_value(agent, infos, cut_off, device)
+            # the episodes that ended, logged with their scores; and the progress line now and then
+            run.record_step(global_step, run_life.finished_episodes(infos))
+
+        # Flatten the rollout into one batch of num_envs x num_steps transitions.
+        # b_ names an array of the whole batch, mb_ one of a minibatch.
+        b_obs = torch.as_tensor(obs.reshape((-1,) + obs_shape), device=device)
+        b_actions = torch.as_tensor(actions.reshape(-1, len(nvec)), device=device)
+        b_masks = torch.as_tensor(masks.reshape(-1, sum(nvec)), device=device)
+
+        # The policy did not change during the rollout, so the log-probabilities and values it had
+        # at each step can be computed now, in one batched pass instead of num_steps small ones (a
+        # second network call per step for the separate critic, where the Atari scripts' one trunk
+        # gives the value with the action).
+        with torch.no_grad():
+            _, b_logprobs, _, b_values = agent.get_action_and_value(b_obs, b_masks, b_actions)
+            b_values = b_values.flatten()
+            next_value = agent.get_value(torch.as_tensor(next_obs, dtype=torch.float32,
+                                                         device=device))
+        # GAE runs on the host, in NumPy: one transfer of the rollout's values per iteration.
+        host_values = b_values.cpu().numpy().reshape(args.num_steps, args.num_envs)
+        advantages, returns = compute_gae(rewards, host_values, dones,
+                                          next_value.cpu().numpy().flatten(), next_done,
+                                          args.gamma, args.gae_lambda)
+        b_advantages = torch.as_tensor(advantages.reshape(-1), device=device)
+        b_returns = torch.as_tensor(returns.reshape(-1), device=device)
+
+        # [Core 6: Mini-batch updates] several epochs over shuffled minibatches of the batch.
+        b_inds = np.arange(batch_size)
+        minibatch_stats = []
+        for epoch in range(args.update_epochs):
+            np.random.shuffle(b_inds)
+            epoch_inds = torch.from_numpy(b_inds).to(device)
+            for start in range(0, batch_size, minibatch_size):
+                mb_inds = epoch_inds[start:start + minibatch_size]
+                loss, stats = minibatch_loss(agent, b_obs[mb_inds], b_masks[mb_inds],
+                                             b_actions[mb_inds], b_logprobs[mb_inds],
+                                             b_values[mb_inds], b_advantages[mb_inds],
+                                             b_returns[mb_inds], clip_coef, args)
+                optimizer.zero_grad()
+                loss.backward()
+                # [Core 11: Global gradient clipping] when the norm of all gradients together
+                # exceeds max_grad_norm, all are scaled down alike: one extreme minibatch cannot
+                # throw the weights far, and the gradient keeps its direction.
+                grad_norm = nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm,
+                                                     foreach=True)
+                optimizer.step()
+                # [Speed: CUDA graphs] the statistics are copied: with --cudagraphs the next replay
+                # of the loss writes its outputs where these are.
+                minibatch_stats.append({**{key: value.clone() for key, value in stats.items()},
+                                        "grad_norm": grad_norm})
+            if args.target_kl is not None and minibatch_stats[-1]["approx_kl"] > args.target_kl:
+                break
+
+        # [Core 12: Debug variables] averaged over this update's minibatches. run.end_iteration: a
+        # NaN stops the run in one line; else the logs, the progress line, when due a checkpoint.
+        means = {key: torch.stack([s[key] for s in minibatch_stats]).mean().item()
+                 for key in minibatch_stats[0]}
+        run.end_iteration(iteration, global_step, means, host_values.reshape(-1),
+                          returns.reshape(-1), charts={
+                              "invalid_action_rate": ruled_out_share(actions, masks, nvec)},
+                          next_obs=next_obs, next_mask=next_mask, next_done=next_done)
+
+    envs.close()
+    return run.finish(global_step, agent=agent)
+
+
+def evaluate(args: Args, checkpoint: dict) -> list[float]:
+    """--evaluate: play episodes with the saved agent, its actions sampled as in training."""
+    evaluation = run_life.Evaluation(args, VARIANT, checkpoint)  # the device and seeds
+    envs = make_envs(args.env_id, 1, args.capture_video, evaluation.video_folder,
+                     video_episodes=args.eval_episodes)
+    agent = evaluation.load(Agent(envs.single_observation_space.shape[0],
+                                  envs.single_action_space.nvec.tolist(), args.action_masks))
+    return evaluation.play(envs, lambda obs, _, infos: agent.get_action(
+        torch.as_tensor(obs, dtype=torch.float32, device=evaluation.device),
+        torch.as_tensor(infos["action_mask"], device=evaluation.device)).cpu().numpy(),
+        infos_too=True)
+
+
+if __name__ == "__main__":
+    command_line.run_script(main, evaluate, Args, VARIANT, __doc__, pip_extra="envpool")
