@@ -39,10 +39,10 @@ WORKERS=${WORKERS:-1}
 NUM_SEEDS=${NUM_SEEDS:-3}
 BENCH_WORKDIR=${BENCH_WORKDIR:-benchmark}
 
-FAMILIES=(classic atari lstm envpool mujoco procgen multigpu)
+FAMILIES=(classic atari lstm envpool mujoco procgen multigpu multidiscrete)
 declare -A SCRIPT ENVS COMMAND TIME
 # How long one run takes, from the committed runs' SPS on a 2-core CPU (docs/results); no GPU run has
-# been timed yet. A family is 3 environments x NUM_SEEDS runs, WORKERS at a time.
+# been timed yet. A family is its environments x NUM_SEEDS runs, WORKERS at a time.
 SCRIPT[classic]=ppo/ppo.py
 ENVS[classic]="CartPole-v1 Acrobot-v1 MountainCar-v0"
 COMMAND[classic]="python ppo/ppo.py --total-timesteps 500000"
@@ -78,6 +78,11 @@ ENVS[multigpu]="BreakoutNoFrameskip-v4 PongNoFrameskip-v4 BeamRiderNoFrameskip-v
 COMMAND[multigpu]="torchrun --standalone --nnodes=1 --nproc_per_node=2 ppo/ppo_atari_multigpu.py --total-timesteps 10000000"
 TIME[multigpu]="not measured (2 processes; on GPUs)"
 
+SCRIPT[multidiscrete]=ppo/ppo_multidiscrete.py
+ENVS[multidiscrete]="Jumanji/Cleaner-v0"
+COMMAND[multidiscrete]="python ppo/ppo_multidiscrete.py --total-timesteps 500000"
+TIME[multidiscrete]="about 3 min a run on a CPU"
+
 list_families() {
     local family  # not the caller's loop variable
     echo "usage: bash benchmark/ppo.sh [--workers K] [--dry-run] FAMILY [FAMILY ...] | all | quick"
@@ -86,15 +91,15 @@ list_families() {
     echo "                             FAMILY [FAMILY ...] | all | quick"
     echo "       --save-minutes M (both): each run keeps a checkpoint at most M minutes old (default 10)"
     echo
-    printf '  %-9s %-7s %s\n' family status "command (+ --env-id ID --seed S, seeds 1..$NUM_SEEDS)"
+    printf '  %-13s %-7s %s\n' family status "command (+ --env-id ID --seed S, seeds 1..$NUM_SEEDS)"
     for family in "${FAMILIES[@]}"; do
         if [[ -f ${SCRIPT[$family]} ]]; then status=ready; else status=missing; fi
-        printf '  %-9s %-7s %s\n' "$family" "$status" "${COMMAND[$family]}"
-        printf '  %-9s %-7s   on %s\n' "" "" "${ENVS[$family]}"
-        printf '  %-9s %-7s   %s\n' "" "" "${TIME[$family]}"
+        printf '  %-13s %-7s %s\n' "$family" "$status" "${COMMAND[$family]}"
+        printf '  %-13s %-7s   on %s\n' "" "" "${ENVS[$family]}"
+        printf '  %-13s %-7s   %s\n' "" "" "${TIME[$family]}"
     done
-    printf '  %-9s %-7s %s\n' quick ready "ppo/ppo.py on CartPole-v1 and Acrobot-v1, 2 seeds, 2048 steps (CI-sized)"
-    printf '  %-9s %-7s   %s\n' "" "" "under a minute; its report says 'below' the published returns: 2048 steps are not meant to learn"
+    printf '  %-13s %-7s %s\n' quick ready "ppo/ppo.py on CartPole-v1 and Acrobot-v1, 2 seeds, 2048 steps (CI-sized)"
+    printf '  %-13s %-7s   %s\n' "" "" "under a minute; its report says 'below' the published returns: 2048 steps are not meant to learn"
 }
 
 dry_run=()

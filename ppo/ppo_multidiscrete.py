@@ -89,7 +89,9 @@ def make_env(env_id: str, idx: int, capture_video: bool, video_folder: str,
                                         video_episodes)
         else:
             env = gym.make(env_id)
-        if ActionParts.takes(env.action_space):
+        space = env.action_space  # other spaces are left for check_spaces to refuse
+        if isinstance(space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete)) or (
+                isinstance(space, gym.spaces.Box) and np.issubdtype(space.dtype, np.integer)):
             env = ActionParts(env)
         return gym.wrappers.RecordEpisodeStatistics(env)
 
@@ -97,9 +99,9 @@ def make_env(env_id: str, idx: int, capture_video: bool, video_folder: str,
 
 
 class JumanjiGame(gym.Env):
-    """One of envpool's C++ ports of Jumanji's environments as a gymnasium environment: a pool of
-    one, made anew on the seed a reset is given. envpool resets a finished game itself, on the step
-    after its end, whatever that step's action; a reset after an episode's end is that step."""
+    """One of envpool's C++ ports of Jumanji's tasks as a gymnasium environment: a pool of one game,
+    made anew on the seed a reset is given. envpool resets a finished game on the step after its
+    end, whatever that step's action: a reset after an episode's end is that step."""
 
     def __init__(self, env_id: str):
         import envpool
@@ -107,26 +109,23 @@ class JumanjiGame(gym.Env):
         self.make_pool = lambda seed: envpool.make(env_id, env_type="gymnasium", num_envs=1,
                                                    seed=seed)
         self.pool, self.finished = self.make_pool(0), False
-        self.observation_space = self.pool.observation_space
-        self.action_space = self.pool.action_space
+        self.observation_space, self.action_space = self.pool.observation_space, \
+            self.pool.action_space
 
     def reset(self, *, seed: int | None = None, options: dict | None = None):
         if seed is not None:
-            self.pool.close()
             self.pool, self.finished = self.make_pool(seed), False
-        if self.finished:
-            obs, _, _, _, info = self.pool.step(np.zeros((1, *self.action_space.shape),
-                                                         self.action_space.dtype))
+        if self.finished:  # the pool's own reset: the step after the end, its action ignored
+            obs, *_, info = self.pool.step(np.zeros((1, *self.action_space.shape), np.int32))
         else:
             obs, info = self.pool.reset()
         self.finished = False
         return first_of(obs), first_of(info)
 
     def step(self, action: np.ndarray):
-        obs, reward, terminated, truncated, info = self.pool.step(action[None])
-        self.finished = bool(terminated[0] or truncated[0])
-        return (first_of(obs), float(reward[0]), bool(terminated[0]), bool(truncated[0]),
-                first_of(info))
+        obs, reward, terminated, truncated, info = map(first_of, self.pool.step(action[None]))
+        self.finished = bool(terminated or truncated)
+        return obs, float(reward), bool(terminated), bool(truncated), info
 
 
 def first_of(batch):
@@ -137,46 +136,36 @@ def first_of(batch):
 
 class ActionParts(gym.Wrapper):
     """[MultiDiscrete 1: Independent action components] The action as its parts: a MultiDiscrete
-    space from 0, whichever space the environment has (Discrete is one part, an integer Box such as
-    the Jumanji ports' one part per entry), turned back into the environment's values at each step.
+    space from 0 whatever the environment's (Discrete is one part, an integer Box one per entry),
+    turned back into the environment's values at each step.
 
     [Masking 1: The mask of each step, one row per part] Every info gets the environment's mask as
-    `action_mask`: sum(nvec) booleans, the first part's choices, then the second's, and so on.
-    It is read from the Dict observation's `action_mask` (then taken out of the observation), from
-    the info's, or from an `action_masks()` method (sb3-contrib's convention); without any, every
-    choice is allowed. A mask of one row per part, padded to the longest, is read row by row; a
-    joint mask, one entry per combination of the parts, cannot be applied part by part and is
-    refused. An observation that is not a flat vector (a Dict, a Discrete state) is flattened as
-    gymnasium.spaces.flatten does: a Discrete value one-hot, a Box as its numbers."""
-
-    @staticmethod
-    def takes(space: gym.Space) -> bool:
-        integer_box = isinstance(space, gym.spaces.Box) and np.issubdtype(space.dtype, np.integer)
-        return isinstance(space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete)) or integer_box
+    `action_mask`, sum(nvec) booleans (the first part's choices, the second's, ...), read from the
+    Dict observation's `action_mask`, the info's, or an `action_masks()` method (sb3-contrib's
+    convention); without any, every choice is allowed. A mask of one row per part, padded to the
+    longest, is read row by row; a joint one, an entry per combination of the parts, is refused.
+    Dict and Discrete observations are flattened into one vector (gymnasium.spaces.flatten)."""
 
     def __init__(self, env: gym.Env):
         super().__init__(env)
         space = env.action_space
-        if isinstance(space, gym.spaces.Box):
-            self.first, self.nvec = space.low.flatten(), (space.high - space.low + 1).flatten()
-        else:
-            discrete = isinstance(space, gym.spaces.Discrete)
-            self.first, self.nvec = np.atleast_1d(space.start), np.atleast_1d(space.n if discrete
-                                                                               else space.nvec)
+        integers = space.n if isinstance(space, gym.spaces.Discrete) else getattr(space, "nvec", 0)
+        self.first, self.nvec = ((space.low.flatten(), (space.high - space.low + 1).flatten())
+                                 if isinstance(space, gym.spaces.Box) else
+                                 (np.atleast_1d(space.start), np.atleast_1d(integers)))
         self.action_space = gym.spaces.MultiDiscrete(self.nvec)
         observations = env.observation_space
-        self.mask_in_obs = (isinstance(observations, gym.spaces.Dict)
-                            and "action_mask" in observations.spaces)
-        if self.mask_in_obs:
+        self.mask_in_obs = "action_mask" in getattr(observations, "spaces", {})
+        if self.mask_in_obs:  # flattening reads the other keys only
             observations = gym.spaces.Dict({key: part for key, part in observations.items()
                                             if key != "action_mask"})
-        # a Dict or a Discrete state becomes one vector; a Box stays (check_spaces refuses images)
+        # a Box stays as it is (check_spaces refuses images)
         self.unflat_space = None if isinstance(observations, gym.spaces.Box) else observations
         if self.unflat_space is not None:
             self.observation_space = gym.spaces.flatten_space(observations)
 
     def observed(self, obs, info: dict) -> tuple[np.ndarray, dict]:
-        if self.mask_in_obs:  # flattening reads the other keys only
+        if self.mask_in_obs:
             mask = obs["action_mask"]
         elif "action_mask" in info:
             mask = info["action_mask"]
@@ -195,10 +184,9 @@ class ActionParts(gym.Wrapper):
             return mask
         if mask.shape == (len(nvec), nvec.max()):
             return np.concatenate([row[:n] for row, n in zip(mask, nvec)])
-        joint = mask.shape == tuple(nvec)
         exits.fail(VARIANT, f"the action mask's shape {mask.shape} is " + (
-            f"joint over the action's {len(nvec)} parts: flatten the action into one "
-            f"Discrete({np.prod(nvec)}) for ppo/ppo.py" if joint else
+            f"joint over the action's {len(nvec)} parts: make the action one Discrete"
+            f"({np.prod(nvec)}) with that mask flattened" if mask.shape == tuple(nvec) else
             f"neither ({nvec.sum()},) nor ({len(nvec)}, {nvec.max()}) for the action's parts "
             f"{nvec.tolist()}"))
 
@@ -416,7 +404,8 @@ def ruled_out_share(actions: np.ndarray, masks: np.ndarray, nvec: list[int]) -> 
 def main(args: Args, checkpoint: dict | None = None) -> dict:
     """Train as `args` says (resumed: from `checkpoint`); returns a summary for callers (tests)."""
     # The run: its flags checked, its name and folder, its device (run_life.Run).
-    run = run_life.Run(args, VARIANT, checkpoint)
+    run = run_life.Run(args, VARIANT, checkpoint,
+                       env_package="envpool" if args.env_id.startswith("Jumanji/") else None)
     device = run.device
     batch_size = args.num_envs * args.num_steps
     minibatch_size = batch_size // args.num_minibatches

@@ -16,7 +16,7 @@ import checkpoints  # noqa: E402
 import run_life  # noqa: E402
 
 SCRIPTS = ["ppo", "ppo_atari", "ppo_atari_lstm", "ppo_atari_envpool", "ppo_continuous_action", "ppo_procgen",
-           "ppo_atari_multigpu"]
+           "ppo_atari_multigpu", "ppo_multidiscrete"]
 
 
 def load(script: str):
@@ -248,11 +248,12 @@ def test_the_multigpu_script_normalizes_advantages_before_its_loss(norm_adv, mon
 # ---------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("script, actor", [("ppo", "actor"), ("ppo_continuous_action", "actor_mean")])
-def test_mlp_layers_are_orthogonal_with_the_reference_gains_and_zero_biases(script, actor):
+@pytest.mark.parametrize("script, actor, actions", [("ppo", "actor", 3), ("ppo_continuous_action", "actor_mean", 3),
+                                                    ("ppo_multidiscrete", "actor", [3, 4])])
+def test_mlp_layers_are_orthogonal_with_the_reference_gains_and_zero_biases(script, actor, actions):
     """An orthogonal matrix scaled by g has W W^T = g^2 I (or W^T W, the smaller side): sqrt(2) for
     the hidden layers, 1 for the value head, 0.01 for the policy head (a near-uniform first policy)."""
-    agent = load(script).Agent(11, 3)
+    agent = load(script).Agent(11, actions)
     for network, head_gain in ((agent.critic, 1.0), (getattr(agent, actor), 0.01)):
         layers = [layer for layer in network if isinstance(layer, torch.nn.Linear)]
         assert len(layers) == 3
@@ -304,9 +305,11 @@ SHARED_DEFAULTS = dict(gae_lambda=0.95, norm_adv=True, clip_vloss=True, vf_coef=
                        target_kl=None, anneal_clip=False)
 ATARI_DEFAULTS = dict(total_timesteps=10_000_000, learning_rate=2.5e-4, num_envs=8, num_steps=128, anneal_lr=True,
                       gamma=0.99, num_minibatches=4, update_epochs=4, clip_coef=0.1, ent_coef=0.01)
+CLASSIC_DEFAULTS = dict(total_timesteps=500_000, learning_rate=2.5e-4, num_envs=4, num_steps=128, anneal_lr=True,
+                        gamma=0.99, num_minibatches=4, update_epochs=4, clip_coef=0.2, ent_coef=0.01)
 VARIANT_DEFAULTS = {
-    "ppo": dict(total_timesteps=500_000, learning_rate=2.5e-4, num_envs=4, num_steps=128, anneal_lr=True,
-                gamma=0.99, num_minibatches=4, update_epochs=4, clip_coef=0.2, ent_coef=0.01),
+    "ppo": CLASSIC_DEFAULTS,
+    "ppo_multidiscrete": CLASSIC_DEFAULTS,  # ppo.py's, as its neighbour's (no published table of its own)
     "ppo_atari": ATARI_DEFAULTS,
     "ppo_atari_lstm": ATARI_DEFAULTS,
     "ppo_atari_envpool": ATARI_DEFAULTS,
@@ -331,7 +334,7 @@ def test_the_defaults_are_the_reference_implementations(script):
 # ---------------------------------------------------------------------------------------------------
 
 BOOTSTRAPPING = ["ppo", "ppo_atari", "ppo_atari_lstm", "ppo_atari_envpool", "ppo_continuous_action",
-                 "ppo_atari_multigpu"]
+                 "ppo_atari_multigpu", "ppo_multidiscrete"]
 
 
 class ValueOfTheSum(torch.nn.Module):

@@ -23,7 +23,7 @@ import checkpoints  # noqa: E402
 import command_line  # noqa: E402
 
 SCRIPTS = ["ppo", "ppo_atari", "ppo_atari_lstm", "ppo_atari_envpool", "ppo_continuous_action", "ppo_procgen",
-           "ppo_atari_multigpu"]
+           "ppo_atari_multigpu", "ppo_multidiscrete"]
 
 # Values every script must refuse, as they are typed on the command line.
 COMMON = {

@@ -17,6 +17,9 @@ TINY = {  # a run of two iterations of each script, and what it needs installed
                                    num_minibatches=2, update_epochs=1), ()),
     "ppo_atari": (dict(env_id="BreakoutNoFrameskip-v4", total_timesteps=64, num_envs=2, num_steps=16,
                        num_minibatches=2, update_epochs=1), ("ale_py", "cv2")),
+    # CartPole's actions as one part
+    "ppo_multidiscrete": (dict(env_id="CartPole-v1", total_timesteps=256, num_envs=2, num_steps=64,
+                               num_minibatches=2), ()),
 }
 
 
@@ -78,6 +81,7 @@ CUT_RUNS = {
     "ppo_atari_lstm": (dict(env_id="BreakoutNoFrameskip-v4", num_steps=8), ("ale_py", "cv2")),
     "ppo_atari_multigpu": (dict(env_id="BreakoutNoFrameskip-v4", num_steps=8), ("ale_py", "cv2")),
     "ppo_atari_envpool": (dict(env_id="Breakout-v5", num_steps=8), ("envpool",)),
+    "ppo_multidiscrete": (dict(env_id="CartPole-v1", num_steps=8), ()),
 }
 CUT_AT = 3  # the step of the rollout whose end the test makes both kinds of end
 

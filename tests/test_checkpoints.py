@@ -38,6 +38,8 @@ SCRIPTS = {
                                        cuda=False)),
     "ppo_procgen": (("procgen",), dict(total_timesteps=64, num_envs=4, num_steps=16, num_minibatches=2, update_epochs=1,
                                        cuda=False)),
+    "ppo_multidiscrete": ((), dict(env_id="CartPole-v1", total_timesteps=64, num_envs=2, num_steps=32,
+                                   num_minibatches=2, cuda=False)),
 }
 # The scripts whose older checkpoints held pickled environments (envpool saves no games; Procgen's
 # were already its own state bytes).

@@ -45,9 +45,9 @@ def imported_names(path) -> tuple[set[str], set[str]]:
     return top, everywhere
 
 
-def test_the_folder_holds_the_seven_scripts_and_the_four_modules():
+def test_the_folder_holds_the_eight_scripts_and_the_four_modules():
     assert SCRIPTS == ["ppo", "ppo_atari", "ppo_atari_envpool", "ppo_atari_lstm", "ppo_atari_multigpu",
-                       "ppo_continuous_action", "ppo_procgen"]
+                       "ppo_continuous_action", "ppo_multidiscrete", "ppo_procgen"]
     assert {path.stem for path in PPO.glob("*.py")} == {"__init__", *SCRIPTS, *MODULES}
 
 

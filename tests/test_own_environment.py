@@ -90,6 +90,7 @@ TRAINS = [  # (script, env id, flags of a tiny run, what it needs installed)
     *((script, "myenvs:MyBreakout-v0", ["--total-timesteps", "64", "--num-envs", "2", "--num-steps", "16",
                                         "--num-minibatches", "2", "--update-epochs", "1"], ("ale_py", "cv2"))
       for script in ("ppo_atari.py", "ppo_atari_lstm.py", "ppo_atari_multigpu.py")),
+    ("ppo_multidiscrete.py", "myenvs:MyMultiDiscrete-v0", ["--total-timesteps", "256", "--num-steps", "32"], ()),
 ]
 
 
@@ -104,7 +105,7 @@ def test_an_environment_of_the_users_own_module_trains(script, env_id, flags, ne
 
 
 @pytest.mark.parametrize("script", ["ppo", "ppo_continuous_action", "ppo_atari", "ppo_atari_lstm",
-                                    "ppo_atari_multigpu"])
+                                    "ppo_atari_multigpu", "ppo_multidiscrete"])
 def test_a_module_that_does_not_import_or_register_the_id_is_named(script, user_module, capsys):
     if script.startswith("ppo_atari"):
         pytest.importorskip("ale_py")
@@ -187,7 +188,7 @@ def test_every_script_claims_its_run_folder_through_run_life(workdir, monkeypatc
     assert second.name == first.name + "-2" and second.folder == f"runs/{first.name}-2"
     assert (workdir / "runs" / first.name).is_dir() and (workdir / "runs" / second.name).is_dir()
     for script in ("ppo", "ppo_atari", "ppo_atari_lstm", "ppo_atari_envpool", "ppo_continuous_action",
-                   "ppo_procgen", "ppo_atari_multigpu"):
+                   "ppo_procgen", "ppo_atari_multigpu", "ppo_multidiscrete"):
         assert "run = run_life.Run(" in (REPO / "ppo" / f"{script}.py").read_text(), script
 
 
@@ -208,6 +209,7 @@ TINY = {  # flags of a tiny run of each script, and what it needs installed (by 
                               "--num-steps", "16", "--num-minibatches", "2", "--update-epochs", "1"], ("envpool",)),
     "ppo_procgen": (["--total-timesteps", "256", "--num-envs", "4", "--num-steps", "16", "--num-minibatches", "2",
                         "--update-epochs", "1"], ("procgen",)),
+    "ppo_multidiscrete": (["--env-id", "CartPole-v1", "--total-timesteps", "512", "--num-steps", "32"], ()),
 }
 
 # A launcher that runs a script as `python script.py ...` does, with one change: from the optimizer
