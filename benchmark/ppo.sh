@@ -81,7 +81,7 @@ TIME[multigpu]="not measured (2 processes; on GPUs)"
 SCRIPT[multidiscrete]=ppo/ppo_multidiscrete.py
 ENVS[multidiscrete]="Jumanji/Cleaner-v0"
 COMMAND[multidiscrete]="python ppo/ppo_multidiscrete.py --total-timesteps 500000"
-TIME[multidiscrete]="about 3 min a run on a CPU"
+TIME[multidiscrete]="4 to 6 min a run on a CPU (1,500 to 2,200 SPS, two runs at a time)"
 
 list_families() {
     local family  # not the caller's loop variable

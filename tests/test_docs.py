@@ -295,7 +295,8 @@ def test_every_test_the_docs_name_exists():
 
 # The user pages teach; measurements, experiments and histories go to the notes (docs/notes/).
 SCRIPT_PAGE_WORDS = 1_500
-USER_PAGES_WORDS = 13_000  # 12,000 until "Your own environment" (issue 37) joined the pages
+USER_PAGES_WORDS = 15_000  # 12,000 until "Your own environment" (issue 37), 13,000 until the eighth
+# script's page and its results (ppo_multidiscrete.py, issue 47) joined the pages
 
 
 def test_user_pages_stay_short_and_the_notes_come_last():
