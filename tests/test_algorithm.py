@@ -1,4 +1,4 @@
-"""The algorithm's arithmetic, in all seven scripts: each carries its own copy of GAE and of the PPO
+"""The algorithm's arithmetic, in all eight scripts: each carries its own copy of GAE and of the PPO
 loss (a reader opens one file and sees everything), so each copy is checked against the same
 references here, not only ppo.py's. A test that compares a script with itself (resumption, the
 compiled loss) cannot see a wrong sign or a missing factor; these can."""

@@ -1,4 +1,4 @@
-"""Bad input, typed as a new user would, in all seven scripts: for every numeric and choice flag, values
+"""Bad input, typed as a new user would, in all eight scripts: for every numeric and choice flag, values
 that the rules (command_line.check_args: the shared RULES, and those a script declares with its field)
 must refuse with one line `<script>.py: error: ...` and exit code 2, before any environment is built. One
 table for all scripts, so a script cannot silently miss a rule, and a check that every such field of each

@@ -114,7 +114,7 @@ def machinery_in_the_loop(path) -> list[str]:
 
 
 def test_the_iteration_loop_holds_little_but_ppo():
-    # One test for all seven (not one per script): it reads source only, so it runs in the main
+    # One test for all eight (not one per script): it reads source only, so it runs in the main
     # stack, where a test parametrized with ppo_procgen would be left to the Procgen stack's files.
     too_many = []
     for script in SCRIPTS:
