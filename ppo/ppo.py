@@ -159,10 +159,12 @@ class Agent(nn.Module):
     def get_action(self, obs: torch.Tensor) -> torch.Tensor:
         """The rollout's policy step: sample actions, and nothing else. The rollout needs only the
         actions at each step; their log-probabilities and values come after it, in one batched pass
-        (main). The draw is the one Categorical(logits=...).sample() makes, without the
-        distribution object's bookkeeping."""
+        (main). [Speed: one draw in three operations] The draw is the one that
+        Categorical(logits=...).sample() makes through torch.multinomial, whose one-sample path
+        divides the probabilities by exponential noise and takes the largest: the same numbers
+        from the same random stream, without the checks that cost more than the draw."""
         probs = self.actor(obs).softmax(dim=-1)
-        return torch.multinomial(probs, num_samples=1).squeeze(-1)
+        return (probs / torch.empty_like(probs).exponential_()).argmax(dim=-1)
 
     def get_action_and_value(self, obs: torch.Tensor, action: torch.Tensor | None = None):
         """Sample an action (or score a given one): returns action, log-prob, entropy and value."""

@@ -277,9 +277,11 @@ class Agent(nn.Module):
     @run_life.compiled
     def get_action(self, obs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """The rollout's policy step: sample each part's choice, and nothing else. Log-probabilities
-        and values come after the rollout, in one batched pass (main)."""
-        return torch.stack([torch.multinomial(logits.softmax(dim=-1), num_samples=1).squeeze(-1)
-                            for logits in self.logits_of_parts(obs, mask)], dim=-1)
+        and values come after the rollout, in one batched pass (main). [Speed: one draw in three
+        operations] Each part's draw is the one Categorical(logits=...).sample() makes (ppo.py)."""
+        probs = [logits.softmax(dim=-1) for logits in self.logits_of_parts(obs, mask)]
+        return torch.stack([(part / torch.empty_like(part).exponential_()).argmax(dim=-1)
+                            for part in probs], dim=-1)
 
     def get_action_and_value(self, obs: torch.Tensor, mask: torch.Tensor,
                              action: torch.Tensor | None = None):

@@ -11,7 +11,7 @@ How the first versions were found (2026-11-23, with `pip download <package>==<ve
 - torch: `Adam(..., fused=True)` accepts CPU tensors when "cpu" is among the devices of
   torch/utils/_foreach_utils.py:_get_fused_kernels_supported_devices: not in the 2.3.1 wheel, there
   in 2.4.0. (clip_grad_norm_(foreach=True) and torch.load(weights_only=...) are older.) And
-  `aten.multinomial.default`, which every discrete script's action sampling runs, is in the set of ops
+  `aten.multinomial.default`, which the CNN scripts' action sampling runs (Categorical.sample), is in the set of ops
   that torch/_inductor/utils.py:get_first_incompatible_cudagraph_node refuses to record as a CUDA graph
   in the 2.5.0 wheel and not in the 2.6.0 wheel: before 2.6, --cudagraphs would silently leave the
   policy step out of the graph.
