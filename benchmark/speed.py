@@ -53,6 +53,7 @@ DEFAULTS = {
     "ppo_continuous_action.py": ("Hopper-v4", 1, 4),
     "ppo_procgen.py": ("starpilot", 64, 4),
     "ppo_atari_multigpu.py": ("BreakoutNoFrameskip-v4", 8, 4),
+    "ppo_multidiscrete.py": ("Jumanji/Cleaner-v0", 4, 40),
 }
 # Scripts whose --async-envs plays the games in worker processes, whose CPU time this process
 # cannot see (envpool's pools step on threads of this process).
