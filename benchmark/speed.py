@@ -21,6 +21,15 @@ Wall-clock figures are what a user sees, but they drop whenever anything else ru
 CPU-time figures (the CPU time of this process, its environment threads included) hardly move, so on
 a shared machine compare those. A run whose games play in worker processes (`--async-envs` of the
 ale-py scripts) has no CPU-time figure: the workers' CPU time is not this process's.
+
+`--parts` measures what bounds each part of a run, on the plain settings, and prints a second table:
+the policy step alone (the script's `agent.get_action` on one step's observations, the action back on
+the host) and one gradient step alone (the script's `minibatch_loss`, backward, gradient clipping and
+Adam on one minibatch), each replaying the arguments that a one-iteration run passed them; from those
+and the raw rate, the floor: the steps per second a run would reach if it did nothing but step the
+environments, take the policy steps and the gradient steps. What training loses beyond the floor is
+the loop's own Python and NumPy. Last, the start: a fresh Python process that imports the script and
+builds its optimizer (which loads torch._dynamo), as every run does before its first step.
 """
 
 from __future__ import annotations
@@ -29,6 +38,8 @@ import argparse
 import dataclasses
 import importlib
 import os
+import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -144,6 +155,76 @@ def training_speed(script, args, warmup_iterations: int) -> tuple[float, float, 
     return steps / (last_wall - first_wall), steps / (last_cpu - first_cpu), steps
 
 
+def record_first_calls(script, run_args) -> dict:
+    """The arguments of the first policy step and of the first minibatch loss of a one-iteration
+    run of `script` with `run_args`: {"policy": (args, kwargs), "loss": (args, kwargs)}."""
+    recorded = {}
+
+    def recording(name, function):
+        def wrapper(*positional, **named):
+            recorded.setdefault(name, (positional, named))
+            return function(*positional, **named)
+        return wrapper
+
+    policy_step, loss = script.Agent.get_action, script.minibatch_loss
+    script.Agent.get_action = recording("policy", policy_step)
+    script.minibatch_loss = recording("loss", loss)
+    try:
+        batch_size = run_args.num_envs * run_args.num_steps
+        training_speed(script, dataclasses.replace(run_args, total_timesteps=batch_size), 0)
+    finally:
+        script.Agent.get_action, script.minibatch_loss = policy_step, loss
+    return recorded
+
+
+def seconds_per_call(function, calls: int) -> float:
+    """The median over 5 blocks of `calls` calls of the seconds one call of `function` takes, after
+    `calls` calls to warm up."""
+    for _ in range(calls):
+        function()
+    blocks = [timed(lambda: [function() for _ in range(calls)])[0] / calls for _ in range(5)]
+    return statistics.median(blocks)
+
+
+def part_floors(script, run_args) -> tuple[float, float]:
+    """(policy step, gradient step): the seconds each takes alone, replaying the arguments that a
+    one-iteration run passed them, as the script's loop runs them."""
+    import torch
+
+    recorded = record_first_calls(script, run_args)
+    (agent, *policy_args), policy_named = recorded["policy"]
+
+    def policy_step():
+        with torch.inference_mode():
+            action = script.Agent.get_action(agent, *policy_args, **policy_named)
+            (action[0] if isinstance(action, tuple) else action).cpu().numpy()
+
+    (agent, *loss_args), loss_named = recorded["loss"]
+    optimizer = torch.optim.Adam(agent.parameters(), lr=1e-6, eps=1e-5, fused=True)
+
+    def gradient_step():
+        loss, _ = script.minibatch_loss(agent, *loss_args, **loss_named)
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(agent.parameters(), run_args.max_grad_norm, foreach=True)
+        optimizer.step()
+
+    return seconds_per_call(policy_step, 200), seconds_per_call(gradient_step, 50)
+
+
+def start_seconds(script_file: str) -> float:
+    """The median wall time of 3 fresh Python processes that import the script and build an Adam
+    optimizer: what every run pays before its first step, environments left out."""
+    module = f"ppo.{script_file.removesuffix('.py')}"
+    code = f"import torch, {module}; torch.optim.Adam([torch.nn.Parameter(torch.zeros(1))])"
+    times = []
+    for _ in range(3):
+        start = time.perf_counter()
+        subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
 def script_options(script) -> list[str]:
     """The speed options the script has (fields of its Args)."""
     return [name for name in SPEED_OPTIONS if name in {field.name for field in dataclasses.fields(script.Args)}]
@@ -229,6 +310,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--devices", nargs="+", choices=["cpu", "cuda"],
                         help="where to train (default: cpu, and cuda when there is a GPU)")
     parser.add_argument("--raw-seconds", type=float, default=10.0, help="how long to step the raw environments")
+    parser.add_argument("--parts", action="store_true",
+                        help="also measure the policy step, a gradient step and the start alone, and the floor they set")
     parser.add_argument("--warmup-iterations", type=int, default=1,
                         help="iterations left out of the training speed (compilation, CUDA-graph recording)")
     args = parser.parse_args(argv)
@@ -255,7 +338,7 @@ def main(argv: list[str] | None = None) -> None:
         for name, script in scripts.items():
             check_requested_options(name, script, args.options, devices)
 
-    rows = []
+    rows, part_rows, starts = [], [], {}
     for script_file, script in scripts.items():
         default_env, default_num_envs, default_iterations = DEFAULTS[script_file]
         env_id = args.env_id or default_env
@@ -276,6 +359,15 @@ def main(argv: list[str] | None = None) -> None:
                     train_cpu = None  # the games' CPU time is in the workers, out of this process's sight
                 rows.append((script_file, env_id, num_envs, device, "+".join(options) or "plain",
                              raw_wall, train_wall, raw_cpu, train_cpu))
+            if args.parts:
+                plain_args = script.Args(env_id=env_id, num_envs=num_envs, cuda=device == "cuda", **settings)
+                print(f"{script_file}: the parts alone, {device}", flush=True)
+                policy_seconds, gradient_seconds = part_floors(script, plain_args)
+                plain_rows = [row for row in rows if row[:5] == (script_file, env_id, num_envs, device, "plain")]
+                part_rows.append((script_file, env_id, device, plain_args, raw_wall, policy_seconds,
+                                  gradient_seconds, plain_rows[0][6] if plain_rows else None))
+        if args.parts:
+            starts[script_file] = start_seconds(script_file)
 
     print(f"\n{time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPU cores, {device_name}, torch {torch.__version__}\n")
     print("| script | env | envs | device | options | raw env SPS | training SPS | ratio | CPU-time ratio |")
@@ -284,6 +376,27 @@ def main(argv: list[str] | None = None) -> None:
         print(f"| {script_file} | {env_id} | {num_envs} | {device} | {options} | {raw_wall:,.0f} | "
               f"{train_wall:,.0f} | {train_wall / raw_wall:.3g} | "
               f"{'n/a' if train_cpu is None else f'{train_cpu / raw_cpu:.3g}'} |")
+    if part_rows:
+        print_parts(part_rows, starts)
+
+
+def print_parts(part_rows: list, starts: dict) -> None:
+    """The --parts table: each part's cost per call and the steps per second it alone would allow."""
+    print("\nEach part alone, in steps per second of the environments (a policy step serves num_envs steps,")
+    print("a batch of num_envs x num_steps steps pays update_epochs x num_minibatches gradient steps);")
+    print("the floor adds the three parts' times per step: training with nothing else in the loop.\n")
+    print("| script | env | device | raw env SPS | policy step | policy SPS | gradient step (minibatch) | "
+          "gradient SPS | floor SPS | training SPS (plain) | of the floor | start |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for script_file, env_id, device, run_args, raw, policy_seconds, gradient_seconds, train in part_rows:
+        batch_size = run_args.num_envs * run_args.num_steps
+        policy_rate = run_args.num_envs / policy_seconds
+        gradient_rate = batch_size / (run_args.update_epochs * run_args.num_minibatches * gradient_seconds)
+        floor = 1 / (1 / raw + 1 / policy_rate + 1 / gradient_rate)
+        print(f"| {script_file} | {env_id} | {device} | {raw:,.0f} | {policy_seconds * 1e6:,.0f} µs | "
+              f"{policy_rate:,.0f} | {gradient_seconds * 1e3:.2f} ms ({batch_size // run_args.num_minibatches}) | "
+              f"{gradient_rate:,.0f} | {floor:,.0f} | {'-' if train is None else f'{train:,.0f}'} | "
+              f"{'-' if train is None else f'{train / floor:.2f}'} | {starts[script_file]:.2f} s |")
 
 
 if __name__ == "__main__":

@@ -174,3 +174,40 @@ def test_steady_state_splits_each_iteration_at_the_last_value_call_before_the_up
     assert parts == [(3.0, 0.5, 10), (3.0, 0.5, 10)]
     assert Agent.get_value.__name__ == "get_value"  # restored
     assert run_life.SummaryWriter.__name__ == "SummaryWriter"
+
+
+def test_parts_replay_the_policy_step_and_the_minibatch_loss_of_a_real_run(tmp_path, monkeypatch):
+    """--parts times the script's own calls: the arguments recorded are those of one iteration's first
+    policy step (one observation per environment) and first minibatch (minibatch_size of them), and the
+    script is left as it was."""
+    monkeypatch.chdir(tmp_path)
+    args = classic.Args(num_envs=2, num_steps=32, num_minibatches=4, cuda=False)
+    policy_step, loss = classic.Agent.get_action, classic.minibatch_loss
+    recorded = speed.record_first_calls(classic, args)
+    (agent, obs), _ = recorded["policy"]
+    assert isinstance(agent, classic.Agent) and tuple(obs.shape) == (2, 4)
+    (loss_agent, minibatch_obs, minibatch_actions, *_), _ = recorded["loss"]
+    assert loss_agent is agent and tuple(minibatch_obs.shape) == (16, 4) and tuple(minibatch_actions.shape) == (16,)
+    assert (classic.Agent.get_action, classic.minibatch_loss) == (policy_step, loss)  # restored
+    policy_seconds, gradient_seconds = speed.part_floors(classic, args)
+    assert 0 < policy_seconds < gradient_seconds  # a gradient step is forward, backward and Adam
+
+
+def test_parts_table_turns_each_part_into_steps_per_second_and_adds_their_times(monkeypatch, capsys):
+    """Fixed measurements, checked arithmetic: ppo.py's defaults (4 envs x 128 steps, 4 epochs of 4
+    minibatches) with a policy step of 100 µs serve 40,000 steps a second, gradient steps of 1 ms
+    512 / (16 x 1 ms) = 32,000; with the raw 8,000 the floor is 1 / (1/8,000 + 1/40,000 + 1/32,000)."""
+    monkeypatch.setattr(speed, "raw_env_speed", lambda script, env_id, num_envs, seconds: (8000.0, 2000.0))
+    monkeypatch.setattr(speed, "training_speed", lambda script, args, warmup_iterations: (2000.0, 100.0, 1000))
+    monkeypatch.setattr(speed, "part_floors", lambda script, run_args: (1e-4, 1e-3))
+    monkeypatch.setattr(speed, "start_seconds", lambda script_file: 3.25)
+    speed.main(["--scripts", "ppo.py", "--devices", "cpu", "--options", "plain", "--parts"])
+    out = capsys.readouterr().out
+    (row,) = table_rows(out[out.index("Each part alone"):], "script")
+    assert {column: row[column] for column in ("policy step", "policy SPS", "gradient step (minibatch)",
+                                                "gradient SPS", "floor SPS", "training SPS (plain)",
+                                                "of the floor", "start")} == {
+        "policy step": "100 µs", "policy SPS": "40,000", "gradient step (minibatch)": "1.00 ms (128)",
+        "gradient SPS": "32,000",
+        "floor SPS": f"{1 / (1 / 8000 + 1 / 40000 + 1 / 32000):,.0f}", "training SPS (plain)": "2,000",
+        "of the floor": f"{2000 * (1 / 8000 + 1 / 40000 + 1 / 32000):.2f}", "start": "3.25 s"}
