@@ -23,8 +23,8 @@ a shared machine compare those. A run whose games play in worker processes (`--a
 ale-py scripts) has no CPU-time figure: the workers' CPU time is not this process's.
 
 `--parts` measures what bounds each part of a run, on the plain settings, and prints a second table:
-the policy step alone (the script's `agent.get_action` on one step's observations, the action back on
-the host) and one gradient step alone (the script's `minibatch_loss`, backward, gradient clipping and
+the policy step alone (the agent's call of the rollout on one step's observations, the action back
+on the host) and one gradient step alone (the script's `minibatch_loss`, backward, gradient clipping and
 Adam on one minibatch), each replaying the arguments that a one-iteration run passed them; from those
 and the raw rate, the floor: the steps per second a run would reach if it did nothing but step the
 environments, take the policy steps and the gradient steps. What training loses beyond the floor is
@@ -99,10 +99,11 @@ def raw_env_speed(script, env_id: str, num_envs: int, seconds: float) -> tuple[f
         envs.reset()
         rng = np.random.default_rng(0)
         actions = [rng.integers(envs.action_space.n, size=num_envs) for _ in range(256)]
-    else:
+    else:  # a gymnasium vector env, or a script's own class that steps like one (ppo_procgen.py's)
         envs.reset(seed=0)
-        envs.action_space.seed(0)
-        actions = [envs.action_space.sample() for _ in range(256)]
+        envs.single_action_space.seed(0)
+        actions = [np.stack([envs.single_action_space.sample() for _ in range(num_envs)])
+                   for _ in range(256)]
     steps = 0
 
     def step_for_a_while():
@@ -166,15 +167,24 @@ def record_first_calls(script, run_args) -> dict:
             return function(*positional, **named)
         return wrapper
 
-    policy_step, loss = script.Agent.get_action, script.minibatch_loss
-    script.Agent.get_action = recording("policy", policy_step)
+    name = policy_step_name(script)
+    policy_step, loss = getattr(script.Agent, name), script.minibatch_loss
+    setattr(script.Agent, name, recording("policy", policy_step))
     script.minibatch_loss = recording("loss", loss)
     try:
         batch_size = run_args.num_envs * run_args.num_steps
         training_speed(script, dataclasses.replace(run_args, total_timesteps=batch_size), 0)
     finally:
-        script.Agent.get_action, script.minibatch_loss = policy_step, loss
+        setattr(script.Agent, name, policy_step)
+        script.minibatch_loss = loss
     return recorded
+
+
+def policy_step_name(script) -> str:
+    """The agent's method that the rollout calls: get_action where the script has one (the MLP
+    scripts, which leave log-probabilities and values for after the rollout), else
+    get_action_and_value, whose first call in a run is the rollout's."""
+    return "get_action" if hasattr(script.Agent, "get_action") else "get_action_and_value"
 
 
 def seconds_per_call(function, calls: int) -> float:
@@ -196,7 +206,7 @@ def part_floors(script, run_args) -> tuple[float, float]:
 
     def policy_step():
         with torch.inference_mode():
-            action = script.Agent.get_action(agent, *policy_args, **policy_named)
+            action = getattr(script.Agent, policy_step_name(script))(agent, *policy_args, **policy_named)
             (action[0] if isinstance(action, tuple) else action).cpu().numpy()
 
     (agent, *loss_args), loss_named = recorded["loss"]

@@ -203,6 +203,15 @@ def test_seeds_past_31_bits_wrap_around(procgen):
     plain.close()
 
 
+def test_speed_py_steps_the_games_for_their_raw_rate(procgen):
+    """benchmark/speed.py's raw rate steps the script's own vector env with random actions drawn
+    from its single action space, which ProcgenVectorEnv has (it has no batched action_space)."""
+    from benchmark import speed
+
+    wall, cpu = speed.raw_env_speed(script, "starpilot", 2, seconds=0.01)
+    assert wall > 0 and cpu > 0
+
+
 @pytest.mark.smoke
 def test_tiny_run_on_starpilot_then_evaluate(tmp_path, monkeypatch, capsys, procgen):
     result = run_script(SCRIPT, *SMALL_FLAGS, "--total-timesteps", "128", "--save-model", cwd=tmp_path,
