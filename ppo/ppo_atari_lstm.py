@@ -456,7 +456,7 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
             dones[step] = next_done
 
             # The network runs once a step anyway, and its one trunk gives the log-probability and
-            # value with the action: kept on the device (ppo.py's separate critic scores them later).
+            # value with the action: kept on the device (ppo.py's separate critic scores later).
             # no_grad, not inference_mode: CUDA graphs of the compiled heads, first run in inference
             # mode, would fail when the update runs them with gradients (pytorch/pytorch#135892).
             with torch.no_grad():

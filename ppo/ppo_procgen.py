@@ -407,7 +407,7 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
             dones[step] = next_done
 
             # The network runs once a step anyway, and its one trunk gives the log-probability and
-            # value with the action: kept on the device (ppo.py's separate critic scores them later).
+            # value with the action: kept on the device (ppo.py's separate critic scores later).
             with torch.inference_mode():
                 action, logprob, _, value = agent.get_action_and_value(obs[step])
             actions[step], logprobs[step], values[step] = action, logprob, value.flatten()
