@@ -222,6 +222,17 @@ def part_floors(script, run_args) -> tuple[float, float]:
     return seconds_per_call(policy_step, 200), seconds_per_call(gradient_step, 50)
 
 
+def loop_split(script, run_args, warmup_iterations: int) -> tuple[float, float]:
+    """Seconds per environment step of the rollout and of the update in a real run (medians over
+    the iterations after the warm-up), split at the iteration's last value call as
+    benchmark/gpu/steady.py splits them: the rollout then includes the batched pass over it."""
+    from benchmark.gpu import steady
+
+    parts = steady.iteration_parts(script, run_args, warmup_iterations)
+    return (statistics.median(rollout / steps for rollout, _, steps in parts),
+            statistics.median(update / steps for _, update, steps in parts))
+
+
 def start_seconds(script_file: str) -> float:
     """The median wall time of 3 fresh Python processes that import the script and build an Adam
     optimizer: what every run pays before its first step, environments left out."""
@@ -374,8 +385,10 @@ def main(argv: list[str] | None = None) -> None:
                 print(f"{script_file}: the parts alone, {device}", flush=True)
                 policy_seconds, gradient_seconds = part_floors(script, plain_args)
                 plain_rows = [row for row in rows if row[:5] == (script_file, env_id, num_envs, device, "plain")]
+                split = loop_split(script, dataclasses.replace(plain_args, total_timesteps=total_timesteps),
+                                   args.warmup_iterations)
                 part_rows.append((script_file, env_id, device, plain_args, raw_wall, policy_seconds,
-                                  gradient_seconds, plain_rows[0][6] if plain_rows else None))
+                                  gradient_seconds, plain_rows[0][6] if plain_rows else None, split))
         if args.parts:
             starts[script_file] = start_seconds(script_file)
 
@@ -398,15 +411,27 @@ def print_parts(part_rows: list, starts: dict) -> None:
     print("| script | env | device | raw env SPS | policy step | policy SPS | gradient step (minibatch) | "
           "gradient SPS | floor SPS | training SPS (plain) | of the floor | start |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for script_file, env_id, device, run_args, raw, policy_seconds, gradient_seconds, train in part_rows:
+    split_lines = []
+    for script_file, env_id, device, run_args, raw, policy_seconds, gradient_seconds, train, split in part_rows:
         batch_size = run_args.num_envs * run_args.num_steps
         policy_rate = run_args.num_envs / policy_seconds
         gradient_rate = batch_size / (run_args.update_epochs * run_args.num_minibatches * gradient_seconds)
         floor = 1 / (1 / raw + 1 / policy_rate + 1 / gradient_rate)
+        rollout_floor = 1 / (1 / raw + 1 / policy_rate)
+        split_lines.append(f"| {script_file} | {env_id} | {device} | {rollout_floor:,.0f} | {1 / split[0]:,.0f} | "
+                           f"{split[0] * rollout_floor:.2f} | {gradient_rate:,.0f} | {1 / split[1]:,.0f} | "
+                           f"{split[1] * gradient_rate:.2f} |")
         print(f"| {script_file} | {env_id} | {device} | {raw:,.0f} | {policy_seconds * 1e6:,.0f} µs | "
               f"{policy_rate:,.0f} | {gradient_seconds * 1e3:.2f} ms ({batch_size // run_args.num_minibatches}) | "
               f"{gradient_rate:,.0f} | {floor:,.0f} | {'-' if train is None else f'{train:,.0f}'} | "
               f"{'-' if train is None else f'{train / floor:.2f}'} | {starts[script_file]:.2f} s |")
+    print("\nThe same run split in two, in steps per second, against each half's floor: the rollout (the"
+          "\nenvironments and policy steps, then the batched pass over the rollout) and the update (GAE, the"
+          "\ngradient steps, the logs); 'x floor': how many times its floor's time each half took.\n")
+    print("| script | env | device | rollout floor SPS | rollout SPS | rollout, x floor | update floor SPS | "
+          "update SPS | update, x floor |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    print("\n".join(split_lines))
 
 
 if __name__ == "__main__":

@@ -201,8 +201,17 @@ def test_parts_table_turns_each_part_into_steps_per_second_and_adds_their_times(
     monkeypatch.setattr(speed, "training_speed", lambda script, args, warmup_iterations: (2000.0, 100.0, 1000))
     monkeypatch.setattr(speed, "part_floors", lambda script, run_args: (1e-4, 1e-3))
     monkeypatch.setattr(speed, "start_seconds", lambda script_file: 3.25)
+    # the rollout took 30 µs and the update 60 µs per environment step
+    monkeypatch.setattr(speed, "loop_split", lambda script, run_args, warmup_iterations: (30e-6, 60e-6))
     speed.main(["--scripts", "ppo.py", "--devices", "cpu", "--options", "plain", "--parts"])
     out = capsys.readouterr().out
+    (split,) = table_rows(out[out.index("The same run split in two"):], "script")
+    rollout_floor = 1 / (1 / 8000 + 1 / 40000)
+    assert {column: split[column] for column in ("rollout floor SPS", "rollout SPS", "rollout, x floor",
+                                                 "update floor SPS", "update SPS", "update, x floor")} == {
+        "rollout floor SPS": f"{rollout_floor:,.0f}", "rollout SPS": "33,333",
+        "rollout, x floor": f"{30e-6 * rollout_floor:.2f}", "update floor SPS": "32,000", "update SPS": "16,667",
+        "update, x floor": "1.92"}
     (row,) = table_rows(out[out.index("Each part alone"):], "script")
     assert {column: row[column] for column in ("policy step", "policy SPS", "gradient step (minibatch)",
                                                 "gradient SPS", "floor SPS", "training SPS (plain)",
