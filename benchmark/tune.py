@@ -1073,6 +1073,17 @@ def figure():
     return plt, fig, axes
 
 
+def save_figure(plt, fig, axes, path: Path, title: str, legend: bool = True) -> None:
+    """Title, grid (and legend), then the figure to `path`, closed."""
+    axes.set_title(title, fontsize="medium")
+    axes.grid(alpha=0.3, **({} if legend else {"axis": "x"}))
+    if legend:
+        axes.legend(fontsize="small", loc="best")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
 def plot_history(study, out_dir: Path) -> tuple[str, str | None]:
     """Each complete trial's score against its number, the best so far as a line; pruned trials at
     their last reported value, in gray."""
@@ -1095,12 +1106,7 @@ def plot_history(study, out_dir: Path) -> tuple[str, str | None]:
         axes.scatter(*zip(*pruned), color="gray", marker="x", s=18, label="pruned (last reported value)")
     axes.set_xlabel("trial")
     axes.set_ylabel("score (normalized final return)")
-    axes.set_title(f"optimization history: {study.study_name}", fontsize="medium")
-    axes.grid(alpha=0.3)
-    axes.legend(fontsize="small", loc="best")
-    fig.tight_layout()
-    fig.savefig(out_dir / "history.png")
-    plt.close(fig)
+    save_figure(plt, fig, axes, out_dir / "history.png", f"optimization history: {study.study_name}")
     return "optimization history", "history.png"
 
 
@@ -1132,12 +1138,7 @@ def plot_cost(study, out_dir: Path, complete: list, marks: dict) -> tuple[str, s
     axes.set_xlim(left=0)
     axes.set_xlabel("wall time of the trial's runs, added up (s)")
     axes.set_ylabel("score (normalized final return)")
-    axes.set_title(f"score against wall time: {study.study_name}", fontsize="medium")
-    axes.grid(alpha=0.3)
-    axes.legend(fontsize="small", loc="best")
-    fig.tight_layout()
-    fig.savefig(out_dir / "cost.png")
-    plt.close(fig)
+    save_figure(plt, fig, axes, out_dir / "cost.png", f"score against wall time: {study.study_name}")
     return "score against wall time", "cost.png"
 
 
@@ -1157,11 +1158,8 @@ def plot_importances(study, out_dir: Path) -> tuple[str, str | None]:
     names = list(importances)[::-1]
     axes.barh(names, [importances[name] for name in names], color="tab:blue")
     axes.set_xlabel("importance (optuna.importance, normalized to sum to 1)")
-    axes.set_title(f"parameter importances: {study.study_name}", fontsize="medium")
-    axes.grid(alpha=0.3, axis="x")
-    fig.tight_layout()
-    fig.savefig(out_dir / "importances.png")
-    plt.close(fig)
+    save_figure(plt, fig, axes, out_dir / "importances.png", f"parameter importances: {study.study_name}",
+                legend=False)
     return "parameter importances", "importances.png"
 
 
