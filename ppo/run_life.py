@@ -274,7 +274,10 @@ class Run:
         then resets its environments)."""
         if self.saved_envs is None:
             return None
-        on_device = lambda value: value.to(self.device) if torch.is_tensor(value) else value  # noqa: E731
+
+        def on_device(value):
+            return value.to(self.device) if torch.is_tensor(value) else value
+
         values = [self.this_ranks(self.checkpoint[name]) for name in names]
         return tuple(type(value)(map(on_device, value)) if isinstance(value, tuple)
                      else on_device(value) for value in values)
