@@ -22,14 +22,16 @@ CPU-time figures (the CPU time of this process, its environment threads included
 a shared machine compare those. A run whose games play in worker processes (`--async-envs` of the
 ale-py scripts) has no CPU-time figure: the workers' CPU time is not this process's.
 
-`--parts` measures what bounds each part of a run, on the plain settings, and prints a second table:
-the policy step alone (the agent's call of the rollout on one step's observations, the action back
-on the host) and one gradient step alone (the script's `minibatch_loss`, backward, gradient clipping and
-Adam on one minibatch), each replaying the arguments that a one-iteration run passed them; from those
-and the raw rate, the floor: the steps per second a run would reach if it did nothing but step the
-environments, take the policy steps and the gradient steps. What training loses beyond the floor is
-the loop's own Python and NumPy. Last, the start: a fresh Python process that imports the script and
-builds its optimizer (which loads torch._dynamo), as every run does before its first step.
+`--parts` measures what bounds each part of a run, on the plain settings, and prints two more tables.
+The first: the policy step alone (the agent's call of the rollout on one step's observations, the
+action back on the host) and one gradient step alone (the script's `minibatch_loss`, backward,
+gradient clipping and Adam on one minibatch), each replaying the arguments that a one-iteration run
+passed them; from those and the raw rate, the floor: the steps per second a run would reach if it did
+nothing but step the environments, take the policy steps and the gradient steps; and the start, a
+fresh Python process that imports the script and builds its optimizer (which loads torch._dynamo), as
+every run does before its first step. The second splits a real run into its rollout and its update,
+each against its own floor, to show which of the two loses the time: the loop's own statements, and
+its parts running slower interleaved with each other than alone.
 """
 
 from __future__ import annotations
