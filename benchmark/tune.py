@@ -696,10 +696,7 @@ class Worker:
         except TakeoverFailed as reason:
             trial.set_user_attr("returns", returns)
             trial.set_user_attr("failure", f"{reason} (continuing the run left by an earlier try)")
-            self.study.tell(trial, state=states.FAIL)
-            with Lock(self.tuning.study_dir):
-                queued = retry(self.study, self.study.get_trials(deepcopy=False)[trial.number],
-                               self.tuning.max_retries)
+            queued = self.fail_and_retry(trial)
             print(f"[trial {trial.number}] FAILED: {reason}, continuing the run left by an earlier try: "
                   + ("retried, to start that run afresh" if queued is not None else
                      f"retried {self.tuning.max_retries} times already: not again"), flush=True)
@@ -713,10 +710,7 @@ class Worker:
         except WorkerStopped:
             name = signal.Signals(self.stop_signal).name
             trial.set_user_attr("failure", f"stopped by {name} to its worker")
-            self.study.tell(trial, state=states.FAIL)
-            with Lock(self.tuning.study_dir):
-                queued = retry(self.study, self.study.get_trials(deepcopy=False)[trial.number],
-                               self.tuning.max_retries)
+            queued = self.fail_and_retry(trial)
             print(f"[trial {trial.number}] stopped ({name}): "
                   + ("queued again, to continue from its runs' checkpoints" if queued is not None else
                      "retried too often already: not queued again"), flush=True)
@@ -732,6 +726,16 @@ class Worker:
         self.study.tell(trial, score)
         print(f"[trial {trial.number}] score {score:.4f} (mean of {len(scores)} normalized final returns)",
               flush=True)
+
+    def fail_and_retry(self, trial):
+        """Mark `trial` failed and queue it again (retry), under the study's lock; returns what
+        retry returns: the queued trial, or None once it was retried max_retries times."""
+        import optuna
+
+        self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+        with Lock(self.tuning.study_dir):
+            return retry(self.study, self.study.get_trials(deepcopy=False)[trial.number],
+                         self.tuning.max_retries)
 
     def plan(self, flags: list[str], env_id: str, seed: int, position: int, home: Path) -> RunSpec:
         tail = [*flags, "--env-id", env_id, "--seed", str(seed),
