@@ -339,6 +339,43 @@ def check_envpool_id(env_id: str, variant: str, kinds: tuple[str, ...] | None,
                       "vector observations and ppo/ppo_continuous_action.py for Box actions")
 
 
+# Procgen's 16 games, and the two distribution modes that only some of them have ("exploration" is
+# one hard level per game, fixed by Procgen).
+PROCGEN_GAMES = ("bigfish", "bossfight", "caveflyer", "chaser", "climber", "coinrun", "dodgeball",
+                 "fruitbot", "heist", "jumper", "leaper", "maze", "miner", "ninja", "plunder",
+                 "starpilot")
+PROCGEN_MODE_GAMES = {"memory": ("caveflyer", "dodgeball", "heist", "jumper", "maze", "miner"),
+                      "exploration": ("caveflyer", "climber", "coinrun", "heist", "jumper",
+                                      "leaper", "maze", "ninja")}
+
+
+def check_procgen_id(env_id: str, variant: str, distribution_mode: str, num_levels: int,
+                     start_level: int, installed: bool) -> None:
+    """Refuse a game that Procgen does not have (naming the one meant, or the script to use
+    instead), a distribution mode the game lacks, levels the exploration mode does not take, and
+    Procgen not `installed` (the script could not import it)."""
+    if env_id not in PROCGEN_GAMES:
+        hint = ""
+        game = next((game for game in PROCGEN_GAMES if game in env_id.lower()), None)
+        if "NoFrameskip" in env_id or env_id.startswith("ALE/"):
+            hint = " (Atari games need ppo/ppo_atari.py)"
+        elif game:  # StarPilot, StarpilotEasy-v0 (envpool), procgen:procgen-starpilot-v0 (gym)
+            hint = f" (did you mean {game!r}?)"
+        elif env_id in gym.registry:
+            hint = " (a gymnasium id: use ppo/ppo.py or ppo/ppo_continuous_action.py for those)"
+        fail(variant, f"unknown Procgen game {env_id!r}{hint}: pick one of "
+                      f"{', '.join(PROCGEN_GAMES)}")
+    mode_games = PROCGEN_MODE_GAMES.get(distribution_mode, PROCGEN_GAMES)
+    if env_id not in mode_games:
+        fail(variant, f"{env_id} has no {distribution_mode!r} distribution mode: only "
+                      f"{', '.join(mode_games)} have it")
+    if distribution_mode == "exploration" and (num_levels, start_level) != (0, 0):
+        fail(variant, "the exploration mode plays the one level Procgen picks for the game: leave "
+                      "out --num-levels and --start-level")
+    if not installed:
+        fail(variant, "Procgen is not installed: pip install -e \".[procgen]\"")
+
+
 @contextlib.contextmanager
 def packages_checked(env_id: str, variant: str):
     """Within the block, an ImportError (a registered id whose code needs a package, or a version of

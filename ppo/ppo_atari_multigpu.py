@@ -29,6 +29,7 @@ import torch.nn as nn
 import torch.optim as optim
 from torch.distributions.categorical import Categorical
 
+import atari_wrappers
 import checkpoints
 import command_line
 import exits
@@ -90,57 +91,6 @@ class Args:
     """each process's GPU on a node, in local-rank order (`0 0 1 1`); empty: process i uses GPU i"""
 
 
-class EpisodicLife(gym.Wrapper):
-    """[Atari 3: EpisodicLifeEnv] Losing a life ends the episode for training (terminated=True), so
-    the value of the state before a lost life is not bootstrapped from the next life. The game
-    itself goes on: after a lost life, reset() takes one no-op step instead of restarting the game.
-    (gymnasium's AtariPreprocessing(terminal_on_life_loss=True) lets the vector env reset the game
-    at every lost life: the agent would never see a game's later stages.)"""
-
-    def __init__(self, env: gym.Env):
-        super().__init__(env)
-        self.lives = 0
-        self.game_over = True
-
-    def step(self, action):
-        obs, reward, terminated, truncated, info = self.env.step(action)
-        self.game_over = terminated or truncated
-        lives = self.env.unwrapped.ale.lives()
-        # `0 < lives`: the last life's loss is left to the game's own termination, which some games
-        # signal a few frames later.
-        if 0 < lives < self.lives:
-            terminated = True
-        self.lives = lives
-        return obs, reward, terminated, truncated, info
-
-    def reset(self, **kwargs):
-        if self.game_over or kwargs.get("seed") is not None:
-            obs, info = self.env.reset(**kwargs)
-        else:
-            obs, _, terminated, truncated, info = self.env.step(0)
-            if terminated or truncated:  # the game ended during that no-op (practically never)
-                obs, info = self.env.reset(**kwargs)
-        self.game_over = False
-        self.lives = self.env.unwrapped.ale.lives()
-        return obs, info
-
-
-class FireReset(gym.Wrapper):
-    """[Atari 4: FireResetEnv] For games that wait for FIRE before they start (Breakout launches its
-    ball only then), press FIRE after every reset, including the reset that follows a lost life, and
-    then action 2, as the original wrapper does. gymnasium has no such wrapper."""
-
-    def reset(self, **kwargs):
-        self.env.reset(**kwargs)
-        obs, _, terminated, truncated, info = self.env.step(1)
-        if terminated or truncated:
-            self.env.reset(**kwargs)
-        obs, _, terminated, truncated, info = self.env.step(2)
-        if terminated or truncated:
-            obs, info = self.env.reset(**kwargs)
-        return obs, info
-
-
 def make_env(env_id: str, idx: int, capture_video: bool, video_folder: str,
              video_episodes: int | None = None):
     """Return a function that builds one preprocessed Atari game; video is recorded from the first
@@ -175,9 +125,11 @@ def make_env(env_id: str, idx: int, capture_video: bool, video_folder: str,
         # Below EpisodicLife and the reward clipping, this wrapper sees the real game: it reports
         # the game's unclipped score and length when the game is over, not when a life is lost.
         env = gym.wrappers.RecordEpisodeStatistics(env)
-        env = EpisodicLife(env)
+        # [Atari 3: EpisodicLifeEnv] a lost life ends the training episode; the game goes on
+        env = atari_wrappers.EpisodicLife(env)
         if "FIRE" in env.unwrapped.get_action_meanings():
-            env = FireReset(env)
+            # [Atari 4: FireResetEnv] FIRE, then action 2, after every reset and lost life
+            env = atari_wrappers.FireReset(env)
         # [Atari 6: ClipRewardEnv] the reward's sign: -1, 0 or +1, the same scale for every game.
         # (gymnasium's ClipReward clips to a range; TransformReward with np.sign is the original.)
         env = gym.wrappers.TransformReward(env, np.sign)

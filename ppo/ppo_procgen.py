@@ -10,7 +10,8 @@ procgen-mirror). The file follows ppo/ppo_atari.py, its core details marked wher
 there, and so are the network, `[Procgen: IMPALA CNN]`, and openai/train-procgen's two settings that
 the other scripts lack (Procgen 1 in Args, 2 in RewardScaler); docs/ppo_procgen.md explains each.
 The run itself (its flags, checkpoints, logs, progress line and stop signals) comes from the modules
-beside this file, written once for every script: copy them along with it."""
+beside this file, written once for every script: copy them along with it.
+"""
 
 import contextlib
 import io
@@ -27,7 +28,6 @@ from torch.distributions.categorical import Categorical
 
 import checkpoints
 import command_line
-import exits
 import run_life
 
 try:
@@ -35,18 +35,12 @@ try:
     # a notice about itself on import that concerns neither this script nor its user.
     with contextlib.redirect_stderr(io.StringIO()):
         from procgen import ProcgenGym3Env
-except ImportError as error:  # reported by check_env_id, with the command that installs it
-    ProcgenGym3Env, PROCGEN_IMPORT_ERROR = None, error
+except ImportError:  # command_line.check_procgen_id says how to install it
+    ProcgenGym3Env = None
 
 VARIANT = "ppo_procgen"  # written into checkpoints, so another variant's checkpoint is refused
 
-GAMES = ("bigfish", "bossfight", "caveflyer", "chaser", "climber", "coinrun", "dodgeball",
-         "fruitbot", "heist", "jumper", "leaper", "maze", "miner", "ninja", "plunder", "starpilot")
 DISTRIBUTION_MODES = ("easy", "hard", "extreme", "memory", "exploration")
-# Two modes exist for some games only. "exploration" is one hard level per game, fixed by Procgen.
-MODE_GAMES = {"memory": ("caveflyer", "dodgeball", "heist", "jumper", "maze", "miner"),
-              "exploration": ("caveflyer", "climber", "coinrun", "heist", "jumper", "leaper",
-                              "maze", "ninja")}
 ONE_OF_THE_MODES = command_line.Rule(f"one of {', '.join(DISTRIBUTION_MODES)}",
                                      lambda value: value in DISTRIBUTION_MODES)
 LEVELS = command_line.Rule("0 (unlimited levels) or more", lambda value: value >= 0)
@@ -56,7 +50,7 @@ LEVELS = command_line.Rule("0 (unlimited levels) or more", lambda value: value >
 @dataclass
 class Args:
     env_id: str = "starpilot"
-    """the Procgen game: one of the 16, bigfish, bossfight, caveflyer, ... (see GAMES)"""
+    """the Procgen game: one of the 16, bigfish, bossfight, caveflyer, ..., starpilot"""
     # An evaluation may play other levels than training did (all of them, say: --num-levels 0).
     distribution_mode: command_line.EvaluationMayChange[Annotated[str, ONE_OF_THE_MODES]] = "easy"
     """the Procgen level distribution: easy, hard, extreme, memory or exploration"""
@@ -163,7 +157,8 @@ class ProcgenVectorEnv:
 def make_envs(env_id: str, num_envs: int, capture_video: bool = False, video_folder: str = "videos",
               distribution_mode: str = "easy", num_levels: int = 0, start_level: int = 0):
     """Build the vector of games, checking that this script can train on them."""
-    check_env_id(env_id, distribution_mode, num_levels, start_level)
+    command_line.check_procgen_id(env_id, VARIANT, distribution_mode, num_levels, start_level,
+                                  installed=ProcgenGym3Env is not None)
     return ProcgenVectorEnv(env_id, num_envs, distribution_mode, num_levels, start_level,
                             video_folder if capture_video else None)
 
@@ -418,7 +413,7 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
             # [Procgen 2] Rewards scaled by the discounted return's std, clipped to ±reward_clip.
             rewards[step] = np.clip(reward_scaler.scale(reward, next_done), -args.reward_clip,
                                     args.reward_clip)
-            # the episodes that ended, logged with the games' scores; and the progress line at times
+            # the episodes that ended, logged with their scores; and the progress line now and then
             run.record_step(global_step, run_life.finished_episodes(infos))
 
         # Flatten the rollout into one batch of num_envs x num_steps transitions.
@@ -489,30 +484,6 @@ def evaluate(args: Args, checkpoint: dict) -> list[float]:
     agent = evaluation.load(Agent(envs.single_action_space.n))
     return evaluation.play(envs, lambda obs, _: agent.get_action_and_value(
         torch.as_tensor(obs, dtype=torch.float32, device=evaluation.device))[0].cpu().numpy())
-
-
-def check_env_id(env_id: str, distribution_mode: str, num_levels: int, start_level: int) -> None:
-    """Refuse a game that Procgen does not have (naming the one meant, or the script to use
-    instead), a distribution mode the game lacks, and levels the exploration mode does not take."""
-    if env_id not in GAMES:
-        hint, game = "", next((game for game in GAMES if game in env_id.lower()), None)
-        if "NoFrameskip" in env_id or env_id.startswith("ALE/"):
-            hint = " (Atari games need ppo/ppo_atari.py)"
-        elif game:  # StarPilot, StarpilotEasy-v0 (envpool), procgen:procgen-starpilot-v0 (gym)
-            hint = f" (did you mean {game!r}?)"
-        elif env_id in gym.registry:
-            hint = " (a gymnasium id: use ppo/ppo.py or ppo/ppo_continuous_action.py for those)"
-        exits.fail(VARIANT, f"unknown Procgen game {env_id!r}{hint}: pick one of "
-                            f"{', '.join(GAMES)}")
-    if distribution_mode in MODE_GAMES and env_id not in MODE_GAMES[distribution_mode]:
-        exits.fail(VARIANT, f"{env_id} has no {distribution_mode!r} distribution mode: only "
-                              f"{', '.join(MODE_GAMES[distribution_mode])} have it")
-    if distribution_mode == "exploration" and (num_levels, start_level) != (0, 0):
-        exits.fail(VARIANT, "the exploration mode plays the one level Procgen picks for the game: "
-                              "leave out --num-levels and --start-level")
-    if ProcgenGym3Env is None:
-        exits.fail(VARIANT, f"Procgen is not installed ({PROCGEN_IMPORT_ERROR}): pip install -e "
-                            "\".[procgen]\"")
 
 
 if __name__ == "__main__":

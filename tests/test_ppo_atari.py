@@ -23,6 +23,7 @@ from conftest import (assert_compiled_loss_matches_plain, assert_compiles_whole,
 import ppo.ppo_atari as ppo_atari  # noqa: E402
 from conftest import parse_args as parse_args_of  # noqa: E402
 from ppo.ppo_atari import Agent, Args, main, make_env, make_envs, minibatch_loss  # noqa: E402
+import atari_wrappers  # noqa: E402  (importable once ppo is, as the run machinery)
 from checkpoints import save_envs  # noqa: E402  (the scripts' run machinery, importable once ppo is)
 from run_life import finished_episodes  # noqa: E402
 
@@ -71,7 +72,7 @@ def test_observations_are_stacked_84x84_grayscale_frames(script):
             env.reset()
     assert obs.std() > 0  # real frames, not a blank screen
     types = wrapper_types(env)
-    assert (types.index(script.FireReset) < types.index(script.EpisodicLife)
+    assert (types.index(atari_wrappers.FireReset) < types.index(atari_wrappers.EpisodicLife)
             < types.index(gym.wrappers.RecordEpisodeStatistics))
 
 
