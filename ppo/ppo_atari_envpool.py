@@ -311,11 +311,8 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
     # the first game of pools[0]
     recorder = run_life.VideoRecorder(run.video_folder) if args.capture_video else None
 
-    # Rollout storage, (num_steps, num_envs, ...), allocated once and refilled every iteration.
-    # [Speed: one host transfer per step] What the network reads and writes lives on its device: the
-    # frames go there as uint8 once, log-probs and values never leave it during the rollout, and the
-    # only copy back to the host at each step is the actions the games need. What the games return,
-    # rewards and episode ends, stays in NumPy beside them.
+    # Rollout storage, (num_steps, num_envs, ...). [Speed: one host transfer per step] What the
+    # network reads or writes stays on its device (frames as uint8); rewards and dones on the host.
     obs = torch.zeros((args.num_steps, args.num_envs) + obs_shape, dtype=torch.uint8, device=device)
     actions = torch.zeros((args.num_steps, args.num_envs), dtype=torch.long, device=device)
     logprobs = torch.zeros((args.num_steps, args.num_envs), device=device)
@@ -385,9 +382,8 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
                 # action.cpu() below returns, before the next recv() overwrites next_obs.
                 obs[step, games].copy_(next_obs_pinned[games], non_blocking=True)
                 dones[step, games] = next_done[games]
-                # The network runs once per step anyway to choose the action, and its one trunk
-                # gives the log-probability and value with it: they are recorded here, on the
-                # device (ppo.py's separate critic would cost a second call; it scores the batch
+                # The network runs once a step anyway, and its one trunk gives the log-probability
+                # and value with the action: kept on the device (ppo.py's separate critic scores
                 # later).
                 with torch.inference_mode():
                     action, logprob, _, value = agent.get_action_and_value(obs[step, games])
@@ -451,10 +447,9 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
             if args.target_kl is not None and minibatch_stats[-1]["approx_kl"] > args.target_kl:
                 break
 
-        # [Core 12: Debug variables] averaged over every minibatch of this update. The iteration's
-        # end (run.end_iteration): a NaN or infinity stops the run in one line; else the logs (with
-        # the values' explained variance, over the acted steps), the progress line and, when due, a
-        # checkpoint: envpool's games cannot be saved, so a resumed run starts new ones.
+        # [Core 12: Debug variables] averaged over this update's minibatches. run.end_iteration: a
+        # NaN stops the run in one line; else the logs, the progress line, when due a checkpoint
+        # (the explained variance over the acted steps; without the games, which cannot be saved).
         means = {key: torch.stack([s[key] for s in minibatch_stats]).mean().item()
                  for key in minibatch_stats[0]}
         run.end_iteration(iteration, global_step, means, host_values.reshape(-1)[acted_steps],

@@ -219,6 +219,11 @@ class Agent(nn.Module):
         self.actor = layer_init(nn.Linear(128, num_actions), std=0.01)
         self.critic = layer_init(nn.Linear(128, 1), std=1.0)
 
+    def features(self, obs: torch.Tensor) -> torch.Tensor:
+        # [Atari 9: Scaling the images to [0, 1]] frames are stored as uint8 (a quarter of the
+        # memory of float32) and scaled here, inside the network.
+        return self.network(obs.float() / 255.0)
+
     def initial_state(self, num_envs: int, device: torch.device) -> LSTMState:
         # [LSTM 2: Initialize the LSTM states to be zeros]
         zeros = torch.zeros(self.lstm.num_layers, num_envs, self.lstm.hidden_size, device=device)
@@ -228,8 +233,7 @@ class Agent(nn.Module):
         """The network over T steps of E environments, time-major (step t of environment e at t * E
         + e): obs (T * E, 1, 84, 84), done (T * E,), from `lstm_state` before step 0. Returns the
         outputs (T * E, 128) and the state after step T."""
-        # [Atari 9: Scaling the images to [0, 1]] frames are stored as uint8 and scaled here.
-        hidden = self.network(obs.float() / 255.0)
+        hidden = self.features(obs)
         num_envs = lstm_state[0].shape[1]
         hidden = hidden.reshape(-1, num_envs, self.lstm.input_size)
         outputs, lstm_state = lstm_with_episode_resets(self.lstm, hidden, lstm_state,
