@@ -126,6 +126,7 @@ def load_checkpoint(path: str, variant: str, resuming: bool = False,
                       "scripts does not read: use the version that wrote it")
     if resuming:
         episode_statistics_into_envs(checkpoint)
+        discounted_returns_beside_the_rollout(checkpoint)
     return checkpoint if resuming else {key: checkpoint[key] for key in EVALUATION_KEYS
                                         if key in checkpoint}
 
@@ -152,6 +153,16 @@ def episode_statistics_into_envs(checkpoint: dict) -> None:
         layers.insert(0, {"class": "RecordEpisodeStatistics", "generators": {}, "simulators": {},
                           "data": {"episode_returns": float(episode_return),
                                    "episode_lengths": int(episode_length)}})
+
+
+def discounted_returns_beside_the_rollout(checkpoint: dict) -> None:
+    """Until 2026-11-26, the reward scaler of ppo_continuous_action.py and ppo_procgen.py saved each
+    environment's discounted return inside its own entry, "reward_scaler"; it is now saved beside
+    the rest of the rollout's state, under "discounted_return", which a resumed run reads back only
+    when it goes on with the saved episodes. Such a checkpoint's returns are moved there."""
+    scaler = checkpoint.get("reward_scaler")
+    if isinstance(scaler, dict) and "discounted_return" in scaler:
+        checkpoint["discounted_return"] = scaler.pop("discounted_return")
 
 
 def save_checkpoint(path: str, state: dict) -> None:

@@ -240,19 +240,13 @@ class RewardScaler:
         self.return_rms.update(self.discounted_return)
         return reward / np.sqrt(self.return_rms.var + 1e-8)
 
+    # The statistics go into checkpoints (run.start); the discounted returns, where the episodes
+    # stand, are saved with the rollout's state.
     def state_dict(self) -> dict:
-        return {"return_rms": checkpoints.statistics_state(self.return_rms),
-                "discounted_return": self.discounted_return.copy()}
+        return {"return_rms": checkpoints.statistics_state(self.return_rms)}
 
     def load_state_dict(self, state: dict) -> None:
         self.return_rms = checkpoints.restored_statistics(state["return_rms"])
-        self.discounted_return = state["discounted_return"].copy()
-
-
-
-# --------------------------------------------------------------------------------------------------
-# Generalized advantage estimation and the PPO loss
-# --------------------------------------------------------------------------------------------------
 
 
 def compute_gae(rewards: np.ndarray, values: np.ndarray, dones: np.ndarray, next_value: np.ndarray,
@@ -387,16 +381,13 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
     # The environments go on where the checkpoint left them, or are reset on seeds that a resumed
     # run has not played yet: their first observations join the statistics, and the discounted
     # returns that scale the rewards start from 0.
-    global_step = run.start(agent, optimizer, num_iterations, envs, batch_size=batch_size,
+    global_step = run.start(agent, optimizer, num_iterations, envs,
+                            statistics={"reward_scaler": reward_scaler}, batch_size=batch_size,
                             minibatch_size=minibatch_size)
-    if checkpoint:
-        reward_scaler.load_state_dict(checkpoint["reward_scaler"])
-    resumed = run.resumed("next_obs", "next_done")
-    if resumed is None:
-        reward_scaler.discounted_return[:] = 0.0
-    next_obs, next_done = resumed or (
+    next_obs, next_done, reward_scaler.discounted_return = run.resumed(
+        "next_obs", "next_done", "discounted_return") or (
         agent.normalize_obs(envs.reset(seed=args.seed + global_step)[0], update=True),
-        np.zeros(args.num_envs, dtype=bool))
+        np.zeros(args.num_envs, dtype=bool), np.zeros(args.num_envs))
 
     for iteration in run.iterations():  # resumed: from the checkpoint's; a stop signal ends them
         # [Core 4: Adam learning rate annealing] linearly from learning_rate toward 0, reached at
@@ -493,7 +484,7 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
                  for key in minibatch_stats[0]}
         run.end_iteration(iteration, global_step, means, host_values.reshape(-1),
                           returns.reshape(-1), next_obs=next_obs, next_done=next_done,
-                          reward_scaler=reward_scaler.state_dict())
+                          discounted_return=reward_scaler.discounted_return)
 
     envs.close()
     return run.finish(global_step, agent=agent, reward_scaler=reward_scaler)

@@ -257,13 +257,13 @@ class RewardScaler:
         self.discounted_return[done] = 0.0
         return reward / np.sqrt(self.return_rms.var + 1e-8)
 
+    # The statistics go into checkpoints (run.start); the discounted returns, where the episodes
+    # stand, are saved with the rollout's state.
     def state_dict(self) -> dict:
-        return {"return_rms": checkpoints.statistics_state(self.return_rms),
-                "discounted_return": self.discounted_return.copy()}
+        return {"return_rms": checkpoints.statistics_state(self.return_rms)}
 
     def load_state_dict(self, state: dict) -> None:
         self.return_rms = checkpoints.restored_statistics(state["return_rms"])
-        self.discounted_return = state["discounted_return"].copy()
 
 
 def compute_gae(rewards: np.ndarray, values: np.ndarray, dones: np.ndarray, next_value: np.ndarray,
@@ -375,17 +375,16 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
     # The run starts: its logs open and, resumed, it takes back its weights, optimizer, random
     # generators, step count and reward statistics. Procgen builds its games anew at a reset (on
     # seeds a resumed run has not played); a resumed run then puts back the episodes it left.
-    global_step = run.start(agent, optimizer, num_iterations, batch_size=batch_size,
+    global_step = run.start(agent, optimizer, num_iterations,
+                            statistics={"reward_scaler": reward_scaler}, batch_size=batch_size,
                             minibatch_size=minibatch_size)
-    if checkpoint:
-        reward_scaler.load_state_dict(checkpoint["reward_scaler"])
     next_obs, next_done = envs.reset(seed=args.seed + global_step)[0], np.zeros(args.num_envs, bool)
-    resumed = run.resumed("next_obs", "next_done", "episode_return", "episode_length")
+    resumed = run.resumed("next_obs", "next_done", "episode_return", "episode_length",
+                          "discounted_return")
     if resumed:
         envs.games.set_state(run.saved_envs)  # the games' full states, random generators included
-        next_obs, next_done, envs.episode_return, envs.episode_length = resumed
-    else:
-        reward_scaler.discounted_return[:] = 0.0
+        (next_obs, next_done, envs.episode_return, envs.episode_length,
+         reward_scaler.discounted_return) = resumed
 
     for iteration in run.iterations():  # resumed: from the checkpoint's; a stop signal ends them
         # [Core 4: Adam learning rate annealing] off by default here ([Procgen 1]); when on,
@@ -466,7 +465,7 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
                  for key in minibatch_stats[0]}
         run.end_iteration(iteration, global_step, means, host_values.reshape(-1),
                           returns.reshape(-1), next_obs=next_obs, next_done=next_done,
-                          reward_scaler=reward_scaler.state_dict(),
+                          discounted_return=reward_scaler.discounted_return,
                           # a recording run's games are not saved: a resumed one starts new ones
                           envs=None if args.capture_video else envs.games.get_state(),
                           episode_return=envs.episode_return, episode_length=envs.episode_length)

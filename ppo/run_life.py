@@ -283,19 +283,23 @@ class Run:
                      else on_device(value) for value in values)
 
     def start(self, agent: torch.nn.Module, optimizer: torch.optim.Optimizer, num_iterations: int,
-              envs=None, **sizes) -> int:
+              envs=None, statistics: dict | None = None, **sizes) -> int:
         """Just before the first iteration: open the logs (the settings and derived `sizes` as a
-        table), restore a resumed run's weights, optimizer and random generators (and say so), then
-        start the clock and the Ctrl-C handler. `envs`, whose state each checkpoint saves, are
-        gymnasium vector environments (None where they cannot be saved). Returns the environment
-        steps so far."""
+        table), restore a resumed run's weights, optimizer, random generators and the script's other
+        running `statistics` (by name: objects with state_dict and load_state_dict, such as a reward
+        scaler), and say so; then start the clock and the Ctrl-C handler. Each checkpoint saves the
+        same, and `envs`, gymnasium vector environments (None where they cannot be saved). Returns
+        the environment steps so far."""
         self.agent, self.optimizer, self.envs, self.num_iterations = \
             agent, optimizer, envs, num_iterations
+        self.statistics = statistics or {}
         self.open_logs(num_iterations=num_iterations, **sizes)
         self.start_iteration, global_step = 0, 0
         if self.checkpoint:
             agent.load_state_dict(self.checkpoint["model"])
             optimizer.load_state_dict(self.checkpoint["optimizer"])
+            for name, statistic in self.statistics.items():
+                statistic.load_state_dict(self.this_ranks(self.checkpoint[name]))
             rng = self.checkpoint["rng"]
             checkpoints.restore_rng(rng[self.rank] if isinstance(rng, list) else rng, self.device)
             self.start_iteration = self.checkpoint["iteration"]
@@ -481,15 +485,16 @@ class Run:
 
     def save_checkpoint(self, iteration: int, global_step: int, rollout_state: dict) -> None:
         """Write what resuming needs: the settings, the weights, the optimizer, the random
-        generators, the environments and the script's `rollout_state`, copied; under torchrun the
-        ranks' own (their generators, environments and rollout state) gathered into lists, which
-        rank 0 writes."""
+        generators, the environments, the script's running statistics and its `rollout_state`,
+        copied; under torchrun the ranks' own (their generators, environments and rollout state)
+        gathered into lists, which rank 0 writes."""
         self.last_save = time.time()
         # never written over the last good checkpoint
         if not checkpoints.all_finite(self.agent.state_dict()):
             self.diverged(global_step, "the weights became non-finite")
         state = {"rng": checkpoints.rng_state(self.device),
                  **({} if self.envs is None else {"envs": checkpoints.save_envs(self.envs)}),
+                 **{name: statistic.state_dict() for name, statistic in self.statistics.items()},
                  **{name: kept(value) for name, value in rollout_state.items()}}
         if self.world_size:
             ranks = all_gathered(state, self.world_size)

@@ -15,6 +15,7 @@ import shlex
 from pathlib import Path
 
 import cloudpickle
+import numpy as np
 import pytest
 import torch
 
@@ -208,6 +209,28 @@ def test_an_old_checkpoint_resumed_with_the_flag_ends_as_its_new_twin(tiny, tmp_
     rewritten = read(old_path)  # the resumed run saved the new format, which resumes without the flag
     assert rewritten["format"] == checkpoints.CHECKPOINT_FORMAT and rewritten["global_step"] == new["args"]["total_timesteps"]
     assert parse_args(script, ["--resume", old_path])[1]["format"] == checkpoints.CHECKPOINT_FORMAT
+
+
+@pytest.mark.parametrize("tiny", ["ppo_continuous_action", "ppo_procgen"], indirect=True)
+def test_a_reward_scaler_saved_with_its_discounted_returns_resumes_as_its_new_twin(tiny, tmp_path, monkeypatch):
+    """Until 2026-11-26 the reward scaler saved each environment's discounted return inside its own entry;
+    now the run saves the scaler's statistics and the returns go with the rollout's state. A checkpoint of
+    the earlier layout resumes to the very run its twin of the new layout does."""
+    script, path = tiny
+    new = one_batch_more(read(path))
+    # returns that scale the next rewards (a tiny run's may all be 0: no reward yet, or an episode just ended)
+    new["discounted_return"] = np.linspace(0.5, 2.0, len(new["discounted_return"]))
+    earlier = {key: value for key, value in new.items() if key != "discounted_return"}
+    earlier["reward_scaler"] = {**new["reward_scaler"], "discounted_return": new["discounted_return"]}
+    for name, checkpoint in (("new", new), ("earlier", earlier)):
+        (tmp_path / name).mkdir()
+        torch.save(checkpoint, tmp_path / name / "checkpoint.pt")
+    monkeypatch.chdir(tmp_path)
+    runs = [script.main(*parse_args(script, ["--resume", str(tmp_path / name / "checkpoint.pt")]))
+            for name in ("new", "earlier")]
+    assert_same_agent_state(runs[0]["agent"].state_dict(), runs[1]["agent"].state_dict())
+    assert runs[0]["reward_scaler"].return_rms.var == runs[1]["reward_scaler"].return_rms.var
+    np.testing.assert_array_equal(runs[0]["reward_scaler"].discounted_return, runs[1]["reward_scaler"].discounted_return)
 
 
 def test_an_old_checkpoint_evaluates_without_the_flag_and_its_pickles_stay_shut(tiny, tmp_path):
