@@ -366,7 +366,11 @@ def restore_env(make_env: Callable[[], gym.Env], layers: list[dict]) -> gym.Env:
     layer = env
     try:
         for state in layers:
-            if layer is None or type(layer).__name__ != state["class"]:
+            # the saved class, or one the built layer derives from: until 2026-11-26 ppo.py's
+            # one-hot layer was a TransformObservation, now gymnasium's FlattenObservation, a kind
+            # of TransformObservation that holds no more data
+            kinds = {kind.__name__ for kind in type(layer).__mro__}
+            if layer is None or state["class"] not in kinds:
                 built = type(layer).__name__ if layer is not None else "nothing"
                 raise EnvStateMismatch(f"the saved environment has a {state['class']} where the "
                                        f"one built has {built}")

@@ -83,21 +83,12 @@ def make_env(env_id: str, idx: int, capture_video: bool, video_folder: str,
         else:
             env = gym.make(env_id)
         if isinstance(env.observation_space, gym.spaces.Discrete):
-            env = one_hot_observations(env)
+            # A Discrete observation (FrozenLake's square) as its one-hot vector, one input per
+            # state: the index of a state is not a quantity (state 5 is not "more" than state 4).
+            env = gym.wrappers.FlattenObservation(env)
         return gym.wrappers.RecordEpisodeStatistics(env)
 
     return thunk
-
-
-def one_hot_observations(env: gym.Env) -> gym.Env:
-    """A Discrete observation (FrozenLake's square, Taxi's state) as a one-hot vector: the network
-    reads numbers, and the index of a state is not a quantity (state 5 is not "more" than state 4).
-    One input per state, as Stable-Baselines3 does, suits the small state sets such tasks have."""
-    size = int(env.observation_space.n)
-    first = int(env.observation_space.start)
-    space = gym.spaces.Box(0.0, 1.0, (size,), np.float32)
-    one_hot = np.eye(size, dtype=np.float32)
-    return gym.wrappers.TransformObservation(env, lambda state: one_hot[int(state) - first], space)
 
 
 def make_envs(env_id: str, num_envs: int, capture_video: bool = False, video_folder: str = "videos",

@@ -140,13 +140,36 @@ def test_discrete_observations_are_one_hot_encoded(workdir):
     module = load("ppo")
     envs = module.make_envs("FrozenLake-v1", 2)
     obs, _ = envs.reset(seed=0)
-    assert obs.shape == (2, 16) and obs.dtype == np.float32
+    assert obs.shape == (2, 16) and set(np.unique(obs)) == {0, 1}
     assert (obs.sum(axis=1) == 1).all() and obs[0, 0] == 1  # both start on square 0
     obs, *_ = envs.step(np.array([2, 1]))  # right, down: squares 1 and 4 (unless the ice slips)
     assert (obs.sum(axis=1) == 1).all()
     envs.close()
     result = module.main(module.Args(env_id="FrozenLake-v1", total_timesteps=256, num_steps=32, cuda=False))
     assert result["agent"].critic[0].in_features == 16
+
+
+def test_a_checkpoint_of_the_earlier_one_hot_layer_resumes_its_episodes(workdir):
+    """Until 2026-11-26 ppo.py one-hot encoded with a TransformObservation of its own, which checkpoints
+    saved under that class name; gymnasium's FlattenObservation, a kind of TransformObservation, does it
+    now. Such a checkpoint resumes with its environments as they were, not refused as a mismatch."""
+    from conftest import parse_args
+
+    module = load("ppo")
+    import checkpoints  # importable once ppo is, as the scripts' run machinery
+    # CliffWalking: Discrete observations, and a state that checkpoints save (FrozenLake's map they cannot)
+    first = module.main(module.Args(env_id="CliffWalking-v1", total_timesteps=64, num_envs=2, num_steps=32,
+                                    num_minibatches=2, save_model=True, cuda=False))
+    path = workdir / "runs" / first["run_name"] / "checkpoint.pt"
+    with torch.serialization.safe_globals(checkpoints.numpy_types()):
+        checkpoint = torch.load(path, weights_only=True)
+    for layers in checkpoint["envs"]:
+        assert [layer["class"] for layer in layers[:2]] == ["RecordEpisodeStatistics", "FlattenObservation"]
+        layers[1]["class"] = "TransformObservation"
+    checkpoint["args"]["total_timesteps"] = 128
+    torch.save(checkpoint, path)
+    resumed = module.main(*parse_args(module, ["--resume", str(path)]))
+    assert resumed["global_step"] == 128
 
 
 # ---------------------------------------------------------------------------------------------------
