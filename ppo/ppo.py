@@ -146,7 +146,7 @@ class Agent(nn.Module):
     def get_value(self, obs: torch.Tensor) -> torch.Tensor:
         return self.critic(obs)
 
-    @run_life.compiled
+    @run_life.compiled  # with --compile the rollout's step is compiled too; else it runs as written
     def get_action(self, obs: torch.Tensor) -> torch.Tensor:
         """The rollout's policy step: sample actions, and nothing else. The rollout needs only the
         actions at each step; their log-probabilities and values come after it, in one batched pass

@@ -243,7 +243,7 @@ class Agent(nn.Module):
     def get_value(self, obs: torch.Tensor, lstm_state: LSTMState, done: torch.Tensor):
         return self.critic(self.get_states(obs, lstm_state, done)[0])
 
-    @run_life.compiled
+    @run_life.compiled  # with --compile the rollout's step is compiled too; else it runs as written
     def get_action_and_value(self, obs: torch.Tensor, lstm_state: LSTMState, done: torch.Tensor,
                              action: torch.Tensor | None = None):
         """Sample actions (or score given ones) for a sequence: returns action, log-prob, entropy,

@@ -274,7 +274,7 @@ class Agent(nn.Module):
             logits = logits.masked_fill(~mask, torch.finfo(logits.dtype).min)
         return logits.split(self.nvec, dim=-1)
 
-    @run_life.compiled
+    @run_life.compiled  # with --compile the rollout's step is compiled too; else it runs as written
     def get_action(self, obs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """The rollout's policy step: sample each part's choice, and nothing else. Log-probabilities
         and values come after the rollout, in one batched pass (main). [Speed: one draw in three
