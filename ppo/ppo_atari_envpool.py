@@ -285,6 +285,7 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
     run = run_life.Run(args, VARIANT, checkpoint, env_package="envpool")
     device = run.device
     batch_size = args.num_envs * args.num_steps
+    minibatch_size = batch_size // args.num_minibatches
     num_iterations = args.total_timesteps // batch_size
     # Python's, NumPy's and PyTorch's random generators start from --seed (the environments' below).
     run_life.seed_everything(args.seed, args.torch_deterministic)
@@ -326,7 +327,7 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
     # generators and step count. Where the games stand: the running score (the sum of the unclipped
     # rewards, over all lives) of each environment's current game, from envpool's info.
     global_step = run.start(agent, optimizer, num_iterations, batch_size=batch_size,
-                            minibatch_size=batch_size // args.num_minibatches)
+                            minibatch_size=minibatch_size)
     game_score = np.zeros(args.num_envs)
     # The games' latest observations, waiting for the network. On a GPU machine they are kept in
     # page-locked ("pinned") memory, which the GPU copies from directly and without blocking.
