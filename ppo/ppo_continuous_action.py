@@ -376,11 +376,11 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
     rewards = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
     dones = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
 
-    # The run starts: its logs open and, resumed, it takes back its weights (with the observation
-    # statistics), optimizer, random generators and step count, and the reward scaler's statistics.
-    # The environments go on where the checkpoint left them, or are reset on seeds that a resumed
-    # run has not played yet: their first observations join the statistics, and the discounted
-    # returns that scale the rewards start from 0.
+    # The run starts: its logs open and, resumed, it takes back its weights, optimizer, random
+    # generators and step count. The environments go on where the checkpoint left them, or are
+    # reset on seeds that a resumed run has not played yet. The weights carry the observation
+    # statistics; the reward scaler's come back by name, and its discounted returns with the
+    # episodes (from 0 when the episodes are new). A reset's first observations join the statistics.
     global_step = run.start(agent, optimizer, num_iterations, envs,
                             statistics={"reward_scaler": reward_scaler}, batch_size=batch_size,
                             minibatch_size=minibatch_size)
@@ -404,7 +404,8 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
             dones[step] = next_done
 
             with torch.inference_mode():
-                action = agent.get_action(torch.as_tensor(next_obs, device=device))
+                action = agent.get_action(torch.as_tensor(next_obs, dtype=torch.float32,
+                                                          device=device))
             # [Speed: one host transfer per step] the sampled action is the only thing the rollout
             # brings back from the device; log-probabilities and values wait for the batched pass
             # below.
@@ -442,7 +443,8 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
         with torch.no_grad():
             _, b_logprobs, _, b_values = agent.get_action_and_value(b_obs, b_actions)
             b_values = b_values.flatten()
-            next_value = agent.get_value(torch.as_tensor(next_obs, device=device))
+            next_value = agent.get_value(torch.as_tensor(next_obs, dtype=torch.float32,
+                                                         device=device))
         # GAE runs on the host, in NumPy: one transfer of the rollout's values per iteration.
         host_values = b_values.cpu().numpy().reshape(args.num_steps, args.num_envs)
         advantages, returns = compute_gae(rewards, host_values, dones,
