@@ -189,9 +189,10 @@ def lstm_with_episode_resets(lstm: nn.LSTM, inputs: torch.Tensor, state: LSTMSta
 
 
 class Agent(nn.Module):
-    """[Atari 8: Shared Nature-CNN] One convolutional trunk (Mnih et al., 2015), here followed by an
-    LSTM, feeds both heads. It replaces [Core 13: Separate MLP networks for policy and value
-    functions] of ppo.py."""
+    """[Atari 8: Shared Nature-CNN] One convolutional trunk (Mnih et al., 2015) feeds both heads:
+    both the policy and the value need the image's features, and learning them once is cheaper. It
+    replaces [Core 13: Separate MLP networks for policy and value functions] of ppo.py. Here an
+    LSTM follows the trunk, and both heads read its output."""
 
     def __init__(self, num_actions: int):
         super().__init__()
@@ -342,15 +343,17 @@ def truncated_value(agent: Agent, infos: dict, truncated: np.ndarray, lstm_state
     """[Truncation: bootstrap the value of a time limit's final observation] (--bootstrap-truncated)
     V(final observation) for each environment whose episode the time limit cut off (the episode
     would have gone on), 0 elsewhere; info["final_obs"] holds that observation (SAME_STEP). The
-    caller adds gamma x this value to the step's reward: its target is r + gamma V(s_final). The
-    value's memory is the state after the step that led there, `lstm_state`, not reset."""
+    caller adds gamma x this value to the step's reward: its target is r + gamma V(s_final)."""
     values = np.zeros(len(truncated), dtype=np.float32)
     if truncated.any():
-        final_obs = torch.as_tensor(np.stack(infos["final_obs"][truncated]), device=device)
+        final_obs = np.stack(infos["final_obs"][truncated])
         games = torch.as_tensor(np.flatnonzero(truncated), device=device)
+        # the memory of the step that led there, `lstm_state`, not reset
         state = (lstm_state[0][:, games], lstm_state[1][:, games])
         with torch.no_grad():  # as the rollout: see its comment on inference_mode
-            final_value = agent.get_value(final_obs, state, torch.zeros(len(games), device=device))
+            final_value = agent.get_value(torch.as_tensor(final_obs, dtype=torch.float32,
+                                                          device=device), state,
+                                          torch.zeros(len(games), device=device))
         values[truncated] = final_value.flatten().cpu().numpy()
     return values
 
@@ -403,8 +406,8 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
             optimizer.param_groups[0]["lr"] = fraction_left * args.learning_rate
         clip_coef = fraction_left * args.clip_coef if args.anneal_clip else args.clip_coef
 
-        # Rollout: num_steps steps in every environment with the current policy, carrying the LSTM
-        # state from step to step; the state it started from is kept for the update's replay.
+        # Rollout: num_steps steps in every environment with the current policy.
+        # The LSTM state goes from step to step; where it started is kept for the update's replay.
         initial_lstm_state = (next_lstm_state[0].clone(), next_lstm_state[1].clone())
         for step in range(args.num_steps):
             global_step += args.num_envs
@@ -417,8 +420,7 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
             # mode, would fail when the update runs them with gradients (pytorch/pytorch#135892).
             with torch.no_grad():
                 action, logprob, _, value, lstm_state = agent.get_action_and_value(
-                    obs[step], next_lstm_state,
-                    torch.as_tensor(next_done, dtype=torch.float32, device=device))
+                    obs[step], next_lstm_state, torch.as_tensor(dones[step], device=device))
             actions[step], logprobs[step], values[step] = action, logprob, value.flatten()
             next_lstm_state = (lstm_state[0].clone(), lstm_state[1].clone())
 
@@ -434,8 +436,8 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
             # the episodes that ended, logged with their scores; and the progress line now and then
             run.record_step(global_step, run_life.finished_episodes(infos))
 
-        # The batch stays (num_steps, num_envs, ...), whole sequences in its columns: the rollout's
-        # tensors are the batch as they are. b_ names an array of the batch, mb_ one of a minibatch.
+        # The batch stays (num_steps, num_envs, ...), whole sequences in its columns, not flattened.
+        # b_ names an array of the whole batch, mb_ one of a minibatch.
         b_obs, b_actions, b_logprobs, b_values = obs, actions, logprobs, values
         with torch.no_grad():
             next_value = agent.get_value(torch.as_tensor(next_obs, dtype=torch.float32,
@@ -454,19 +456,19 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
         # [Core 6: Mini-batch updates] several epochs over shuffled minibatches of the batch.
         # [LSTM 4: Prepare sequential rollouts in mini-batches] the environments are shuffled and
         # split, not the transitions: each minibatch holds whole sequences, for the LSTM's replay.
-        env_inds = np.arange(args.num_envs)
+        b_inds = np.arange(args.num_envs)  # the batch's columns, one per environment
         minibatch_stats = []
         for epoch in range(args.update_epochs):
-            np.random.shuffle(env_inds)
-            shuffled_envs = torch.from_numpy(env_inds).to(device)  # one copy to the device an epoch
+            np.random.shuffle(b_inds)
+            epoch_inds = torch.from_numpy(b_inds).to(device)
             for start in range(0, args.num_envs, envs_per_minibatch):
-                mb_envs = shuffled_envs[start:start + envs_per_minibatch]
-                mb_lstm_state = (initial_lstm_state[0][:, mb_envs],
-                                 initial_lstm_state[1][:, mb_envs])
-                loss, stats = minibatch_loss(agent, b_obs[:, mb_envs], b_dones[:, mb_envs],
-                                             b_actions[:, mb_envs], b_logprobs[:, mb_envs],
-                                             b_values[:, mb_envs], b_advantages[:, mb_envs],
-                                             b_returns[:, mb_envs], mb_lstm_state, clip_coef, args)
+                mb_inds = epoch_inds[start:start + envs_per_minibatch]
+                mb_lstm_state = (initial_lstm_state[0][:, mb_inds],
+                                 initial_lstm_state[1][:, mb_inds])
+                loss, stats = minibatch_loss(agent, b_obs[:, mb_inds], b_dones[:, mb_inds],
+                                             b_actions[:, mb_inds], b_logprobs[:, mb_inds],
+                                             b_values[:, mb_inds], b_advantages[:, mb_inds],
+                                             b_returns[:, mb_inds], mb_lstm_state, clip_coef, args)
                 optimizer.zero_grad()
                 loss.backward()
                 # [Core 11: Global gradient clipping] when the norm of all gradients together
@@ -496,14 +498,14 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
 
 def evaluate(args: Args, checkpoint: dict) -> list[float]:
     """--evaluate: play episodes with the saved agent, its actions sampled as in training. An
-    episode is a whole game, scored with the game's own rewards (RecordEpisodeStatistics); the LSTM
-    state is reset where training resets it, at every lost life."""
+    episode is a whole game, scored with the game's own rewards (RecordEpisodeStatistics)."""
     evaluation = run_life.Evaluation(args, VARIANT, checkpoint)  # the device and seeds
     envs = make_envs(args.env_id, 1, args.capture_video, evaluation.video_folder,
                      video_episodes=args.eval_episodes)
     agent = evaluation.load(Agent(envs.single_action_space.n))
 
     def policy(obs: np.ndarray, done: np.ndarray, lstm_state: LSTMState):
+        # the LSTM state is reset where training resets it (done), at every lost life
         action, _, _, _, lstm_state = agent.get_action_and_value(
             torch.as_tensor(obs, dtype=torch.float32, device=evaluation.device), lstm_state,
             torch.as_tensor(done, dtype=torch.float32, device=evaluation.device))
