@@ -345,11 +345,11 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
             optimizer.param_groups[0]["lr"] = fraction_left * args.learning_rate
         clip_coef = fraction_left * args.clip_coef if args.anneal_clip else args.clip_coef
 
-        # Rollout: num_steps steps in every environment with the current policy. Each pool is sent
-        # its actions and plays the step on envpool's threads; its results are received on its next
-        # turn, just before the network needs its observations again (the last step's, in the extra
-        # turn that ends the rollout). Nothing here loops over the games: envpool steps a whole pool
-        # in one call, and the game statistics are kept with whole-array operations.
+        # Rollout: num_steps steps in every environment with the current policy.
+        # Each pool is sent its actions and plays the step on envpool's threads; its results are
+        # received on its next turn, just before the network needs its observations again (the
+        # last step's, in the extra turn that ends the rollout). Nothing here loops over the games:
+        # envpool steps a whole pool in one call; the game scores are kept with whole arrays.
         for step in range(args.num_steps + 1):
             for pool, games in zip(pools, pool_games):
                 if step > 0:  # what the pool returns for its step `step - 1`
@@ -462,9 +462,8 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
 
 
 def evaluate(args: Args, checkpoint: dict) -> list[float]:
-    """--evaluate: play games with the saved agent, its actions sampled as in training, and score
-    them as the sums of envpool's unclipped rewards over all the lives of a game, in the same
-    environment as training."""
+    """--evaluate: play episodes with the saved agent, its actions sampled as in training. An
+    episode is a whole game, scored with the sum of envpool's unclipped rewards over its lives."""
     evaluation = run_life.Evaluation(args, VARIANT, checkpoint)  # the device and seeds
     envs = make_envs(args.env_id, 1, seed=evaluation.seed, capture_video=args.capture_video)
     agent = evaluation.load(Agent(envs.action_space.n))
