@@ -126,7 +126,7 @@ def load_checkpoint(path: str, variant: str, resuming: bool = False,
                       "scripts does not read: use the version that wrote it")
     if resuming:
         episode_statistics_into_envs(checkpoint)
-        discounted_returns_beside_the_rollout(checkpoint)
+        reward_statistics_as_saved_now(checkpoint)
     return checkpoint if resuming else {key: checkpoint[key] for key in EVALUATION_KEYS
                                         if key in checkpoint}
 
@@ -155,14 +155,18 @@ def episode_statistics_into_envs(checkpoint: dict) -> None:
                                    "episode_lengths": int(episode_length)}})
 
 
-def discounted_returns_beside_the_rollout(checkpoint: dict) -> None:
-    """Until 2026-11-26, the reward scaler of ppo_continuous_action.py and ppo_procgen.py saved each
-    environment's discounted return inside its own entry, "reward_scaler"; it is now saved beside
-    the rest of the rollout's state, under "discounted_return", which a resumed run reads back only
-    when it goes on with the saved episodes. Such a checkpoint's returns are moved there."""
+def reward_statistics_as_saved_now(checkpoint: dict) -> None:
+    """Until 2026-11-26, the "reward_scaler" entry of the checkpoints of ppo_continuous_action.py
+    and ppo_procgen.py held the return statistics under "return_rms" and, in the earlier ones, each
+    environment's discounted return too. It now holds the statistics alone, and the discounted
+    returns are saved beside the rest of the rollout's state, under "discounted_return", which a
+    resumed run reads back only when it goes on with the saved episodes. Such a checkpoint's
+    entries are moved there."""
     scaler = checkpoint.get("reward_scaler")
-    if isinstance(scaler, dict) and "discounted_return" in scaler:
-        checkpoint["discounted_return"] = scaler.pop("discounted_return")
+    if isinstance(scaler, dict) and "return_rms" in scaler:
+        checkpoint["reward_scaler"] = scaler["return_rms"]
+        if "discounted_return" in scaler:
+            checkpoint["discounted_return"] = scaler["discounted_return"]
 
 
 def save_checkpoint(path: str, state: dict) -> None:
@@ -185,12 +189,10 @@ def statistics_state(statistics: RunningMeanStd) -> dict:
     return {"mean": statistics.mean.copy(), "var": statistics.var.copy(), "count": statistics.count}
 
 
-def restored_statistics(state: dict) -> RunningMeanStd:
-    """The running mean and variance that `statistics_state` saved."""
-    statistics = RunningMeanStd(shape=np.shape(state["mean"]))
+def restore_statistics(statistics: RunningMeanStd, state: dict) -> None:
+    """Put back into `statistics` the running mean and variance that `statistics_state` saved."""
     statistics.mean, statistics.var = state["mean"].copy(), state["var"].copy()
     statistics.count = state["count"]
-    return statistics
 
 
 def rng_state(device: torch.device) -> dict:

@@ -14,8 +14,6 @@ The run itself (its flags, checkpoints, logs, progress line and stop signals) co
 beside this file, written once for every script: copy them along with it.
 """
 
-import os
-import sys
 from dataclasses import dataclass
 from typing import Annotated
 
@@ -90,9 +88,6 @@ def make_env(env_id: str, idx: int, capture_video: bool, video_folder: str,
     so what the environment reports (and `charts/episodic_return`) is the task's own."""
 
     def thunk():
-        # Without a display MuJoCo renders through EGL; it reads this when it is first imported.
-        if capture_video and sys.platform.startswith("linux") and not os.environ.get("DISPLAY"):
-            os.environ.setdefault("MUJOCO_GL", "egl")
         if capture_video and idx == 0:
             env = run_life.record_video(gym.make(env_id, render_mode="rgb_array"), video_folder,
                                         video_episodes)
@@ -170,7 +165,7 @@ class Agent(nn.Module):
         return checkpoints.statistics_state(self.obs_rms)
 
     def set_extra_state(self, state: dict) -> None:
-        self.obs_rms = checkpoints.restored_statistics(state)
+        checkpoints.restore_statistics(self.obs_rms, state)
 
     def normalize_obs(self, obs: np.ndarray, update: bool) -> np.ndarray:
         """[Continuous 6: Normalization of observations] Each observation dimension is shifted and
@@ -239,14 +234,6 @@ class RewardScaler:
         self.discounted_return = self.discounted_return * self.gamma * (1.0 - terminated) + reward
         self.return_rms.update(self.discounted_return)
         return reward / np.sqrt(self.return_rms.var + 1e-8)
-
-    # The statistics go into checkpoints (run.start); the discounted returns, where the episodes
-    # stand, are saved with the rollout's state.
-    def state_dict(self) -> dict:
-        return {"return_rms": checkpoints.statistics_state(self.return_rms)}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.return_rms = checkpoints.restored_statistics(state["return_rms"])
 
 
 def compute_gae(rewards: np.ndarray, values: np.ndarray, dones: np.ndarray, next_value: np.ndarray,
@@ -382,8 +369,8 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
     # statistics; the reward scaler's come back by name, and its discounted returns with the
     # episodes (from 0 when the episodes are new). A reset's first observations join the statistics.
     global_step = run.start(agent, optimizer, num_iterations, envs,
-                            statistics={"reward_scaler": reward_scaler}, batch_size=batch_size,
-                            minibatch_size=minibatch_size)
+                            statistics={"reward_scaler": reward_scaler.return_rms},
+                            batch_size=batch_size, minibatch_size=minibatch_size)
     next_obs, next_done, reward_scaler.discounted_return = run.resumed(
         "next_obs", "next_done", "discounted_return") or (
         agent.normalize_obs(envs.reset(seed=args.seed + global_step)[0], update=True),

@@ -26,7 +26,6 @@ import torch.optim as optim
 from gymnasium.wrappers.utils import RunningMeanStd
 from torch.distributions.categorical import Categorical
 
-import checkpoints
 import command_line
 import run_life
 
@@ -257,14 +256,6 @@ class RewardScaler:
         self.discounted_return[done] = 0.0
         return reward / np.sqrt(self.return_rms.var + 1e-8)
 
-    # The statistics go into checkpoints (run.start); the discounted returns, where the episodes
-    # stand, are saved with the rollout's state.
-    def state_dict(self) -> dict:
-        return {"return_rms": checkpoints.statistics_state(self.return_rms)}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.return_rms = checkpoints.restored_statistics(state["return_rms"])
-
 
 def compute_gae(rewards: np.ndarray, values: np.ndarray, dones: np.ndarray, next_value: np.ndarray,
                 next_done: np.ndarray, gamma: float,
@@ -376,8 +367,8 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
     # generators, step count and reward statistics. Procgen builds its games anew at a reset (on
     # seeds a resumed run has not played); a resumed run then puts back the episodes it left.
     global_step = run.start(agent, optimizer, num_iterations,
-                            statistics={"reward_scaler": reward_scaler}, batch_size=batch_size,
-                            minibatch_size=minibatch_size)
+                            statistics={"reward_scaler": reward_scaler.return_rms},
+                            batch_size=batch_size, minibatch_size=minibatch_size)
     next_obs, next_done = envs.reset(seed=args.seed + global_step)[0], np.zeros(args.num_envs, bool)
     resumed = run.resumed("next_obs", "next_done", "episode_return", "episode_length",
                           "discounted_return")

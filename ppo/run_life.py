@@ -60,13 +60,21 @@ class VideoRecorder:
 SAME_REQUEST_SECONDS = 1.0
 
 
+def render_off_screen() -> None:
+    """--capture-video draws its frames off screen, which on a machine without a display needs two
+    settings, made before any environment is built (a user's own choice of either stands). pygame,
+    classic control's renderer, starts SDL's video anyway, which prints an error without a display:
+    SDL's dummy driver needs none. MuJoCo picks its OpenGL backend when it is first imported: on
+    Linux without a display, EGL."""
+    os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
+    if sys.platform.startswith("linux") and not os.environ.get("DISPLAY"):
+        os.environ.setdefault("MUJOCO_GL", "egl")
+
+
 def record_video(env: gym.Env, folder: str, episodes: int | None = None) -> gym.Env:
     """`env` filmed into `folder` on gymnasium's schedule: episodes 0, 1, 8, 27, ..., 1000, 2000,
     ...; an evaluation of `episodes` episodes films none past its last (the reset after it starts
-    one). The frames are drawn off screen, but pygame (classic control's renderer) starts SDL's
-    video anyway, which on a machine without a display prints an error: SDL's dummy driver needs
-    none (a user's choice stands)."""
-    os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
+    one)."""
     trigger = None
     if episodes is not None:
         from gymnasium.utils.save_video import capped_cubic_video_schedule as schedule
@@ -243,6 +251,8 @@ class Run:
         # record video, so the process that records (rank 0) starts new ones instead, and the run
         # no longer ends exactly as an unbroken one would. None where the checkpoint holds none.
         records_video = args.capture_video and rank == 0
+        if records_video:
+            render_off_screen()
         self.saved_envs = (self.this_ranks(checkpoint.get("envs"))
                            if checkpoint and not records_video else None)
         if args.track:
@@ -286,8 +296,8 @@ class Run:
               envs=None, statistics: dict | None = None, **sizes) -> int:
         """Just before the first iteration: open the logs (the settings and derived `sizes` as a
         table), restore a resumed run's weights, optimizer, random generators and the script's other
-        running `statistics` (by name: objects with state_dict and load_state_dict, such as a reward
-        scaler), and say so; then start the clock and the Ctrl-C handler. Each checkpoint saves the
+        running `statistics` (by name: gymnasium's RunningMeanStd, such as a reward scaler's), and
+        say so; then start the clock and the Ctrl-C handler. Each checkpoint saves the
         same, and `envs`, gymnasium vector environments (None where they cannot be saved). Returns
         the environment steps so far."""
         self.agent, self.optimizer, self.envs, self.num_iterations = \
@@ -299,7 +309,7 @@ class Run:
             agent.load_state_dict(self.checkpoint["model"])
             optimizer.load_state_dict(self.checkpoint["optimizer"])
             for name, statistic in self.statistics.items():
-                statistic.load_state_dict(self.this_ranks(self.checkpoint[name]))
+                checkpoints.restore_statistics(statistic, self.this_ranks(self.checkpoint[name]))
             rng = self.checkpoint["rng"]
             checkpoints.restore_rng(rng[self.rank] if isinstance(rng, list) else rng, self.device)
             self.start_iteration = self.checkpoint["iteration"]
@@ -494,7 +504,8 @@ class Run:
             self.diverged(global_step, "the weights became non-finite")
         state = {"rng": checkpoints.rng_state(self.device),
                  **({} if self.envs is None else {"envs": checkpoints.save_envs(self.envs)}),
-                 **{name: statistic.state_dict() for name, statistic in self.statistics.items()},
+                 **{name: checkpoints.statistics_state(statistic)
+                    for name, statistic in self.statistics.items()},
                  **{name: kept(value) for name, value in rollout_state.items()}}
         if self.world_size:
             ranks = all_gathered(state, self.world_size)
@@ -752,6 +763,8 @@ class Evaluation:
         self.args, self.checkpoint, self.scores = args, checkpoint, []
         self.device = choose_device(args, variant)
         self.video_folder = f"videos/{checkpoint['run_name']}-eval"
+        if args.capture_video:
+            render_off_screen()
         # Seeds unlike any training seed, so the scores come from episodes the agent never trained
         # on.
         self.seed = args.seed + 100_000

@@ -212,25 +212,30 @@ def test_an_old_checkpoint_resumed_with_the_flag_ends_as_its_new_twin(tiny, tmp_
 
 
 @pytest.mark.parametrize("tiny", ["ppo_continuous_action", "ppo_procgen"], indirect=True)
-def test_a_reward_scaler_saved_with_its_discounted_returns_resumes_as_its_new_twin(tiny, tmp_path, monkeypatch):
-    """Until 2026-11-26 the reward scaler saved each environment's discounted return inside its own entry;
-    now the run saves the scaler's statistics and the returns go with the rollout's state. A checkpoint of
-    the earlier layout resumes to the very run its twin of the new layout does."""
+def test_a_reward_scaler_saved_in_an_earlier_layout_resumes_as_its_new_twin(tiny, tmp_path, monkeypatch):
+    """Until 2026-11-26 the reward scaler's entry held the return statistics under "return_rms" and, earlier
+    still, each environment's discounted return. Now the entry is the statistics, and the returns go with the
+    rollout's state. Checkpoints of both earlier layouts resume to the very run their twin
+    of the new layout does."""
     script, path = tiny
     new = one_batch_more(read(path))
     # returns that scale the next rewards (a tiny run's may all be 0: no reward yet, or an episode just ended)
     new["discounted_return"] = np.linspace(0.5, 2.0, len(new["discounted_return"]))
-    earlier = {key: value for key, value in new.items() if key != "discounted_return"}
-    earlier["reward_scaler"] = {**new["reward_scaler"], "discounted_return": new["discounted_return"]}
-    for name, checkpoint in (("new", new), ("earlier", earlier)):
+    statistics_inside = {**new, "reward_scaler": {"return_rms": new["reward_scaler"]}}
+    returns_inside = {key: value for key, value in new.items() if key != "discounted_return"}
+    returns_inside["reward_scaler"] = {"return_rms": new["reward_scaler"], "discounted_return": new["discounted_return"]}
+    layouts = {"new": new, "statistics_inside": statistics_inside, "returns_inside": returns_inside}
+    for name, checkpoint in layouts.items():
         (tmp_path / name).mkdir()
         torch.save(checkpoint, tmp_path / name / "checkpoint.pt")
     monkeypatch.chdir(tmp_path)
     runs = [script.main(*parse_args(script, ["--resume", str(tmp_path / name / "checkpoint.pt")]))
-            for name in ("new", "earlier")]
-    assert_same_agent_state(runs[0]["agent"].state_dict(), runs[1]["agent"].state_dict())
-    assert runs[0]["reward_scaler"].return_rms.var == runs[1]["reward_scaler"].return_rms.var
-    np.testing.assert_array_equal(runs[0]["reward_scaler"].discounted_return, runs[1]["reward_scaler"].discounted_return)
+            for name in layouts]
+    for run in runs[1:]:
+        assert_same_agent_state(runs[0]["agent"].state_dict(), run["agent"].state_dict())
+        assert run["reward_scaler"].return_rms.var == runs[0]["reward_scaler"].return_rms.var
+        assert run["reward_scaler"].return_rms.count == runs[0]["reward_scaler"].return_rms.count
+        np.testing.assert_array_equal(run["reward_scaler"].discounted_return, runs[0]["reward_scaler"].discounted_return)
 
 
 def test_an_old_checkpoint_evaluates_without_the_flag_and_its_pickles_stay_shut(tiny, tmp_path):

@@ -5,6 +5,7 @@ MuJoCo, exact resumption after Ctrl-C, evaluation, and the errors for input the 
 import os
 import platform
 import signal
+import sys
 from importlib.metadata import version
 from pathlib import Path
 
@@ -412,6 +413,18 @@ def test_evaluation_prints_each_episode_and_the_mean(trained_hopper, workdir, ca
     output = capsys.readouterr().out
     printed = assert_evaluation_output(output, "Hopper-v4", 2)
     assert printed == pytest.approx(returns, abs=0.05)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="EGL: MuJoCo's renderer without a display on Linux")
+def test_video_is_filmed_without_a_display(trained_hopper, workdir, monkeypatch):
+    """On a machine without a display, as CI's, MuJoCo draws through EGL only if MUJOCO_GL says so before
+    it is imported: --capture-video sets it (a user's own value stands)."""
+    monkeypatch.delenv("MUJOCO_GL", raising=False)
+    monkeypatch.delenv("DISPLAY", raising=False)
+    result = run_script(SCRIPT, "--evaluate", str(trained_hopper[1]), "--eval-episodes", "1", "--capture-video",
+                        cwd=workdir, check=False)
+    videos = list((workdir / "videos").rglob("*.mp4"))
+    assert result.returncode == 0 and videos and all(video.stat().st_size > 1000 for video in videos), result.stderr
 
 
 def test_evaluation_keeps_the_observation_clip_it_was_trained_with(trained_hopper, capsys, workdir):
