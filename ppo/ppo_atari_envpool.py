@@ -123,15 +123,6 @@ def make_envs(env_id: str, num_envs: int, seed: int = 0, capture_video: bool = F
     return envs
 
 
-def film_first_game(recorder: run_life.VideoRecorder, envs, game_over: bool) -> None:
-    """--capture-video: envpool has no gymnasium wrapper to film with, so the first game's frames
-    are rendered here, at the agent's 15 steps per second, for the games the schedule picks."""
-    if recorder.filming:
-        recorder.add(envs.render(env_ids=[0])[0])
-    if game_over:
-        recorder.episode_ended()
-
-
 def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Module:
     """[Core 2: Orthogonal initialization of weights, constant initialization of biases] Orthogonal
     weights with gain sqrt(2) for the hidden layers (openai/baselines' choice, the gain that suits
@@ -369,8 +360,8 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
                     scores = game_score[games]  # a view: updating it updates game_score
                     scores += info["reward"]
                     game_over = info["terminated"].astype(bool) | truncations
-                    if recorder and games.start == 0:
-                        film_first_game(recorder, pool, game_over[0])
+                    if recorder and games.start == 0:  # --capture-video films the first game
+                        recorder.film(lambda: pool.render(env_ids=[0])[0], game_over[0])
                     # the games that ended, logged with their scores; and the progress line
                     run.record_step(global_step, [(scores[i], info["elapsed_step"][i])
                                                   for i in np.flatnonzero(game_over)])
@@ -478,7 +469,7 @@ def evaluate(args: Args, checkpoint: dict) -> list[float]:
         score += float(info["reward"][0])
         game_over = bool(info["terminated"][0] or truncated[0])
         if recorder:
-            film_first_game(recorder, envs, game_over)
+            recorder.film(lambda: envs.render(env_ids=[0])[0], game_over)
         if game_over:
             evaluation.episode_ended(score, int(info["elapsed_step"][0]))
             score = 0.0

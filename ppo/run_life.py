@@ -54,6 +54,14 @@ class VideoRecorder:
             self.save_video(self.frames, self.folder, fps=15, episode_index=self.episode)
         self.episode, self.frames = self.episode + 1, []
 
+    def film(self, render: Callable[[], np.ndarray], episode_over: bool) -> None:
+        """One step of the filmed environment: its frame, `render()`, called only while the schedule
+        films its episode; then, if the step ended the episode, the episode's video."""
+        if self.filming:
+            self.add(render())
+        if episode_over:
+            self.episode_ended()
+
 
 # A second stop signal this soon after the first is the same request arriving twice, not a second
 # one: Slurm signals every process of a task, and the runner or torchrun above the run passes it on.

@@ -289,6 +289,20 @@ def test_the_smallest_minibatches_train_without_nans(workdir, norm_adv, num_mini
         assert np.isfinite([value for _, value in points]).all(), tag
 
 
+def test_an_evaluation_films_the_whole_first_game(workdir):
+    """envpool has no gymnasium wrapper to film with: --capture-video renders the game at each step and writes
+    the video when the game, not a life, is over."""
+    from dataclasses import asdict
+
+    torch.manual_seed(0)
+    torch.save({"variant": script.VARIANT, "args": asdict(Args()), "run_name": "untrained",
+                "model": script.Agent(4).state_dict()}, workdir / "untrained.pt")
+    script.evaluate(*parse_args(script, ["--evaluate", "untrained.pt", "--eval-episodes", "1", "--capture-video",
+                                         "--no-cuda"]))
+    videos = list((workdir / "videos" / "untrained-eval").glob("*.mp4"))
+    assert [video.name for video in videos] == ["rl-video-episode-0.mp4"] and videos[0].stat().st_size > 1000
+
+
 @pytest.mark.parametrize("speed_flags, stop_signal", [([], signal.SIGTERM), (["--async-envs"], signal.SIGINT)],
                          ids=["one-pool-SIGTERM", "two-pools-Ctrl-C"])
 @pytest.mark.smoke
