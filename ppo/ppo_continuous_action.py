@@ -6,10 +6,13 @@ HalfCheetah-v4.
     python ppo/ppo_continuous_action.py --resume runs/<run>/checkpoint.pt    # go on after a stop
     python ppo/ppo_continuous_action.py --evaluate runs/<run>/checkpoint.pt  # score a saved agent
 
-MuJoCo comes with the extra: pip install -e ".[mujoco]". The file follows ppo/ppo.py, and its 13
-core implementation details are marked where they happen as there; so are the 9 details for
-continuous actions: 1 to 4 in the agent, 5 and 9 in the rollout, 6 and 7 in normalize_obs, 8 in
-RewardScaler; docs/ppo_continuous_action.md explains each.
+The file reads top to bottom: the settings, the environments, the agent, GAE and the clipped loss,
+then the training loop in `main()`. The 13 core implementation details of PPO are marked where they
+happen, `[Core 5: Generalized Advantage Estimation]` for one: 1 in make_envs, 2 and 13 in the agent,
+5 in compute_gae, 7 to 10 and 12 in ppo_loss, 3, 4, 6 and 11 in main; docs/ppo.md explains each.
+So are the 9 details for continuous actions: 1 to 4 in the agent, 5 and 9 in the rollout, 6 and 7
+in normalize_obs, 8 in RewardScaler; docs/ppo_continuous_action.md explains them. MuJoCo comes
+with the extra: pip install -e ".[mujoco]".
 The run itself (its flags, checkpoints, logs, progress line and stop signals) comes from the modules
 beside this file, written once for every script: copy them along with it.
 """
@@ -130,11 +133,12 @@ def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.
 
 
 class Agent(nn.Module):
-    """[Core 13: Separate MLP networks for policy and value functions]
-    [Continuous 4: Separate MLP networks for policy and value functions] Two 64-64 tanh MLPs: one
-    for the value, one for the means of the action distribution, as in openai/baselines' PPO for
-    MuJoCo. The agent also owns the running statistics of the observations it has seen
-    (`normalize_obs`): a policy trained on normalized observations means nothing without them."""
+    """[Core 13: Separate MLP networks for policy and value functions] Two 64-64 tanh MLPs: on
+    simple tasks a shared trunk makes the policy and value objectives compete.
+    [Continuous 4: Separate MLP networks for policy and value functions] The actor's gives the means
+    of the action distribution, as in openai/baselines' PPO for MuJoCo. The agent also owns the
+    running statistics of the observations it has seen (`normalize_obs`): a policy trained on
+    normalized observations means nothing without them."""
 
     def __init__(self, obs_size: int, action_size: int, obs_clip: float = 10.0):
         super().__init__()
