@@ -305,9 +305,9 @@ class Run:
         """Just before the first iteration: open the logs (the settings and derived `sizes` as a
         table), restore a resumed run's weights, optimizer, random generators and the script's other
         running `statistics` (by name: gymnasium's RunningMeanStd, such as a reward scaler's), and
-        say so; then start the clock and the Ctrl-C handler. Each checkpoint saves the
-        same, and `envs`, gymnasium vector environments (None where they cannot be saved). Returns
-        the environment steps so far."""
+        say so; then start the clock and the Ctrl-C handler. Each checkpoint saves the same, and
+        `envs`, gymnasium vector environments (None where they cannot be saved). Returns the
+        environment steps so far."""
         self.agent, self.optimizer, self.envs, self.num_iterations = \
             agent, optimizer, envs, num_iterations
         self.statistics = statistics or {}
