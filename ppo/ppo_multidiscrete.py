@@ -7,12 +7,16 @@
 
 ppo.py, for MultiDiscrete actions: one categorical choice per part of the action, and a mask of the
 choices the environment allows at each step, whether it comes in an `action_mask` key of a Dict
-observation, in `info["action_mask"]` or from an `action_masks()` method. The 13 core details are
-marked as in ppo.py (1 in make_envs, 2 and 13 in the agent, 5 in compute_gae, 7 to 10 and 12 in
-ppo_loss, 3, 4, 6 and 11 in main); the MultiDiscrete detail and the masking ones in ActionParts,
-the agent and minibatch_loss; docs/ppo_multidiscrete.md explains each. The run itself (its flags,
-checkpoints, logs, progress line and stop signals) comes from the modules beside this file,
-written once for every script: copy them along with it.
+observation, in `info["action_mask"]` or from an `action_masks()` method.
+
+The file reads top to bottom: the settings, the environments, the agent, GAE and the clipped loss,
+then the training loop in `main()`. The 13 core implementation details of PPO are marked where they
+happen, `[Core 5: Generalized Advantage Estimation]` for one: 1 in make_envs, 2 and 13 in the agent,
+5 in compute_gae, 7 to 10 and 12 in ppo_loss, 3, 4, 6 and 11 in main; docs/ppo.md explains each.
+So are the MultiDiscrete detail and the masking ones, in ActionParts, the agent and minibatch_loss;
+docs/ppo_multidiscrete.md explains them.
+The run itself (its flags, checkpoints, logs, progress line and stop signals) comes from the modules
+beside this file, written once for every script: copy them along with it.
 """
 
 from dataclasses import dataclass
