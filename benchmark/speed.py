@@ -37,6 +37,7 @@ its parts running slower interleaved with each other than alone.
 from __future__ import annotations
 
 import argparse
+import cProfile
 import dataclasses
 import importlib
 import os
@@ -224,13 +225,66 @@ def part_floors(script, run_args) -> tuple[float, float]:
     return seconds_per_call(policy_step, 200), seconds_per_call(gradient_step, 50)
 
 
+def clock_time() -> str:
+    """The local time as nvidia-smi's timestamps give it, to find the steady state in its samples."""
+    now = time.time()
+    return time.strftime("%Y/%m/%d %H:%M:%S", time.localtime(now)) + f".{int(now % 1 * 1000):03d}"
+
+
+def iteration_parts(script, run_args, warmup_iterations: int,
+                    profiler: cProfile.Profile | None = None) -> list[tuple[float, float, int]]:
+    """(rollout seconds, update seconds, steps) of each iteration of `script.main(run_args)` after
+    the first `warmup_iterations`, which `profiler`, if given, leaves out too. The rollout ends at
+    the iteration's last call of `Agent.get_value` (the last observations' value; a time limit's
+    bootstrap calls it earlier), the update when the iteration logs charts/SPS."""
+    import run_life  # the scripts' run machinery, importable once a script is
+
+    value_called = [0.0]  # wall clock of the latest Agent.get_value call
+    iteration_ends = []  # (wall clock, global step) when training starts and each iteration ends
+    rollout_ends = []
+    original_get_value = script.Agent.get_value
+
+    def get_value_noting_the_time(agent, *inputs, **options):
+        value_called[0] = time.perf_counter()
+        return original_get_value(agent, *inputs, **options)
+
+    class ClockedWriter(run_life.SummaryWriter):
+        def __init__(self, *options, **named_options):
+            super().__init__(*options, **named_options)
+            iteration_ends.append((time.perf_counter(), 0))
+
+        def add_scalar(self, tag, value, global_step=None, *rest, **options):
+            if tag == "charts/SPS":
+                iteration_ends.append((time.perf_counter(), global_step))
+                rollout_ends.append(value_called[0])
+                if profiler and len(iteration_ends) - 1 == warmup_iterations:
+                    print(f"steady state from {clock_time()}", flush=True)
+                    profiler.enable()
+            return super().add_scalar(tag, value, global_step, *rest, **options)
+
+    previous_directory, previous_writer = os.getcwd(), run_life.SummaryWriter
+    script.Agent.get_value, run_life.SummaryWriter = get_value_noting_the_time, ClockedWriter
+    try:
+        with tempfile.TemporaryDirectory() as workdir:
+            os.chdir(workdir)
+            script.main(run_args)
+    finally:
+        if profiler:
+            profiler.disable()
+            print(f"steady state until {clock_time()}")
+        script.Agent.get_value, run_life.SummaryWriter = original_get_value, previous_writer
+        os.chdir(previous_directory)
+    # iteration i (from 1) starts at iteration_ends[i - 1] and its rollout ends at rollout_ends[i - 1]
+    return [(rollout_ends[i - 1] - iteration_ends[i - 1][0], iteration_ends[i][0] - rollout_ends[i - 1],
+             iteration_ends[i][1] - iteration_ends[i - 1][1])
+            for i in range(warmup_iterations + 1, len(iteration_ends))]
+
+
 def loop_split(script, run_args, warmup_iterations: int) -> tuple[float, float]:
     """Seconds per environment step of the rollout and of the update in a real run (medians over
     the iterations after the warm-up), split at the iteration's last value call as
-    benchmark/gpu/steady.py splits them: the rollout then includes the batched pass over it."""
-    from benchmark.gpu import steady
-
-    parts = steady.iteration_parts(script, run_args, warmup_iterations)
+    `iteration_parts` splits them: the rollout then includes the batched pass over it."""
+    parts = iteration_parts(script, run_args, warmup_iterations)
     return (statistics.median(rollout / steps for rollout, _, steps in parts),
             statistics.median(update / steps for _, update, steps in parts))
 

@@ -142,15 +142,14 @@ def test_a_real_measurement_prints_a_row_whose_ratio_is_its_two_speeds_divided(c
 
 
 def test_steady_state_splits_each_iteration_at_the_last_value_call_before_the_update(monkeypatch):
-    """benchmark/gpu/steady.py: the rollout ends at the iteration's last Agent.get_value call (the
-    last observations' value), not at an earlier one (a time limit's bootstrap), and the update
-    ends when charts/SPS is logged. A stand-in script advances a stand-in clock, so the split is
-    exact."""
-    from benchmark.gpu import steady
+    """speed.iteration_parts (--parts, and benchmark/gpu/steady.py): the rollout ends at the iteration's
+    last Agent.get_value call (the last observations' value), not at an earlier one (a time limit's
+    bootstrap), and the update ends when charts/SPS is logged. A stand-in script advances a stand-in
+    clock, so the split is exact."""
     import run_life  # where the scripts open their writer
 
     now = [0.0]
-    monkeypatch.setattr(steady.time, "perf_counter", lambda: now[0])
+    monkeypatch.setattr(speed.time, "perf_counter", lambda: now[0])
 
     class Agent:
         def get_value(self, obs, *lstm_state):
@@ -169,8 +168,7 @@ def test_steady_state_splits_each_iteration_at_the_last_value_call_before_the_up
         writer.close()
 
     script = types.SimpleNamespace(Agent=Agent, main=main)
-    parts = steady.iteration_parts(script, types.SimpleNamespace(log_dir="runs/x"),
-                                   warmup_iterations=1)
+    parts = speed.iteration_parts(script, types.SimpleNamespace(log_dir="runs/x"), warmup_iterations=1)
     assert parts == [(3.0, 0.5, 10), (3.0, 0.5, 10)]
     assert Agent.get_value.__name__ == "get_value"  # restored
     assert run_life.SummaryWriter.__name__ == "SummaryWriter"

@@ -20,73 +20,16 @@ from __future__ import annotations
 import argparse
 import cProfile
 import importlib
-import os
 import statistics
 import sys
-import tempfile
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "benchmark"))
 sys.path.insert(0, str(REPO))
 
-import speed  # noqa: E402  (benchmark/speed.py: the raw rate, the --set parser, the script defaults)
-
-
-def clock_time() -> str:
-    """The local time as nvidia-smi's timestamps give it, to find the steady state in its samples."""
-    now = time.time()
-    return time.strftime("%Y/%m/%d %H:%M:%S", time.localtime(now)) + f".{int(now % 1 * 1000):03d}"
-
-
-def iteration_parts(script, run_args, warmup_iterations: int,
-                    profiler: cProfile.Profile | None = None) -> list[tuple[float, float, int]]:
-    """(rollout seconds, update seconds, steps) of each iteration of `script.main(run_args)` after
-    the first `warmup_iterations`, which `profiler`, if given, leaves out too. The rollout ends at
-    the iteration's last call of `Agent.get_value` (the last observations' value; a time limit's
-    bootstrap calls it earlier), the update when the iteration logs charts/SPS."""
-    import run_life  # the scripts' run machinery, importable once a script is
-
-    value_called = [0.0]  # wall clock of the latest Agent.get_value call
-    iteration_ends = []  # (wall clock, global step) when training starts and each iteration ends
-    rollout_ends = []
-    original_get_value = script.Agent.get_value
-
-    def get_value_noting_the_time(agent, *inputs, **options):
-        value_called[0] = time.perf_counter()
-        return original_get_value(agent, *inputs, **options)
-
-    class ClockedWriter(run_life.SummaryWriter):
-        def __init__(self, *options, **named_options):
-            super().__init__(*options, **named_options)
-            iteration_ends.append((time.perf_counter(), 0))
-
-        def add_scalar(self, tag, value, global_step=None, *rest, **options):
-            if tag == "charts/SPS":
-                iteration_ends.append((time.perf_counter(), global_step))
-                rollout_ends.append(value_called[0])
-                if profiler and len(iteration_ends) - 1 == warmup_iterations:
-                    print(f"steady state from {clock_time()}", flush=True)
-                    profiler.enable()
-            return super().add_scalar(tag, value, global_step, *rest, **options)
-
-    previous_directory, previous_writer = os.getcwd(), run_life.SummaryWriter
-    script.Agent.get_value, run_life.SummaryWriter = get_value_noting_the_time, ClockedWriter
-    try:
-        with tempfile.TemporaryDirectory() as workdir:
-            os.chdir(workdir)
-            script.main(run_args)
-    finally:
-        if profiler:
-            profiler.disable()
-            print(f"steady state until {clock_time()}")
-        script.Agent.get_value, run_life.SummaryWriter = original_get_value, previous_writer
-        os.chdir(previous_directory)
-    # iteration i (from 1) starts at iteration_ends[i - 1] and its rollout ends at rollout_ends[i - 1]
-    return [(rollout_ends[i - 1] - iteration_ends[i - 1][0], iteration_ends[i][0] - rollout_ends[i - 1],
-             iteration_ends[i][1] - iteration_ends[i - 1][1])
-            for i in range(warmup_iterations + 1, len(iteration_ends))]
+import speed  # noqa: E402  (benchmark/speed.py: the raw rate, the --set parser, the script defaults,
+#               and the split of each iteration into its rollout and its update)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -116,7 +59,7 @@ def main(argv: list[str] | None = None) -> None:
                            **{name: True for name in args.options})
     raw_wall, _ = speed.raw_env_speed(script, env_id, num_envs, args.raw_seconds)
     profiler = cProfile.Profile() if args.profile else None
-    parts = iteration_parts(script, run_args, args.warmup_iterations, profiler)
+    parts = speed.iteration_parts(script, run_args, args.warmup_iterations, profiler)
 
     rollout = [part[0] for part in parts]
     update = [part[1] for part in parts]
