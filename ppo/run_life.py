@@ -63,11 +63,6 @@ class VideoRecorder:
             self.episode_ended()
 
 
-# A second stop signal this soon after the first is the same request arriving twice, not a second
-# one: Slurm signals every process of a task, and the runner or torchrun above the run passes it on.
-SAME_REQUEST_SECONDS = 1.0
-
-
 def render_off_screen() -> None:
     """--capture-video draws its frames off screen, which on a machine without a display needs two
     settings, made before any environment is built (a user's own choice of either stands). pygame,
@@ -89,6 +84,11 @@ def record_video(env: gym.Env, folder: str, episodes: int | None = None) -> gym.
 
         trigger = lambda episode: episode < episodes and schedule(episode)  # noqa: E731
     return gym.wrappers.RecordVideo(env, folder, episode_trigger=trigger)
+
+
+# A second stop signal this soon after the first is the same request arriving twice, not a second
+# one: Slurm signals every process of a task, and the runner or torchrun above the run passes it on.
+SAME_REQUEST_SECONDS = 1.0
 
 
 # What the first stop signal prints: {signal} names it, {again} how to stop at once.
