@@ -215,8 +215,8 @@ def test_an_old_checkpoint_resumed_with_the_flag_ends_as_its_new_twin(tiny, tmp_
 def test_a_reward_scaler_saved_in_an_earlier_layout_resumes_as_its_new_twin(tiny, tmp_path, monkeypatch):
     """Until 2026-11-26 the reward scaler's entry held the return statistics under "return_rms" and, earlier
     still, each environment's discounted return. Now the entry is the statistics, and the returns go with the
-    rollout's state. Checkpoints of both earlier layouts resume to the very run their twin
-    of the new layout does."""
+    rollout's state. Checkpoints of both earlier layouts resume to the very run their twin of the new layout
+    does."""
     script, path = tiny
     new = one_batch_more(read(path))
     # returns that scale the next rewards (a tiny run's may all be 0: no reward yet, or an episode just ended)
