@@ -24,6 +24,7 @@ from torch.distributions.categorical import Categorical
 
 import command_line
 import run_life
+import videos
 
 VARIANT = "ppo"  # written into checkpoints, so another variant's checkpoint is refused
 
@@ -78,7 +79,7 @@ def make_env(env_id: str, idx: int, capture_video: bool, video_folder: str,
 
     def thunk():
         if capture_video and idx == 0:
-            env = run_life.record_video(gym.make(env_id, render_mode="rgb_array"), video_folder,
+            env = videos.record_video(gym.make(env_id, render_mode="rgb_array"), video_folder,
                                         video_episodes)
         else:
             env = gym.make(env_id)

@@ -26,6 +26,7 @@ import atari_wrappers
 import checkpoints
 import command_line
 import run_life
+import videos
 
 VARIANT = "ppo_atari"  # written into checkpoints, so another variant's checkpoint is refused
 
@@ -90,7 +91,7 @@ def make_env(env_id: str, idx: int, capture_video: bool, video_folder: str,
         env = gym.make(env_id, frameskip=1,
                        render_mode="rgb_array" if capture_video and idx == 0 else None)
         if capture_video and idx == 0:
-            env = run_life.record_video(env, video_folder, video_episodes)
+            env = videos.record_video(env, video_folder, video_episodes)
         # gymnasium's AtariPreprocessing carries out three details as the original wrappers do, but
         # it max-pools two grayscale frames where they max-pool two color ones and then convert:
         # Breakout's frames come out the same, 0.2% of Pong's pixels differ (docs/ppo_atari.md).

@@ -27,6 +27,7 @@ from torch.distributions.categorical import Categorical
 
 import command_line
 import run_life
+import videos
 
 # written into checkpoints, so another variant's checkpoint is refused
 VARIANT = "ppo_atari_envpool"
@@ -301,7 +302,7 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
     # whose tiny gradients it would scale up to full size. fused=True: one kernel for all weights.
     optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
     # the first game of pools[0]
-    recorder = run_life.VideoRecorder(run.video_folder) if args.capture_video else None
+    recorder = videos.VideoRecorder(run.video_folder) if args.capture_video else None
 
     # Rollout storage, (num_steps, num_envs, ...). [Speed: one host transfer per step] What the
     # network reads or writes stays on its device (frames as uint8); rewards and dones on the host.
@@ -458,7 +459,7 @@ def evaluate(args: Args, checkpoint: dict) -> list[float]:
     evaluation = run_life.Evaluation(args, VARIANT, checkpoint)  # the device and seeds
     envs = make_envs(args.env_id, 1, seed=evaluation.seed, capture_video=args.capture_video)
     agent = evaluation.load(Agent(envs.action_space.n))
-    recorder = run_life.VideoRecorder(evaluation.video_folder) if args.capture_video else None
+    recorder = videos.VideoRecorder(evaluation.video_folder) if args.capture_video else None
     obs, _ = envs.reset()
     score = 0.0
     while evaluation.playing:

@@ -31,6 +31,7 @@ from torch.distributions.categorical import Categorical
 import command_line
 import exits
 import run_life
+import videos
 
 VARIANT = "ppo_multidiscrete"  # written into checkpoints: another variant's checkpoint is refused
 
@@ -89,7 +90,7 @@ def make_env(env_id: str, idx: int, capture_video: bool, video_folder: str,
         if env_id.startswith("Jumanji/"):
             env = JumanjiGame(env_id)
         elif capture_video and idx == 0:
-            env = run_life.record_video(gym.make(env_id, render_mode="rgb_array"), video_folder,
+            env = videos.record_video(gym.make(env_id, render_mode="rgb_array"), video_folder,
                                         video_episodes)
         else:
             env = gym.make(env_id)

@@ -28,6 +28,7 @@ from torch.distributions.categorical import Categorical
 
 import command_line
 import run_life
+import videos
 
 try:
     # procgen imports the retired `gym` package to register old-style environments, and gym prints
@@ -115,7 +116,7 @@ class ProcgenVectorEnv:
         if distribution_mode != "exploration":  # which sets its own level
             self.options.update(num_levels=num_levels, start_level=start_level)
         self.games, self.episode_return, self.episode_length = None, None, None
-        self.recorder = run_life.VideoRecorder(video_folder) if video_folder else None
+        self.recorder = videos.VideoRecorder(video_folder) if video_folder else None
 
     def reset(self, seed: int | None = None) -> tuple[np.ndarray, dict]:
         if self.games is not None:

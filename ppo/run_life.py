@@ -24,67 +24,8 @@ from torch.utils.tensorboard import SummaryWriter
 
 import checkpoints
 import command_line
+import videos
 from exits import STOP_SIGNALS, UNUSED_RUN_FOLDERS, Diverged, StoppedAtOnce, fail, signal_name
-
-class VideoRecorder:
-    """--capture-video where no gymnasium wrapper films the environments (envpool's, Procgen's):
-    the script adds the first environment's frames while the schedule is `filming` its episode
-    (gymnasium's: episodes 0, 1, 8, 27, ..., 1000, 2000, ...), and each filmed episode is written
-    to `folder` when it ends, at 15 frames a second (moviepy writes it)."""
-
-    def __init__(self, folder: str):
-        from gymnasium.utils.save_video import capped_cubic_video_schedule, save_video
-
-        # Procgen's gym3 holds imageio-ffmpeg below 0.4, which warns on the first video that
-        # pkg_resources is deprecated: noise about a library the scripts do not call themselves.
-        warnings.filterwarnings("ignore", "pkg_resources is deprecated", UserWarning)
-
-        self.schedule, self.save_video = capped_cubic_video_schedule, save_video
-        self.folder, self.episode, self.frames = folder, 0, []
-
-    @property
-    def filming(self) -> bool:
-        return self.schedule(self.episode)
-
-    def add(self, frame: np.ndarray) -> None:
-        self.frames.append(frame)
-
-    def episode_ended(self) -> None:
-        if self.frames:
-            self.save_video(self.frames, self.folder, fps=15, episode_index=self.episode)
-        self.episode, self.frames = self.episode + 1, []
-
-    def film(self, render: Callable[[], np.ndarray], episode_over: bool) -> None:
-        """One step of the filmed environment: its frame, `render()`, called only while the schedule
-        films its episode; then, if the step ended the episode, the episode's video."""
-        if self.filming:
-            self.add(render())
-        if episode_over:
-            self.episode_ended()
-
-
-def render_off_screen() -> None:
-    """--capture-video draws its frames off screen, which on a machine without a display needs two
-    settings, made before any environment is built (a user's own choice of either stands). pygame,
-    classic control's renderer, starts SDL's video anyway, which prints an error without a display:
-    SDL's dummy driver needs none. MuJoCo picks its OpenGL backend when it is first imported: on
-    Linux without a display, EGL."""
-    os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
-    if sys.platform.startswith("linux") and not os.environ.get("DISPLAY"):
-        os.environ.setdefault("MUJOCO_GL", "egl")
-
-
-def record_video(env: gym.Env, folder: str, episodes: int | None = None) -> gym.Env:
-    """`env` filmed into `folder` on gymnasium's schedule: episodes 0, 1, 8, 27, ..., 1000, 2000,
-    ...; an evaluation of `episodes` episodes films none past its last (the reset after it starts
-    one)."""
-    trigger = None
-    if episodes is not None:
-        from gymnasium.utils.save_video import capped_cubic_video_schedule as schedule
-
-        trigger = lambda episode: episode < episodes and schedule(episode)  # noqa: E731
-    return gym.wrappers.RecordVideo(env, folder, episode_trigger=trigger)
-
 
 # A second stop signal this soon after the first is the same request arriving twice, not a second
 # one: Slurm signals every process of a task, and the runner or torchrun above the run passes it on.
@@ -260,7 +201,7 @@ class Run:
         # no longer ends exactly as an unbroken one would. None where the checkpoint holds none.
         records_video = args.capture_video and rank == 0
         if records_video:
-            render_off_screen()
+            videos.render_off_screen()
         self.saved_envs = (self.this_ranks(checkpoint.get("envs"))
                            if checkpoint and not records_video else None)
         if args.track:
@@ -772,7 +713,7 @@ class Evaluation:
         self.device = choose_device(args, variant)
         self.video_folder = f"videos/{checkpoint['run_name']}-eval"
         if args.capture_video:
-            render_off_screen()
+            videos.render_off_screen()
         # Seeds unlike any training seed, so the scores come from episodes the agent never trained
         # on.
         self.seed = args.seed + 100_000

@@ -1,7 +1,7 @@
 """The layout of ppo/: scripts that import the run machinery, never the other way round.
 
 Each script holds PPO and its variant's idea; the run machinery (command_line, checkpoints,
-run_life, exits) holds what is not PPO, one concern a module, and knows no variant. Imports go one
+run_life, videos, exits) holds what is not PPO, one concern a module, and knows no variant. Imports go one
 way: from a script to the modules, never from a module to a script, never from one script to
 another, and among the modules in one order (exits at the bottom), so that each can be read, and
 copied, with only what it stands on. Beside them, atari_wrappers holds the two Atari wrappers that
@@ -23,8 +23,9 @@ from conftest import REPO
 PPO = REPO / "ppo"
 SCRIPTS = sorted(path.stem for path in PPO.glob("ppo*.py"))
 # The run machinery, each module above the ones it may import.
-MODULES = {"exits": set(), "checkpoints": {"exits"}, "command_line": {"exits", "checkpoints"},
-           "run_life": {"exits", "checkpoints", "command_line"},
+MODULES = {"exits": set(), "videos": set(), "checkpoints": {"exits"},
+           "command_line": {"exits", "checkpoints"},
+           "run_life": {"exits", "checkpoints", "command_line", "videos"},
            # not run machinery: what ale-py's games need and gymnasium lacks, as CleanRL's Atari
            # scripts import it from Stable-Baselines3
            "atari_wrappers": set()}
@@ -51,7 +52,7 @@ def imported_names(path) -> tuple[set[str], set[str]]:
     return top, everywhere
 
 
-def test_the_folder_holds_the_eight_scripts_and_the_five_modules():
+def test_the_folder_holds_the_eight_scripts_and_the_six_modules():
     assert SCRIPTS == ["ppo", "ppo_atari", "ppo_atari_envpool", "ppo_atari_lstm", "ppo_atari_multigpu",
                        "ppo_continuous_action", "ppo_multidiscrete", "ppo_procgen"]
     assert {path.stem for path in PPO.glob("*.py")} == {"__init__", *SCRIPTS, *MODULES}
@@ -91,7 +92,7 @@ def test_ruff_finds_nothing_in_ppo():
 # signals inside it), and its run machinery stays within these many statements: what the run records
 # after each step (the episodes that ended, the progress line) and at the iteration's end (the
 # divergence guard, the logs, the checkpoint; under torchrun, the ranks' agreement too).
-MACHINERY = re.compile(r"\brun\.|\brun_life\.|\bcheckpoints\.|\bexits\.|cudagraph_mark_step_begin"
+MACHINERY = re.compile(r"\brun\.|\brun_life\.|\bvideos\.|\bcheckpoints\.|\bexits\.|cudagraph_mark_step_begin"
                        r"|args\.cudagraphs|writer\.|\ball_gather|dist\.all_gather")
 MOST_MACHINERY_IN_THE_LOOP = 3
 
