@@ -26,7 +26,8 @@ import command_line
 import run_life
 import videos
 
-VARIANT = "ppo"  # written into checkpoints, so another variant's checkpoint is refused
+# written into checkpoints, so another variant's checkpoint is refused
+VARIANT = "ppo"
 
 
 @command_line.with_run_flags(VARIANT)  # then --seed, --cuda, --track, --save-model, --resume, ...
@@ -161,7 +162,7 @@ class Agent(nn.Module):
     def get_action_and_value(self, obs: torch.Tensor, action: torch.Tensor | None = None):
         """Sample an action (or score a given one): returns action, log-prob, entropy and value."""
         logits = self.actor(obs)
-        # The logits come straight from the network, so argument validation would only cost time.
+        # The network's outputs need no argument validation, which would only cost time.
         distribution = Categorical(logits=logits, validate_args=False)
         if action is None:
             action = distribution.sample()
@@ -292,8 +293,8 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
     # The run starts: its logs open and, resumed, it takes back its weights, optimizer, random
     # generators and step count. The environments go on where the checkpoint left them, or are
     # reset on seeds that a resumed run has not played yet.
-    global_step = run.start(agent, optimizer, num_iterations, envs, batch_size=batch_size,
-                            minibatch_size=minibatch_size)
+    global_step = run.start(agent, optimizer, num_iterations, envs,
+                            batch_size=batch_size, minibatch_size=minibatch_size)
     next_obs, next_done = run.resumed("next_obs", "next_done") or (
         envs.reset(seed=args.seed + global_step)[0], np.zeros(args.num_envs, dtype=bool))
 

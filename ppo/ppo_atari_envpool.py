@@ -171,7 +171,7 @@ class Agent(nn.Module):
     def get_action_and_value(self, obs: torch.Tensor, action: torch.Tensor | None = None):
         """Sample an action (or score a given one): returns action, log-prob, entropy and value."""
         hidden = self.features(obs)
-        # The logits come straight from the network, so argument validation would only cost time.
+        # The network's outputs need no argument validation, which would only cost time.
         distribution = Categorical(logits=self.actor(hidden), validate_args=False)
         if action is None:
             action = distribution.sample()
@@ -318,8 +318,8 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
     # The run starts: its logs open and, resumed, it takes back its weights, optimizer, random
     # generators and step count. Where the games stand: the running score (the sum of the unclipped
     # rewards, over all lives) of each environment's current game, from envpool's info.
-    global_step = run.start(agent, optimizer, num_iterations, batch_size=batch_size,
-                            minibatch_size=minibatch_size)
+    global_step = run.start(agent, optimizer, num_iterations,
+                            batch_size=batch_size, minibatch_size=minibatch_size)
     game_score = np.zeros(args.num_envs)
     # The games' latest observations, waiting for the network. On a GPU machine they are kept in
     # page-locked ("pinned") memory, which the GPU copies from directly and without blocking.

@@ -30,7 +30,8 @@ import command_line
 import run_life
 import videos
 
-VARIANT = "ppo_atari_lstm"  # written into checkpoints, so another variant's checkpoint is refused
+# written into checkpoints, so another variant's checkpoint is refused
+VARIANT = "ppo_atari_lstm"
 # [LSTM 4] a minibatch holds whole environment sequences: it takes some of the environments
 WHOLE_SEQUENCES = command_line.Rule("a divisor of --num-envs (a minibatch holds whole environment "
                                     "sequences)", lambda value, args: args.num_envs % value == 0,
@@ -251,7 +252,7 @@ class Agent(nn.Module):
         """Sample actions (or score given ones) for a sequence: returns action, log-prob, entropy,
         value and the LSTM state after the sequence."""
         hidden, lstm_state = self.get_states(obs, lstm_state, done)
-        # The logits come straight from the network, so argument validation would only cost time.
+        # The network's outputs need no argument validation, which would only cost time.
         distribution = Categorical(logits=self.actor(hidden), validate_args=False)
         if action is None:
             action = distribution.sample()
@@ -365,7 +366,8 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
     run = run_life.Run(args, VARIANT, checkpoint, env_package="ale-py")
     device = run.device
     batch_size = args.num_envs * args.num_steps
-    envs_per_minibatch = args.num_envs // args.num_minibatches
+    minibatch_size = batch_size // args.num_minibatches
+    envs_per_minibatch = args.num_envs // args.num_minibatches  # [LSTM 4] whole sequences
     num_iterations = args.total_timesteps // batch_size
     # Python's, NumPy's and PyTorch's random generators start from --seed (the environments' below).
     run_life.seed_everything(args.seed, args.torch_deterministic)
@@ -391,8 +393,8 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
     # The run starts: its logs open and, resumed, it takes back its weights, optimizer, random
     # generators and step count. The environments go on where the checkpoint left them, or are
     # reset on seeds that a resumed run has not played yet.
-    global_step = run.start(agent, optimizer, num_iterations, envs, batch_size=batch_size,
-                            minibatch_size=envs_per_minibatch * args.num_steps)
+    global_step = run.start(agent, optimizer, num_iterations, envs,
+                            batch_size=batch_size, minibatch_size=minibatch_size)
     # with the LSTM state before the next observation: zeros at first, or the checkpoint's memory
     next_obs, next_done, next_lstm_state = run.resumed("next_obs", "next_done",
                                                        "next_lstm_state") or (

@@ -212,7 +212,7 @@ class Agent(nn.Module):
     def get_action_and_value(self, obs: torch.Tensor, action: torch.Tensor | None = None):
         """Sample an action (or score a given one): returns action, log-prob, entropy and value."""
         hidden = self.features(obs)
-        # The logits come straight from the network, so argument validation would only cost time.
+        # The network's outputs need no argument validation, which would only cost time.
         distribution = Categorical(logits=self.actor(hidden), validate_args=False)
         if action is None:
             action = distribution.sample()
@@ -435,8 +435,9 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
     # The run starts: its logs open and, resumed, it takes back its weights, optimizer, random
     # generators and step count. The environments go on where the checkpoint left them, or are
     # reset on seeds that a resumed run has not played yet.
-    global_step = run.start(agent, optimizer, num_iterations, envs, world_size=world_size,
-                            batch_size=batch_size, local_batch_size=local_batch_size,
+    global_step = run.start(agent, optimizer, num_iterations, envs,
+                            world_size=world_size, batch_size=batch_size,
+                            local_batch_size=local_batch_size,
                             local_minibatch_size=local_minibatch_size)
     next_obs, next_done = run.resumed("next_obs", "next_done") or (
         envs.reset(seed=args.seed + rank * local_num_envs + global_step)[0],

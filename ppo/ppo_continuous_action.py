@@ -1,5 +1,4 @@
-"""PPO for continuous actions on vector observations: MuJoCo's Hopper-v4, Walker2d-v4,
-HalfCheetah-v4.
+"""PPO for continuous actions on vector observations: Hopper-v4, Walker2d-v4, HalfCheetah-v4.
 
     python ppo/ppo_continuous_action.py --env-id Hopper-v4                   # train
     python ppo/ppo_continuous_action.py --save-model                         # ... keep a checkpoint
@@ -11,8 +10,7 @@ then the training loop in `main()`. The 13 core implementation details of PPO ar
 happen, `[Core 5: Generalized Advantage Estimation]` for one: 1 in make_envs, 2 and 13 in the agent,
 5 in compute_gae, 7 to 10 and 12 in ppo_loss, 3, 4, 6 and 11 in main; docs/ppo.md explains each.
 So are the 9 details for continuous actions: 1 to 4 in the agent, 5 and 9 in the rollout, 6 and 7
-in normalize_obs, 8 in RewardScaler; docs/ppo_continuous_action.md explains them. MuJoCo comes
-with the extra: pip install -e ".[mujoco]".
+in normalize_obs, 8 in RewardScaler; docs/ppo_continuous_action.md explains them.
 The run itself (its flags, checkpoints, logs, progress line and stop signals) comes from the modules
 beside this file, written once for every script: copy them along with it.
 """
@@ -88,8 +86,7 @@ def make_env(env_id: str, idx: int, capture_video: bool, video_folder: str,
              video_episodes: int | None = None):
     """Return a function that builds one environment; video is recorded from the first one only.
     RecordEpisodeStatistics reports each episode's return and length as it ends. The environments
-    stay raw: observation normalization lives in the agent and reward scaling in the training loop,
-    so what the environment reports (and `charts/episodic_return`) is the task's own."""
+    stay raw (the agent normalizes, the loop scales rewards): logged returns are the task's own."""
 
     def thunk():
         if capture_video and idx == 0:
@@ -136,10 +133,9 @@ def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.
 class Agent(nn.Module):
     """[Core 13: Separate MLP networks for policy and value functions] Two 64-64 tanh MLPs: on
     simple tasks a shared trunk makes the policy and value objectives compete.
-    [Continuous 4: Separate MLP networks for policy and value functions] The actor's gives the means
-    of the action distribution, as in openai/baselines' PPO for MuJoCo. The agent also owns the
-    running statistics of the observations it has seen (`normalize_obs`): a policy trained on
-    normalized observations means nothing without them."""
+    [Continuous 4: Separate MLP networks for policy and value functions] The actor gives the means
+    of the action distribution (openai/baselines' PPO for MuJoCo). The agent also owns the running
+    statistics of its observations (`normalize_obs`), without which its weights mean nothing."""
 
     def __init__(self, obs_size: int, action_size: int, obs_clip: float = 10.0):
         super().__init__()
@@ -204,13 +200,12 @@ class Agent(nn.Module):
         mean comes from the actor network and whose std is exp(actor_logstd)."""
         mean = self.actor_mean(obs)
         std = self.actor_logstd.exp().expand_as(mean)
-        # Both come straight from the network, so argument validation would only cost time.
+        # The network's outputs need no argument validation, which would only cost time.
         distribution = Normal(mean, std, validate_args=False)
         if action is None:
             action = distribution.sample()
         # [Continuous 3: Independent action components] the action dimensions are independent
-        # Gaussians, so the log-probability of an action is the sum of theirs, and so is the
-        # entropy.
+        # Gaussians: an action's log-probability is the sum of theirs, and so is its entropy.
         return (action, distribution.log_prob(action).sum(1), distribution.entropy().sum(1),
                 self.critic(obs))
 
@@ -221,14 +216,11 @@ class RewardScaler:
     the value targets in a range the value network learns well whatever the task's reward scale.
 
     Per environment it keeps a return discounted by gamma; every step discounts it, adds the new
-    reward, updates the statistics with the returns, then scales the rewards by their std. The rule
-    for episode ends is that of the reference implementation, which wraps each environment in
-    gymnasium's NormalizeReward: a termination cuts the return at the terminal step, whose return is
-    its own reward alone; a time-limit truncation cuts nothing, the return runs on into the next
-    episode. The 37-details post's detail 8 points to openai/baselines' VecNormalize instead, which
-    restarts the return after every episode end, truncations included; the two rules differ only in
-    the standard deviation they estimate. One set of statistics serves all environments, as the one
-    value network learns from all of them (docs/ppo_continuous_action.md discusses both choices)."""
+    reward, updates the statistics with the returns, then scales the rewards by their std. As in the
+    reference implementation (gymnasium's NormalizeReward), a termination cuts the return (the
+    terminal step's return is its own reward alone) and a time-limit truncation does not. One set of
+    statistics serves all environments, as the one value network learns from all of them
+    (docs/notes/design.md weighs both choices against openai/baselines' VecNormalize)."""
 
     def __init__(self, num_envs: int, gamma: float):
         self.gamma = gamma
@@ -325,10 +317,9 @@ def truncated_value(agent: Agent, infos: dict, truncated: np.ndarray,
     observation is valued as the agent would have seen it: normalized, not counted."""
     values = np.zeros(len(truncated), dtype=np.float32)
     if truncated.any():
-        final_obs = np.stack(infos["final_obs"][truncated])
+        final_obs = agent.normalize_obs(np.stack(infos["final_obs"][truncated]), update=False)
         with torch.inference_mode():
-            final_value = agent.get_value(torch.as_tensor(agent.normalize_obs(final_obs,
-                                                                              update=False),
+            final_value = agent.get_value(torch.as_tensor(final_obs, dtype=torch.float32,
                                                           device=device))
         values[truncated] = final_value.flatten().cpu().numpy()
     return values
@@ -370,9 +361,9 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
 
     # The run starts: its logs open and, resumed, it takes back its weights, optimizer, random
     # generators and step count. The environments go on where the checkpoint left them, or are
-    # reset on seeds that a resumed run has not played yet. The weights carry the observation
-    # statistics; the reward scaler's come back by name, and its discounted returns with the
-    # episodes (from 0 when the episodes are new). A reset's first observations join the statistics.
+    # reset on seeds that a resumed run has not played yet.
+    # The weights carry the observation statistics; the reward scaler's come back by name, its
+    # discounted returns with the episodes (zeros for new ones, whose first observations count).
     global_step = run.start(agent, optimizer, num_iterations, envs,
                             statistics={"reward_scaler": reward_scaler.return_rms},
                             batch_size=batch_size, minibatch_size=minibatch_size)
@@ -405,22 +396,19 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
 
             # [Continuous 5: Handling of action clipping to valid range and storage] The Gaussian's
             # samples are unbounded; the environment gets them clipped to its bounds, but the
-            # rollout keeps the sample itself, whose log-probability is what the loss compares
-            # against.
+            # rollout keeps the sample itself, the one whose log-probability the loss compares.
             raw_obs, reward, terminations, truncations, infos = envs.step(
                 np.clip(actions[step], action_low, action_high))
             # A time limit ends the episode like a termination, as in the original PPO...
             next_done = np.logical_or(terminations, truncations)
             next_obs = agent.normalize_obs(raw_obs, update=True)
-            # [Continuous 9: Reward clipping] the scaled reward is clipped to [-reward_clip,
-            # reward_clip].
+            # [Continuous 9: Reward clipping] the scaled reward is kept within +-reward_clip
             rewards[step] = np.clip(reward_scaler.scale(reward, terminations), -args.reward_clip,
                                     args.reward_clip)
             if args.bootstrap_truncated:  # ...unless the run values what the time limit cut off
                 cut_off = truncations & ~terminations
                 rewards[step] += args.gamma * truncated_value(agent, infos, cut_off, device)
-            # the episodes that ended, logged with the environment's own returns; and the progress
-            # line now and then
+            # the episodes that ended, logged with their scores; and the progress line now and then
             run.record_step(global_step, run_life.finished_episodes(infos))
 
         # Flatten the rollout into one batch of num_envs x num_steps transitions.
@@ -492,10 +480,9 @@ def evaluate(args: Args, checkpoint: dict) -> list[float]:
                      video_episodes=args.eval_episodes)
     agent = evaluation.load(Agent(envs.single_observation_space.shape[0],
                                   envs.single_action_space.shape[0], args.obs_clip))
-    low, high = envs.single_action_space.low, envs.single_action_space.high
+    bounds = envs.single_action_space.low, envs.single_action_space.high
     return evaluation.play(envs, lambda obs, _: np.clip(agent.get_action(torch.as_tensor(
-        agent.normalize_obs(obs, update=False), device=evaluation.device)).cpu().numpy(),
-        low, high))
+        agent.normalize_obs(obs, update=False), device=evaluation.device)).cpu().numpy(), *bounds))
 
 
 if __name__ == "__main__":

@@ -33,7 +33,8 @@ import exits
 import run_life
 import videos
 
-VARIANT = "ppo_multidiscrete"  # written into checkpoints: another variant's checkpoint is refused
+# written into checkpoints, so another variant's checkpoint is refused
+VARIANT = "ppo_multidiscrete"
 
 
 @command_line.with_run_flags(VARIANT)  # then --seed, --cuda, --track, --save-model, --resume, ...
@@ -444,8 +445,8 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
     # The run starts: its logs open and, resumed, it takes back its weights, optimizer, random
     # generators and step count. The environments go on where the checkpoint left them, or are
     # reset on seeds that a resumed run has not played yet.
-    global_step = run.start(agent, optimizer, num_iterations, envs, batch_size=batch_size,
-                            minibatch_size=minibatch_size)
+    global_step = run.start(agent, optimizer, num_iterations, envs,
+                            batch_size=batch_size, minibatch_size=minibatch_size)
     resumed = run.resumed("next_obs", "next_mask", "next_done")
     if resumed is None:
         next_obs, infos = envs.reset(seed=args.seed + global_step)

@@ -38,7 +38,8 @@ try:
 except ImportError:  # command_line.check_procgen_id says how to install it
     ProcgenGym3Env = None
 
-VARIANT = "ppo_procgen"  # written into checkpoints, so another variant's checkpoint is refused
+# written into checkpoints, so another variant's checkpoint is refused
+VARIANT = "ppo_procgen"
 
 DISTRIBUTION_MODES = ("easy", "hard", "extreme", "memory", "exploration")
 ONE_OF_THE_MODES = command_line.Rule(f"one of {', '.join(DISTRIBUTION_MODES)}",
@@ -231,7 +232,7 @@ class Agent(nn.Module):
     def get_action_and_value(self, obs: torch.Tensor, action: torch.Tensor | None = None):
         """Sample an action (or score a given one): returns action, log-prob, entropy and value."""
         hidden = self.features(obs)
-        # The logits come straight from the network, so argument validation would only cost time.
+        # The network's outputs need no argument validation, which would only cost time.
         distribution = Categorical(logits=self.actor(hidden), validate_args=False)
         if action is None:
             action = distribution.sample()
