@@ -7,6 +7,7 @@ scripts as pages with line anchors and points the links at them: tests/test_site
 site.
 """
 
+import ast
 import re
 import subprocess
 import sys
@@ -106,9 +107,14 @@ def display(path: Path) -> str:
 
 
 def marker_lines(script: Path, kind: str, number: int) -> list[int]:
-    """The lines of a script that carry the marker `[kind number: ...]` (or `[kind number]`)."""
+    """The lines of a script that carry the marker `[kind number: ...]` (or `[kind number]`), where
+    the detail happens: not the module docstring, which names markers as an example and an index."""
+    source = script.read_text()
+    module = ast.parse(source)
+    docstring_end = module.body[0].end_lineno if ast.get_docstring(module) is not None else 0
     pattern = re.compile(rf"\[{re.escape(kind)} {number}[:\]]")
-    return [i for i, line in enumerate(script.read_text().splitlines(), start=1) if pattern.search(line)]
+    return [i for i, line in enumerate(source.splitlines(), start=1)
+            if i > docstring_end and pattern.search(line)]
 
 
 def named_line(script: Path, text: str) -> tuple[str, list[int]] | None:
@@ -207,10 +213,13 @@ def test_line_link_check_catches_stale_links(tmp_path):
     (tmp_path / "ppo").mkdir()
     (tmp_path / "docs").mkdir()
     script_lines = ["x = 1"] * 30
+    script_lines[0] = '"""The details are marked: `[Core 5: GAE]` for one."""'  # line 1: an index
     script_lines[9] = "# [Core 5: Generalized Advantage Estimation]"  # line 10
     script_lines[19] = "# [Atari 2: MaxAndSkipEnv]"  # line 20
     script_lines[4] = "# [Speed: torch.compile] compiled"  # line 5
     script_lines[14] = "def evaluate(args):"  # line 15
+    script_lines[15] = "    return args"
+    script_lines[23] = "def train(args):"
     script_lines[24] = "    step = run_life.compiled(args)"  # line 25
     (tmp_path / "ppo" / "demo.py").write_text("\n".join(script_lines) + "\n")
     page = tmp_path / "docs" / "demo.md"
@@ -237,10 +246,11 @@ def test_line_link_check_catches_stale_links(tmp_path):
         "```",
         "[Core 5](../ppo/demo.py#L1)",                                 # in a code block: ignored
         "```",
+        "| 5 | GAE | [gae](../ppo/demo.py#L1) |",                      # stale: the docstring's index
     ]) + "\n")
     problems = stale_line_links([page], list(DETAIL_KINDS))
     flagged = sorted(int(problem.split(":")[1]) for problem in problems)
-    assert flagged == [2, 4, 7, 9, 10, 11, 13, 15, 16, 18, 19], problems
+    assert flagged == [2, 4, 7, 9, 10, 11, 13, 15, 16, 18, 19, 23], problems
 
 
 def test_index_links_every_variant_page():
