@@ -718,8 +718,7 @@ def comparison_markdown(report: dict[str, list[EnvSummary]], out_dir: Path) -> s
             test = f" {u:g} | {p:.3f} |" if not math.isnan(p) else f" {u:g} | - |"
         elif len(variants) == 2:
             test = " - | - |"
-        lines.append(f"| {env_id} | {', '.join(map(str, seeds))} | " + " | ".join(cells) + (" |" if not test else
-                                                                                              " |" + test))
+        lines.append(f"| {env_id} | {', '.join(map(str, seeds))} | " + " | ".join(cells) + " |" + test)
     for env_id, rows in shared.items():
         plot_comparison(env_id, rows, out_dir)
         stem = file_stem(env_id)

@@ -261,7 +261,7 @@ def simulator_state(simulator) -> dict:
                   if not name.startswith("_")}
         return {"mujoco": {"time": simulator.time,
                            "arrays": {name: array.copy() for name, array in arrays.items()
-                                                               if isinstance(array, np.ndarray)}}}
+                                      if isinstance(array, np.ndarray)}}}
     return {"ale": simulator.cloneState(include_rng=True).__getstate__()}
 
 
@@ -408,10 +408,8 @@ def restored_envs(env_fns: list[Callable[[], gym.Env]], saved: list) -> list[Cal
     an AsyncVectorEnv, where each game is then rebuilt. The environments of a checkpoint of the
     older format, which the user trusts (TrustedOldPickle), are unpickled instead
     (`unpickled_envs`)."""
-    if isinstance(saved, TrustedOldPickle) or isinstance(saved,
-                                                         list) and any(isinstance(s,
-                                                                                  TrustedOldPickle)
-                                                                                  for s in saved):
+    if isinstance(saved, TrustedOldPickle) or (
+            isinstance(saved, list) and any(isinstance(s, TrustedOldPickle) for s in saved)):
         return unpickled_envs(saved)
     if not isinstance(saved, list) or len(saved) != len(env_fns):
         raise EnvStateMismatch("the checkpoint holds "

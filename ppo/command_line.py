@@ -185,7 +185,7 @@ def parse_args(args_class: type, variant: str, argv: list[str] | None = None,
 
 
 def run_script(main: Callable, evaluate: Callable, args_class: type, variant: str, doc: str,
-        pip_extra: str) -> NoReturn:
+               pip_extra: str) -> NoReturn:
     """`python ppo/<variant>.py ...`: read the command line, then train (`main`) or, with
     --evaluate, play the saved agent (`evaluate`), and exit with the code of how that ended
     (exits.run_and_exit). `pip_extra` is the script's extra in pyproject.toml, named when a package

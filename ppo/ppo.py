@@ -81,7 +81,7 @@ def make_env(env_id: str, idx: int, capture_video: bool, video_folder: str,
     def thunk():
         if capture_video and idx == 0:
             env = videos.record_video(gym.make(env_id, render_mode="rgb_array"), video_folder,
-                                        video_episodes)
+                                      video_episodes)
         else:
             env = gym.make(env_id)
         if isinstance(env.observation_space, gym.spaces.Discrete):

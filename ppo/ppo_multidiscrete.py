@@ -92,7 +92,7 @@ def make_env(env_id: str, idx: int, capture_video: bool, video_folder: str,
             env = JumanjiGame(env_id)
         elif capture_video and idx == 0:
             env = videos.record_video(gym.make(env_id, render_mode="rgb_array"), video_folder,
-                                        video_episodes)
+                                      video_episodes)
         else:
             env = gym.make(env_id)
         space = env.action_space  # other spaces are left for check_spaces to refuse

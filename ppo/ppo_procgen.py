@@ -132,7 +132,7 @@ class ProcgenVectorEnv:
         return obs["rgb"], {}
 
     def step(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray,
-                                                  dict]:
+                                                 dict]:
         self.games.act(np.asarray(actions, dtype=np.int32))
         reward, obs, first = self.games.observe()  # first: this observation begins a new episode
         self.film(obs["rgb"], episode_ended=first[0])
