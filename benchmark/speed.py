@@ -28,10 +28,10 @@ action back on the host) and one gradient step alone (the script's `minibatch_lo
 gradient clipping and Adam on one minibatch), each replaying the arguments that a one-iteration run
 passed them; from those and the raw rate, the floor: the steps per second a run would reach if it did
 nothing but step the environments, take the policy steps and the gradient steps; and the start, a
-fresh Python process that imports the script and builds its optimizer (which loads torch._dynamo), as
-every run does before its first step. The second splits a real run into its rollout and its update,
-each against its own floor, to show which of the two loses the time: the loop's own statements, and
-its parts running slower interleaved with each other than alone.
+fresh Python process that imports the script and builds its optimizer, as every run does before its
+first step. The second splits a real run into its rollout and its update, each against its own
+floor, to show which of the two loses the time: the loop's own statements, and its parts running
+slower interleaved with each other than alone.
 """
 
 from __future__ import annotations
@@ -213,7 +213,7 @@ def part_floors(script, run_args) -> tuple[float, float]:
             (action[0] if isinstance(action, tuple) else action).cpu().numpy()
 
     (agent, *loss_args), loss_named = recorded["loss"]
-    optimizer = torch.optim.Adam(agent.parameters(), lr=1e-6, eps=1e-5, fused=True)
+    optimizer = script.adam.Adam(agent.parameters(), lr=1e-6, eps=1e-5, fused=True)  # the scripts' own
 
     def gradient_step():
         loss, _ = script.minibatch_loss(agent, *loss_args, **loss_named)
@@ -290,10 +290,10 @@ def loop_split(script, run_args, warmup_iterations: int) -> tuple[float, float]:
 
 
 def start_seconds(script_file: str) -> float:
-    """The median wall time of 3 fresh Python processes that import the script and build an Adam
+    """The median wall time of 3 fresh Python processes that import the script and build its
     optimizer: what every run pays before its first step, environments left out."""
     module = f"ppo.{script_file.removesuffix('.py')}"
-    code = f"import torch, {module}; torch.optim.Adam([torch.nn.Parameter(torch.zeros(1))])"
+    code = f"import torch, {module} as script; script.adam.Adam([torch.nn.Parameter(torch.zeros(1))], lr=1)"
     times = []
     for _ in range(3):
         start = time.perf_counter()

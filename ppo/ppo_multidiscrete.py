@@ -25,9 +25,9 @@ import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn as nn
-import torch.optim as optim
 from torch.distributions.categorical import Categorical
 
+import adam
 import command_line
 import exits
 import run_life
@@ -432,7 +432,8 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
     # [Core 3: The Adam optimizer's epsilon parameter] 1e-5 as in the original code, not PyTorch's
     # 1e-8: Adam divides each step by sqrt(v) + eps, so the larger eps damps the steps of weights
     # whose tiny gradients it would scale up to full size. fused=True: one kernel for all weights.
-    optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
+    # adam.Adam: torch.optim.Adam's update, bit for bit, without its import of the compiler.
+    optimizer = adam.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
 
     # Rollout storage, (num_steps, num_envs, ...), refilled every iteration. It is kept in NumPy,
     # beside the environments, and the whole batch moves to the training device once per iteration.

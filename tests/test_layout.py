@@ -28,7 +28,10 @@ MODULES = {"exits": set(), "videos": set(), "checkpoints": {"exits"},
            "run_life": {"exits", "checkpoints", "command_line", "videos"},
            # not run machinery: what ale-py's games need and gymnasium lacks, as CleanRL's Atari
            # scripts import it from Stable-Baselines3
-           "atari_wrappers": set()}
+           "atari_wrappers": set(),
+           # not run machinery: every script's optimizer, torch.optim.Adam's update without its
+           # import of the compiler
+           "adam": set()}
 # What only a variant needs, which a module must not import at its top: the variants' environment
 # packages (a module that restores an emulator's or a simulator's state imports it there, where that
 # state is known to come from it).

@@ -18,6 +18,10 @@ import torch
 
 from conftest import REPO, expect_usage_error, read_scalars, run_script, script_command
 
+# ppo/ goes on sys.path now, once: imported first inside a test, it would be taken off again with the
+# path that the test's monkeypatch restores, and the scripts' later imports of their modules would fail.
+importlib.import_module("ppo")
+
 MODULE = '''
 import gymnasium as gym
 import numpy as np
@@ -240,8 +244,11 @@ TINY = {  # flags of a tiny run of each script, and what it needs installed (by 
 # would. So divergence comes after some checkpoints were written, at a known point, in every script.
 POISONED_OPTIMIZER = textwrap.dedent("""
     import os, runpy, sys, torch
+    sys.argv = sys.argv[1:]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(sys.argv[0])))  # as `python script.py` does
+    import adam  # the scripts' optimizer
     steps, poison_at = [0], int(os.environ["POISON_AT"])
-    step = torch.optim.Adam.step
+    step = adam.Adam.step
     def poisoned_step(self, *args, **kwargs):
         result = step(self, *args, **kwargs)
         steps[0] += 1
@@ -249,9 +256,7 @@ POISONED_OPTIMIZER = textwrap.dedent("""
             with torch.no_grad():
                 self.param_groups[0]["params"][0].fill_(float("nan"))
         return result
-    torch.optim.Adam.step = poisoned_step
-    sys.argv = sys.argv[1:]
-    sys.path.insert(0, os.path.dirname(os.path.abspath(sys.argv[0])))  # as `python script.py` does
+    adam.Adam.step = poisoned_step
     runpy.run_path(sys.argv[0], run_name="__main__")
 """)
 

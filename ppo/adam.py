@@ -1,0 +1,84 @@
+"""Adam as torch.optim.Adam computes it, without what torch.optim.Optimizer costs at a start.
+
+Every method of torch.optim.Optimizer (building it, step, zero_grad, state_dict) first imports
+torch._dynamo, the compiler's front end, with SymPy and more behind it: 1 to 2 seconds of every
+process that trains, as long as PyTorch's own import, for a compiler that only --compile uses. On a
+CPU that is a tenth of a 100,000-step CartPole run, and a tuner's study pays it in every trial.
+
+`Adam` keeps the parameters' moments itself and hands them to torch.optim.adam.adam, the function
+that torch.optim.Adam.step calls, with the same arguments: the same kernel (the fused one, as the
+scripts ask) makes the same numbers, bit for bit. Its state_dict() is torch.optim.Adam's, so either
+class loads what the other saved, and checkpoints written before it existed resume.
+"""
+
+import torch
+from torch.optim.adam import adam
+
+
+class Adam:
+    """Adam (Kingma and Ba, 2015) over `params`, one parameter group, as torch.optim.Adam(params,
+    lr=lr, eps=eps, fused=fused) computes it. `param_groups[0]["lr"]` may be changed between steps
+    (the scripts anneal it); the other settings are torch.optim.Adam's defaults."""
+
+    def __init__(self, params, lr: float, eps: float = 1e-8, fused: bool | None = None):
+        self.params = list(params)
+        self.param_groups = [{
+            "lr": lr, "betas": (0.9, 0.999), "eps": eps, "weight_decay": 0, "amsgrad": False,
+            "maximize": False, "foreach": None, "capturable": False, "differentiable": False,
+            "fused": fused, "decoupled_weight_decay": False, "params": self.params}]
+        # Per parameter, from its first step on: the step count and the moving averages of the
+        # gradient and of its square.
+        self.state: dict[torch.Tensor, dict[str, torch.Tensor]] = {}
+
+    def zero_grad(self) -> None:
+        for param in self.params:
+            param.grad = None
+
+    @torch.no_grad()
+    def step(self) -> None:
+        """One update of every parameter that has a gradient, as torch.optim.Adam.step makes it."""
+        group = self.param_groups[0]
+        params = [param for param in self.params if param.grad is not None]
+        for param in params:
+            if param not in self.state:
+                self.state[param] = {
+                    # kept on the parameter's device by the fused kernel, on the CPU otherwise
+                    "step": (torch.zeros((), dtype=torch.float32, device=param.device)
+                             if group["capturable"] or group["fused"] else torch.tensor(0.0)),
+                    "exp_avg": torch.zeros_like(param, memory_format=torch.preserve_format),
+                    "exp_avg_sq": torch.zeros_like(param, memory_format=torch.preserve_format)}
+        states = [self.state[param] for param in params]
+        beta1, beta2 = group["betas"]
+        adam(params, [param.grad for param in params], [state["exp_avg"] for state in states],
+             [state["exp_avg_sq"] for state in states], [], [state["step"] for state in states],
+             amsgrad=group["amsgrad"], has_complex=False, beta1=beta1, beta2=beta2, lr=group["lr"],
+             weight_decay=group["weight_decay"], eps=group["eps"], maximize=group["maximize"],
+             foreach=group["foreach"], capturable=group["capturable"],
+             differentiable=group["differentiable"], fused=group["fused"],
+             decoupled_weight_decay=group["decoupled_weight_decay"])
+
+    def state_dict(self) -> dict:
+        """torch.optim.Adam's layout: the parameters by their position, the group's settings."""
+        position = {param: i for i, param in enumerate(self.params)}
+        settings = {key: value for key, value in self.param_groups[0].items() if key != "params"}
+        return {"state": {position[param]: state for param, state in self.state.items()},
+                "param_groups": [{**settings, "params": list(range(len(self.params)))}]}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """What state_dict(), or torch.optim.Adam's, saved: the settings and each parameter's state,
+        moved to the parameter's device as torch.optim.Adam moves them."""
+        (saved_group,) = state_dict["param_groups"]
+        if len(saved_group["params"]) != len(self.params):
+            raise ValueError(f"the saved optimizer holds {len(saved_group['params'])} parameters, "
+                             f"this one {len(self.params)}")
+        group = self.param_groups[0]
+        group.update({key: value for key, value in saved_group.items() if key != "params"})
+        param_of = dict(zip(saved_group["params"], self.params))
+        self.state = {}
+        for index, saved in state_dict["state"].items():
+            param = param_of[index]
+            self.state[param] = {
+                key: (value.to(dtype=torch.float32, device=param.device)
+                      if group["capturable"] or group["fused"] else value) if key == "step"
+                else value.to(dtype=param.dtype, device=param.device)
+                for key, value in saved.items()}
