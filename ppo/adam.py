@@ -77,8 +77,9 @@ class Adam:
         self.state = {}
         for index, saved in state_dict["state"].items():
             param = param_of[index]
-            self.state[param] = {
-                key: (value.to(dtype=torch.float32, device=param.device)
-                      if group["capturable"] or group["fused"] else value) if key == "step"
-                else value.to(dtype=param.dtype, device=param.device)
-                for key, value in saved.items()}
+            step = saved["step"]
+            if group["capturable"] or group["fused"]:  # the fused kernel reads it on the device
+                step = step.to(dtype=torch.float32, device=param.device)
+            self.state[param] = {"step": step, **{
+                key: value.to(dtype=param.dtype, device=param.device)
+                for key, value in saved.items() if key != "step"}}
