@@ -83,6 +83,7 @@ def make_env(env_id: str, idx: int, capture_video: bool, video_folder: str,
     one only, at the game's full frame rate and in color, one file per real game."""
 
     def thunk():
+        # imported where the game is made: with --async-envs, in a worker process of its own
         import ale_py
         import cv2  # installed with ale-py: the atari extra holds both
         cv2.setNumThreads(1)  # the games' worker processes of --async-envs share the cores
@@ -152,9 +153,9 @@ def make_envs(env_id: str, num_envs: int, capture_video: bool = False, video_fol
 
 def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Module:
     """[Core 2: Orthogonal initialization of weights, constant initialization of biases] Orthogonal
-    weights with gain sqrt(2) for the hidden layers (openai/baselines' choice, the gain that suits
-    ReLU), 0.01 for the policy head so that the first policy is close to uniform, 1 for the value
-    head; biases 0."""
+    weights with gain sqrt(2) for the hidden layers (openai/baselines' choice, tanh or ReLU alike;
+    sqrt(2) is the gain that suits ReLU), 0.01 for the policy head so that the first policy is close
+    to uniform, 1 for the value head; biases 0."""
     torch.nn.init.orthogonal_(layer.weight, std)
     torch.nn.init.constant_(layer.bias, bias_const)
     return layer
@@ -230,6 +231,8 @@ def ppo_loss(new_logprob: torch.Tensor, entropy: torch.Tensor, new_value: torch.
              returns: torch.Tensor, clip_coef: float, args: Args) -> tuple[torch.Tensor, dict]:
     """The PPO objective on one minibatch, with the clipping coefficient of this update; returns the
     loss to minimize and detached statistics."""
+    # How much more (or less) likely each action is under the policy being updated than under the
+    # one that played it in the rollout: ratio = pi_new(a|s) / pi_old(a|s), from log-probabilities.
     logratio = new_logprob - old_logprob
     ratio = logratio.exp()
 
@@ -409,7 +412,9 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
                 break
 
         # [Core 12: Debug variables] averaged over this update's minibatches. run.end_iteration: a
-        # NaN stops the run in one line; else the logs, the progress line, when due a checkpoint.
+        # NaN stops the run in one line; else it logs these means and the explained variance of the
+        # values against the returns, prints the progress line and, when due, writes a checkpoint
+        # with the rollout's state passed by name (what run.resumed reads back).
         means = {key: torch.stack([s[key] for s in minibatch_stats]).mean().item()
                  for key in minibatch_stats[0]}
         run.end_iteration(iteration, global_step, means, host_values.reshape(-1),

@@ -126,9 +126,9 @@ def make_envs(env_id: str, num_envs: int, seed: int = 0, capture_video: bool = F
 
 def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Module:
     """[Core 2: Orthogonal initialization of weights, constant initialization of biases] Orthogonal
-    weights with gain sqrt(2) for the hidden layers (openai/baselines' choice, the gain that suits
-    ReLU), 0.01 for the policy head so that the first policy is close to uniform, 1 for the value
-    head; biases 0."""
+    weights with gain sqrt(2) for the hidden layers (openai/baselines' choice, tanh or ReLU alike;
+    sqrt(2) is the gain that suits ReLU), 0.01 for the policy head so that the first policy is close
+    to uniform, 1 for the value head; biases 0."""
     torch.nn.init.orthogonal_(layer.weight, std)
     torch.nn.init.constant_(layer.bias, bias_const)
     return layer
@@ -204,6 +204,8 @@ def ppo_loss(new_logprob: torch.Tensor, entropy: torch.Tensor, new_value: torch.
              returns: torch.Tensor, clip_coef: float, args: Args) -> tuple[torch.Tensor, dict]:
     """The PPO objective on one minibatch, with the clipping coefficient of this update; returns the
     loss to minimize and detached statistics."""
+    # How much more (or less) likely each action is under the policy being updated than under the
+    # one that played it in the rollout: ratio = pi_new(a|s) / pi_old(a|s), from log-probabilities.
     logratio = new_logprob - old_logprob
     ratio = logratio.exp()
 
@@ -442,8 +444,9 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
                 break
 
         # [Core 12: Debug variables] averaged over this update's minibatches. run.end_iteration: a
-        # NaN stops the run in one line; else the logs, the progress line, when due a checkpoint
-        # (the explained variance over the acted steps; without the games, which cannot be saved).
+        # NaN stops the run in one line; else it logs these means and the explained variance of the
+        # values against the returns, prints the progress line and, when due, writes a checkpoint
+        # (the values and returns of the acted steps only; no games, which cannot be saved).
         means = {key: torch.stack([s[key] for s in minibatch_stats]).mean().item()
                  for key in minibatch_stats[0]}
         run.end_iteration(iteration, global_step, means, host_values.reshape(-1)[acted_steps],

@@ -98,6 +98,7 @@ def make_env(env_id: str, idx: int, capture_video: bool, video_folder: str,
     one only, at the game's full frame rate and in color, one file per real game."""
 
     def thunk():
+        # imported where the game is made: with --async-envs, in a worker process of its own
         import ale_py
         import cv2  # installed with ale-py: the atari extra holds both
         cv2.setNumThreads(1)  # the games' worker processes of --async-envs share the cores
@@ -167,9 +168,9 @@ def make_envs(env_id: str, num_envs: int, capture_video: bool = False, video_fol
 
 def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Module:
     """[Core 2: Orthogonal initialization of weights, constant initialization of biases] Orthogonal
-    weights with gain sqrt(2) for the hidden layers (openai/baselines' choice, the gain that suits
-    ReLU), 0.01 for the policy head so that the first policy is close to uniform, 1 for the value
-    head; biases 0."""
+    weights with gain sqrt(2) for the hidden layers (openai/baselines' choice, tanh or ReLU alike;
+    sqrt(2) is the gain that suits ReLU), 0.01 for the policy head so that the first policy is close
+    to uniform, 1 for the value head; biases 0."""
     torch.nn.init.orthogonal_(layer.weight, std)
     torch.nn.init.constant_(layer.bias, bias_const)
     return layer
@@ -514,10 +515,12 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
                 if world_kl.item() / world_size > args.target_kl:
                     break
 
-        # [Core 12: Debug variables] averaged over every minibatch of this update. The iteration's
-        # end (run.end_iteration), on all ranks at once: a NaN or infinity on any stops the run in
-        # one line; else rank 0 logs the world's figures (with the values' explained variance) and
-        # prints the progress line, and, when due, writes a checkpoint that holds every rank's own.
+        # [Core 12: Debug variables] averaged over this update's minibatches. run.end_iteration: a
+        # NaN stops the run in one line; else it logs these means and the explained variance of the
+        # values against the returns, prints the progress line and, when due, writes a checkpoint
+        # with the rollout's state passed by name (what run.resumed reads back). All ranks do this
+        # at once: a NaN or infinity on any rank stops them all, rank 0 logs the world's figures,
+        # and the checkpoint holds every rank's own state.
         means = {key: torch.stack([s[key] for s in minibatch_stats]).mean().item()
                  for key in minibatch_stats[0]}
         run.end_iteration(iteration, global_step, means, host_values.reshape(-1),

@@ -285,6 +285,8 @@ def ppo_loss(new_logprob: torch.Tensor, entropy: torch.Tensor, new_value: torch.
              returns: torch.Tensor, clip_coef: float, args: Args) -> tuple[torch.Tensor, dict]:
     """The PPO objective on one minibatch, with the clipping coefficient of this update; returns the
     loss to minimize and detached statistics."""
+    # How much more (or less) likely each action is under the policy being updated than under the
+    # one that played it in the rollout: ratio = pi_new(a|s) / pi_old(a|s), from log-probabilities.
     logratio = new_logprob - old_logprob
     ratio = logratio.exp()
 
@@ -454,7 +456,9 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
                 break
 
         # [Core 12: Debug variables] averaged over this update's minibatches. run.end_iteration: a
-        # NaN stops the run in one line; else the logs, the progress line, when due a checkpoint.
+        # NaN stops the run in one line; else it logs these means and the explained variance of the
+        # values against the returns, prints the progress line and, when due, writes a checkpoint
+        # with the rollout's state passed by name (what run.resumed reads back).
         means = {key: torch.stack([s[key] for s in minibatch_stats]).mean().item()
                  for key in minibatch_stats[0]}
         run.end_iteration(iteration, global_step, means, host_values.reshape(-1),
