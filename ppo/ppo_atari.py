@@ -83,7 +83,7 @@ def make_env(env_id: str, idx: int, capture_video: bool, video_folder: str,
     one only, at the game's full frame rate and in color, one file per real game."""
 
     def thunk():
-        # imported where the game is made: with --async-envs, in a worker process of its own
+        # settings of the process that makes the game: with --async-envs, a worker of its own
         import ale_py
         import cv2  # installed with ale-py: the atari extra holds both
         cv2.setNumThreads(1)  # the games' worker processes of --async-envs share the cores
