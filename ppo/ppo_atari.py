@@ -154,8 +154,9 @@ def make_envs(env_id: str, num_envs: int, capture_video: bool = False, video_fol
 def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Module:
     """[Core 2: Orthogonal initialization of weights, constant initialization of biases] Orthogonal
     weights with gain sqrt(2) for the hidden layers (openai/baselines' choice, tanh or ReLU alike;
-    sqrt(2) is the gain that suits ReLU), 0.01 for the policy head so that the first policy is close
-    to uniform, 1 for the value head; biases 0."""
+    sqrt(2) is the gain that suits ReLU), 0.01 for the policy head, so that the first policy's
+    outputs are close to 0 (near-uniform probabilities, or means near 0), 1 for the value head;
+    biases 0."""
     torch.nn.init.orthogonal_(layer.weight, std)
     torch.nn.init.constant_(layer.bias, bias_const)
     return layer

@@ -202,6 +202,23 @@ def test_every_relative_link_resolves():
     assert not broken, "broken links:\n" + "\n".join(broken)
 
 
+def test_the_links_of_one_line_point_at_different_lines():
+    """A table row that links one detail twice names two places (Core 12: the loss that computes the
+    debug variables, and the loop that logs them); two of its links on one script line, as a renumbering
+    that sends both to the first marker leaves them, name one place twice."""
+    kinds = detail_kinds()
+    problems = []
+    for path in markdown_files():
+        targets_by_line = {}
+        for link in links(path, kinds):
+            if "#L" in link["target"]:
+                targets_by_line.setdefault(link["line"], []).append(link["target"])
+        for line, targets in targets_by_line.items():
+            problems += [f"{display(path)}:{line}: {target} twice" for target in sorted(set(targets))
+                         if targets.count(target) > 1]
+    assert not problems, "\n".join(problems)
+
+
 def test_script_line_links_point_at_the_details_they_name():
     problems = stale_line_links(markdown_files(), detail_kinds())
     assert not problems, "stale links to script lines (update the line numbers):\n" + "\n".join(problems)
