@@ -72,7 +72,7 @@ DEFAULTS = {
 # Scripts whose --async-envs plays the games in worker processes, whose CPU time this process
 # cannot see (envpool's pools step on threads of this process).
 ASYNC_IN_WORKER_PROCESSES = {"ppo_atari.py", "ppo_atari_lstm.py", "ppo_atari_multigpu.py"}
-SPEED_OPTIONS = ("async_envs", "compile", "cudagraphs")
+SPEED_OPTIONS = ("async_envs", "numpy_policy", "compile", "cudagraphs")
 
 
 def fail(message: str) -> NoReturn:

@@ -23,6 +23,7 @@ from torch.distributions.categorical import Categorical
 
 import adam
 import command_line
+import numpy_policy
 import run_life
 import videos
 
@@ -71,6 +72,8 @@ class Args:
     """if set, stop the update epochs early once the approximate KL exceeds it"""
     bootstrap_truncated: bool = False
     """if toggled, a time limit is no death: its last reward gets + gamma x V(final observation)"""
+    numpy_policy: command_line.ResumeMayChange[bool] = False
+    """if toggled, the rollout's policy step runs in NumPy: faster on a CPU, other random numbers"""
 
 
 def make_env(env_id: str, idx: int, capture_video: bool, video_folder: str,
@@ -311,18 +314,24 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
         clip_coef = fraction_left * args.clip_coef if args.anneal_clip else args.clip_coef
 
         # Rollout: num_steps steps in every environment with the current policy.
+        # [Speed: the policy step in NumPy] --numpy-policy: a NumPy copy of it, taken now, acts.
+        numpy_get_action = (numpy_policy.categorical_draw(agent.actor)
+                            if args.numpy_policy else None)
         for step in range(args.num_steps):
             global_step += args.num_envs
             obs[step] = next_obs
             dones[step] = next_done
 
-            with torch.inference_mode():
-                action = agent.get_action(torch.as_tensor(next_obs, dtype=torch.float32,
-                                                          device=device))
-            # [Speed: one host transfer per step] the sampled action is the only thing the rollout
-            # brings back from the device; log-probabilities and values wait for the batched pass
-            # below.
-            actions[step] = action.cpu().numpy()
+            if args.numpy_policy:
+                actions[step] = numpy_get_action(next_obs)
+            else:
+                with torch.inference_mode():
+                    action = agent.get_action(torch.as_tensor(next_obs, dtype=torch.float32,
+                                                              device=device))
+                # [Speed: one host transfer per step] the sampled action is the only thing the
+                # rollout brings back from the device; log-probabilities and values wait for the
+                # batched pass below.
+                actions[step] = action.cpu().numpy()
 
             next_obs, reward, terminations, truncations, infos = envs.step(actions[step])
             # A time limit ends the episode like a termination, as in the original PPO...

@@ -28,6 +28,7 @@ from torch.distributions.normal import Normal
 import adam
 import checkpoints
 import command_line
+import numpy_policy
 import run_life
 import videos
 
@@ -80,6 +81,8 @@ class Args:
     """scaled rewards are clipped to [-reward_clip, reward_clip]"""
     bootstrap_truncated: bool = False
     """if toggled, a time limit is no death: its last reward gets + gamma x V(final observation)"""
+    numpy_policy: command_line.ResumeMayChange[bool] = False
+    """if toggled, the rollout's policy step runs in NumPy: faster on a CPU, other random numbers"""
 
 
 def make_env(env_id: str, idx: int, capture_video: bool, video_folder: str,
@@ -385,18 +388,24 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
         clip_coef = fraction_left * args.clip_coef if args.anneal_clip else args.clip_coef
 
         # Rollout: num_steps steps in every environment with the current policy.
+        # [Speed: the policy step in NumPy] --numpy-policy: a NumPy copy of it, taken now, acts.
+        numpy_get_action = (numpy_policy.gaussian_draw(agent.actor_mean, agent.actor_logstd)
+                            if args.numpy_policy else None)
         for step in range(args.num_steps):
             global_step += args.num_envs
             obs[step] = next_obs
             dones[step] = next_done
 
-            with torch.inference_mode():
-                action = agent.get_action(torch.as_tensor(next_obs, dtype=torch.float32,
-                                                          device=device))
-            # [Speed: one host transfer per step] the sampled action is the only thing the rollout
-            # brings back from the device; log-probabilities and values wait for the batched pass
-            # below.
-            actions[step] = action.cpu().numpy()
+            if args.numpy_policy:
+                actions[step] = numpy_get_action(next_obs)
+            else:
+                with torch.inference_mode():
+                    action = agent.get_action(torch.as_tensor(next_obs, dtype=torch.float32,
+                                                              device=device))
+                # [Speed: one host transfer per step] the sampled action is the only thing the
+                # rollout brings back from the device; log-probabilities and values wait for the
+                # batched pass below.
+                actions[step] = action.cpu().numpy()
 
             # [Continuous 5: Handling of action clipping to valid range and storage] The Gaussian's
             # samples are unbounded; the environment gets them clipped to its bounds, but the

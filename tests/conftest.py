@@ -299,16 +299,16 @@ def assert_progress_is_printed_within_a_rollout(script, args, capsys, env_class:
     assert "logs in runs/" in output and "(tensorboard --logdir runs)" in output, output
 
 
-def assert_compiled_run_resumes_exactly(script, args, workdir: Path, env_class: type,
-                                        interrupt_at_step: int) -> None:
-    """A run with --compile (args) trains, starts every update at probability ratios of 1
-    (assert_each_update_starts_at_ratio_one) and logs every metric, and interrupted by a Ctrl-C during
-    the `interrupt_at_step`-th call of `env_class.step`, then resumed with `--resume PATH` alone (the
-    checkpoint keeps --compile), it ends bit for bit where an unbroken --compile run ends, with the same log.
-    Its charts/SPS, under clock_of_the_steps, is the steps of each sitting over that sitting's time."""
+def assert_run_with_option_resumes_exactly(script, args, workdir: Path, env_class: type,
+                                           interrupt_at_step: int, option: str = "compile") -> None:
+    """A run with the speed `option` on (args: --compile, say) trains, starts every update at probability
+    ratios of 1 (assert_each_update_starts_at_ratio_one) and logs every metric, and interrupted by a Ctrl-C
+    during the `interrupt_at_step`-th call of `env_class.step`, then resumed with `--resume PATH` alone (the
+    checkpoint keeps the option), it ends bit for bit where an unbroken run with the option ends, with the
+    same log. Its charts/SPS, under clock_of_the_steps, is the steps of each sitting over that sitting's time."""
     import torch
 
-    assert args.compile and args.save_model
+    assert getattr(args, option) and args.save_model
     with clock_of_the_steps(env_class):
         unbroken, stopped, checkpoint_path = assert_each_update_starts_at_ratio_one(
             script, lambda: run_unbroken_and_interrupted_in_process(script.main, args, workdir, env_class,
@@ -317,7 +317,7 @@ def assert_compiled_run_resumes_exactly(script, args, workdir: Path, env_class: 
         assert_logs_every_metric(only_run_dir(workdir / "unbroken"))
 
         resumed_args, checkpoint = parse_args(script, ["--resume", str(checkpoint_path)])
-        assert resumed_args.compile
+        assert getattr(resumed_args, option)
         resumed = script.main(resumed_args, checkpoint)
     # Each step took 1/1024 s of the clock: every iteration's rate is num_envs x 1024 steps per second,
     # after the resume too (counted from where the resumed run began, not from step 0).

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import (assert_compiled_loss_matches_plain, assert_compiled_run_resumes_exactly, assert_compiles_whole,
+from conftest import (assert_compiled_loss_matches_plain, assert_run_with_option_resumes_exactly, assert_compiles_whole,
                       assert_details_marked, assert_evaluation_output, assert_first_minibatch_replays_the_rollout,
                       assert_logs_every_metric, assert_same_agent_state, assert_same_logs, expect_usage_error,
                       only_run_dir, run_script, run_unbroken_and_interrupted_in_process,
@@ -311,7 +311,7 @@ def test_compiled_run_logs_every_metric_and_resumes_exactly(workdir, monkeypatch
     """On the stand-in games."""
     monkeypatch.setattr(script, "ProcgenGym3Env", FakeGames)
     args = Args(env_id="starpilot", seed=3, total_timesteps=192, save_model=True, compile=True, **SMALL)
-    assert_compiled_run_resumes_exactly(script, args, workdir, script.ProcgenVectorEnv, interrupt_at_step=20)
+    assert_run_with_option_resumes_exactly(script, args, workdir, script.ProcgenVectorEnv, interrupt_at_step=20)
 
 
 def test_cudagraphs_without_a_gpu_is_a_one_line_error(capsys, workdir, monkeypatch):

@@ -13,7 +13,7 @@ from conftest import expect_usage_error, table_rows
 
 
 def test_option_sets_are_plain_each_option_and_all_together_where_the_script_has_them():
-    assert speed.option_sets(classic, "cpu", None) == [(), ("compile",)]
+    assert speed.option_sets(classic, "cpu", None) == [(), ("numpy_policy",), ("compile",), ("numpy_policy", "compile")]
     assert speed.option_sets(envpool_script, "cpu", None) == [(), ("async_envs",), ("compile",),
                                                               ("async_envs", "compile")]
     assert speed.option_sets(envpool_script, "cuda", None) == [
@@ -45,7 +45,7 @@ def test_settings_take_the_type_of_the_field(capsys):
     (["--warmup-iterations", "-1", "--raw-seconds", "0.01"], ["--warmup-iterations -1: give at least 0"]),
     (["--scripts", "ppo_nope.py"], ["unknown script 'ppo_nope.py'", "ppo_atari_envpool.py"]),
     (["--options", "compyle", "--raw-seconds", "0.01"],
-     ["--options compyle: ppo.py has no speed option 'compyle'", "it has: plain, compile, cudagraphs"]),
+     ["--options compyle: ppo.py has no speed option 'compyle'", "it has: plain, numpy_policy, compile, cudagraphs"]),
     (["--options", "plain", "async_envs+compile", "--raw-seconds", "0.01"],
      ["--options async_envs+compile: ppo.py has no speed option 'async_envs'"]),
     (["--options", "compile+cudagraphs", "--devices", "cpu", "--raw-seconds", "0.01"],
