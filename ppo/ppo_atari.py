@@ -368,20 +368,21 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
             # the episodes that ended, logged with their scores; and the progress line now and then
             run.record_step(global_step, run_life.finished_episodes(infos))
 
+        with torch.no_grad():
+            next_value = agent.get_value(torch.as_tensor(next_obs, dtype=torch.float32,
+                                                         device=device))
+        # GAE runs on the host, in NumPy: one transfer of the rollout's values per iteration.
+        host_values = values.cpu().numpy()
+        advantages, returns = compute_gae(rewards, host_values, dones,
+                                          next_value.cpu().numpy().flatten(), next_done,
+                                          args.gamma, args.gae_lambda)
+
         # Flatten the rollout into one batch of num_envs x num_steps transitions.
         # b_ names an array of the whole batch, mb_ one of a minibatch.
         b_obs = obs.reshape((-1,) + obs_shape)
         b_actions = actions.reshape(-1)
         b_logprobs = logprobs.reshape(-1)
         b_values = values.reshape(-1)
-        with torch.no_grad():
-            next_value = agent.get_value(torch.as_tensor(next_obs, dtype=torch.float32,
-                                                         device=device))
-        # GAE runs on the host, in NumPy: one transfer of the rollout's values per iteration.
-        host_values = b_values.cpu().numpy().reshape(args.num_steps, args.num_envs)
-        advantages, returns = compute_gae(rewards, host_values, dones,
-                                          next_value.cpu().numpy().flatten(), next_done,
-                                          args.gamma, args.gae_lambda)
         b_advantages = torch.as_tensor(advantages.reshape(-1), device=device)
         b_returns = torch.as_tensor(returns.reshape(-1), device=device)
 

@@ -444,19 +444,20 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
             # the episodes that ended, logged with their scores; and the progress line now and then
             run.record_step(global_step, run_life.finished_episodes(infos))
 
-        # The batch stays (num_steps, num_envs, ...), whole sequences in its columns, not flattened.
-        # b_ names an array of the whole batch, mb_ one of a minibatch.
-        b_obs, b_actions, b_logprobs, b_values = obs, actions, logprobs, values
         with torch.no_grad():
             next_value = agent.get_value(torch.as_tensor(next_obs, dtype=torch.float32,
                                                          device=device), next_lstm_state,
                                          torch.as_tensor(next_done, dtype=torch.float32,
                                                          device=device))
         # GAE runs on the host, in NumPy: one transfer of the rollout's values per iteration.
-        host_values = b_values.cpu().numpy().reshape(args.num_steps, args.num_envs)
+        host_values = values.cpu().numpy()
         advantages, returns = compute_gae(rewards, host_values, dones,
                                           next_value.cpu().numpy().flatten(), next_done,
                                           args.gamma, args.gae_lambda)
+
+        # The batch stays (num_steps, num_envs, ...), whole sequences in its columns, not flattened.
+        # b_ names an array of the whole batch, mb_ one of a minibatch.
+        b_obs, b_actions, b_logprobs, b_values = obs, actions, logprobs, values
         b_dones = torch.as_tensor(dones, device=device)
         b_advantages = torch.as_tensor(advantages, device=device)
         b_returns = torch.as_tensor(returns, device=device)
