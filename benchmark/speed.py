@@ -88,25 +88,15 @@ def timed(function) -> tuple[float, float]:
     return time.perf_counter() - wall, time.process_time() - cpu
 
 
-def is_envpool(envs) -> bool:
-    """Whether `envs` is an envpool, whose API differs from a gymnasium vector env's: it is seeded when
-    made, its reset() takes no seed (envpool 1.0 refuses one), and its action_space is one environment's."""
-    return any(cls.__module__.startswith("envpool.") for cls in type(envs).__mro__)
-
-
 def raw_env_speed(script, env_id: str, num_envs: int, seconds: float) -> tuple[float, float]:
     """(wall, CPU) environment steps per second of the script's vector env under random actions."""
     envs = script.make_envs(env_id, num_envs)
-    # Actions are drawn beforehand: they are not part of the env's cost.
-    if is_envpool(envs):
-        envs.reset()
-        rng = np.random.default_rng(0)
-        actions = [rng.integers(envs.action_space.n, size=num_envs) for _ in range(256)]
-    else:  # a gymnasium vector env, or a script's own class that steps like one (ppo_procgen.py's)
-        envs.reset(seed=0)
-        envs.single_action_space.seed(0)
-        actions = [np.stack([envs.single_action_space.sample() for _ in range(num_envs)])
-                   for _ in range(256)]
+    # Actions are drawn beforehand: they are not part of the env's cost. Every script's make_envs
+    # gives a gymnasium vector env or a class that steps like one (ppo_procgen.py's, envpool_games').
+    envs.reset(seed=0)
+    envs.single_action_space.seed(0)
+    actions = [np.stack([envs.single_action_space.sample() for _ in range(num_envs)])
+               for _ in range(256)]
     steps = 0
 
     def step_for_a_while():

@@ -26,8 +26,8 @@ from torch.distributions.categorical import Categorical
 
 import adam
 import command_line
+import envpool_games
 import run_life
-import videos
 
 # written into checkpoints, so another variant's checkpoint is refused
 VARIANT = "ppo_atari_envpool"
@@ -82,17 +82,18 @@ class Args:
     """if toggled, two envpools: one plays its step while the network picks the other's actions"""
 
 
-def make_envs(env_id: str, num_envs: int, seed: int = 0, capture_video: bool = False):
-    """Build `num_envs` preprocessed games in one envpool, seeded seed, seed + 1, ...
+def make_envs(env_id: str, num_envs: int, capture_video: bool = False, video_folder: str = "videos",
+              seed: int = 0) -> envpool_games.Games:
+    """Build `num_envs` preprocessed games in one envpool, seeded seed, seed + 1, ..., and
+    refusing those whose spaces this script cannot train on.
 
-    [Core 1: Vectorized architecture] One learner steps `num_envs` games in lock step (envpool steps
-    them on its own threads), so each rollout holds num_envs x num_steps transitions.
+    [Core 1: Vectorized architecture] One learner steps `num_envs` copies of the environment in lock
+    step, so each rollout holds num_envs x num_steps transitions.
 
-    The settings that carry out a detail are spelled out, although most are envpool's defaults, to
-    show which detail each one is: the details of ppo_atari.py's wrappers, done in C++
-    (docs/ppo_atari_envpool.md lists the small ways in which they differ). envpool's autoreset is
-    described in main().
-    """
+    envpool steps them on its own threads and carries out ppo_atari.py's wrappers in C++
+    (docs/ppo_atari_envpool.md lists the small ways in which they differ). The settings are spelled
+    out, although most are envpool's defaults, to show which detail each one carries out. Its
+    autoreset is described in main(); envpool_games reports the games' scores and films them."""
     command_line.check_envpool_id(env_id, VARIANT, kinds=("AtariEnvSpec",), example="Breakout-v5")
     import envpool  # installed: the id was found in it
 
@@ -106,22 +107,25 @@ def make_envs(env_id: str, num_envs: int, seed: int = 0, capture_video: bool = F
         noop_max=30,
         # [Atari 2: MaxAndSkipEnv] each action for 4 frames; the last two are max-pooled
         frame_skip=4,
-        episodic_life=True,  # [Atari 3: EpisodicLifeEnv] a lost life ends the episode, not the game
+        # [Atari 3: EpisodicLifeEnv] a lost life ends the training episode; the game goes on
+        episodic_life=True,
         # [Atari 4: FireResetEnv] FIRE after a reset, for games that wait for it
         use_fire_reset=True,
         img_height=84,  # [Atari 5: WarpFrame] 84x84 grayscale, resized with area interpolation
         img_width=84,
         gray_scale=True,
-        reward_clip=True,
-        # [Atari 6: ClipRewardEnv] the reward's sign; info["reward"] keeps the acted_steps one
-        stack_num=4,  # [Atari 7: FrameStack] the last 4 frames as one (4, 84, 84) observation
+        # [Atari 6: ClipRewardEnv] the reward's sign: -1, 0 or +1, the same scale for every game.
+        reward_clip=True,  # (info["reward"] keeps the unclipped one, the game's score)
+        # [Atari 7: FrameStack] the last 4 frames as one (4, 84, 84) observation, so that motion is
+        # visible; on reset the stack is filled with the first frame, as the original does.
+        stack_num=4,
         repeat_action_probability=0.0,  # no sticky actions, as in the NoFrameskip-v4 games
         max_episode_steps=27000,  # 108,000 frames, as ALE's v4 and v5 games
         **({"render_mode": "rgb_array"} if capture_video else {}),
     )
     command_line.check_spaces(envs, env_id, VARIANT, actions=(gym.spaces.Discrete,),
                               vector_observations=False)
-    return envs
+    return envpool_games.Games(envs, num_envs, seed, video_folder if capture_video else None)
 
 
 def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Module:
@@ -295,18 +299,16 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
     # `pool_games[k]` of the rollout; environment i is seeded seed + i either way.
     num_pools = 2 if args.async_envs else 1
     pool_size = args.num_envs // num_pools
-    pools = [make_envs(args.env_id, pool_size, seed=args.seed + resumed_at + k * pool_size,
-                       capture_video=args.capture_video and k == 0) for k in range(num_pools)]
+    pools = [make_envs(args.env_id, pool_size, args.capture_video and k == 0, run.video_folder,
+                       seed=args.seed + resumed_at + k * pool_size) for k in range(num_pools)]
     pool_games = [slice(k * pool_size, (k + 1) * pool_size) for k in range(num_pools)]
-    obs_shape = pools[0].observation_space.shape  # one game's: (4, 84, 84)
-    agent = Agent(pools[0].action_space.n).to(device)
+    obs_shape = pools[0].single_observation_space.shape  # (4, 84, 84)
+    agent = Agent(pools[0].single_action_space.n).to(device)
     # [Core 3: The Adam optimizer's epsilon parameter] 1e-5 as in the original code, not PyTorch's
     # 1e-8: Adam divides each step by sqrt(v) + eps, so the larger eps damps the steps of weights
     # whose tiny gradients it would scale up to full size. fused=True: one kernel for all weights.
     # adam.Adam: torch.optim.Adam's update, bit for bit, without its import of the compiler.
     optimizer = adam.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
-    # the first game of pools[0]
-    recorder = videos.VideoRecorder(run.video_folder) if args.capture_video else None
 
     # Rollout storage, (num_steps, num_envs, ...). [Speed: one host transfer per step] What the
     # network reads or writes stays on its device (frames as uint8); rewards and dones on the host.
@@ -320,11 +322,9 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
     time_limit_cuts = np.zeros((args.num_steps, args.num_envs), dtype=bool)
 
     # The run starts: its logs open and, resumed, it takes back its weights, optimizer, random
-    # generators and step count. Where the games stand: the running score (the sum of the unclipped
-    # rewards, over all lives) of each environment's current game, from envpool's info.
+    # generators and step count; not the games, which envpool cannot save (see above).
     global_step = run.start(agent, optimizer, num_iterations,
                             batch_size=batch_size, minibatch_size=minibatch_size)
-    game_score = np.zeros(args.num_envs)
     # The games' latest observations, waiting for the network. On a GPU machine they are kept in
     # page-locked ("pinned") memory, which the GPU copies from directly and without blocking.
     next_obs_pinned = torch.zeros((args.num_envs,) + obs_shape, dtype=torch.uint8,
@@ -345,32 +345,20 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
         # Each pool is sent its actions and plays the step on envpool's threads; its results are
         # received on its next turn, just before the network needs its observations again (the
         # last step's, in the extra turn that ends the rollout). Nothing here loops over the games:
-        # envpool steps a whole pool in one call; the game scores are kept with whole arrays.
+        # envpool steps a whole pool in one call.
         for step in range(args.num_steps + 1):
             for pool, games in zip(pools, pool_games):
                 if step > 0:  # what the pool returns for its step `step - 1`
-                    pool_obs, reward, terminations, truncations, info = pool.recv()
+                    next_obs[games], reward, terminations, truncations, infos = pool.recv()
                     global_step += len(reward)
-                    next_obs[games] = pool_obs
                     # A lost life (episodic_life) or a time-limit truncation ends the episode like a
                     # termination (unless --bootstrap-truncated values what the time limit cut off:
                     # see after the rollout).
                     next_done[games] = terminations | truncations
                     rewards[step - 1, games] = reward  # clipped
                     time_limit_cuts[step - 1, games] = truncations & ~terminations
-
-                    # The game is over when envpool says the game itself ended (info["terminated"],
-                    # not a lost life) or the time limit cut it. envpool's reset steps add reward 0:
-                    # they do not count.
-                    scores = game_score[games]  # a view: updating it updates game_score
-                    scores += info["reward"]
-                    game_over = info["terminated"].astype(bool) | truncations
-                    if recorder and games.start == 0:  # --capture-video films the first game
-                        recorder.film(lambda: pool.render(env_ids=[0])[0], game_over[0])
                     # the games that ended, logged with their scores; and the progress line
-                    run.record_step(global_step, [(scores[i], info["elapsed_step"][i])
-                                                  for i in np.flatnonzero(game_over)])
-                    scores[game_over] = 0.0
+                    run.record_step(global_step, run_life.finished_episodes(infos))
                 if step == args.num_steps:
                     # every pool has played the rollout's last step: the rollout is complete
                     continue
@@ -400,21 +388,23 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
                                           next_value.cpu().numpy().flatten(), next_done,
                                           args.gamma, args.gae_lambda)
 
+        # Flatten the rollout into one batch of num_envs x num_steps transitions.
+        # b_ names an array of the whole batch, mb_ one of a minibatch.
+        b_obs = obs.reshape((-1,) + obs_shape)
+        b_actions = actions.reshape(-1)
+        b_logprobs = logprobs.reshape(-1)
+        b_values = values.reshape(-1)
+        b_advantages = torch.as_tensor(advantages.reshape(-1), device=device)
+        b_returns = torch.as_tensor(returns.reshape(-1), device=device)
         # envpool's autoreset: the step after an episode ended (a lost life or the game's end) only
         # resets that environment; envpool ignores the action it is given and returns the first
         # observation of the next episode with reward 0. Those are exactly the steps whose dones[t]
-        # is 1, and they are left out of the batch: no action was taken there. GAE needs nothing
-        # more: dones[t] = 1 already stops the step before it from bootstrapping, as at any
-        # episode's end.
+        # is 1, and they leave the batch: no action was taken there. GAE needs nothing more:
+        # dones[t] = 1 already stops the step before it from bootstrapping, as at any episode's end.
         acted_steps = np.flatnonzero(dones.reshape(-1) == 0)
-        acted_steps_on_device = torch.as_tensor(acted_steps, device=device)
-        # b_ names an array of the whole batch, mb_ one of a minibatch.
-        b_obs = obs.reshape((-1,) + obs_shape)[acted_steps_on_device]
-        b_actions = actions.reshape(-1)[acted_steps_on_device]
-        b_logprobs = logprobs.reshape(-1)[acted_steps_on_device]
-        b_values = values.reshape(-1)[acted_steps_on_device]
-        b_advantages = torch.as_tensor(advantages.reshape(-1)[acted_steps], device=device)
-        b_returns = torch.as_tensor(returns.reshape(-1)[acted_steps], device=device)
+        acted = torch.as_tensor(acted_steps, device=device)
+        b_obs, b_actions, b_logprobs, b_values, b_advantages, b_returns = (
+            b[acted] for b in (b_obs, b_actions, b_logprobs, b_values, b_advantages, b_returns))
 
         # [Core 6: Mini-batch updates] several epochs over shuffled minibatches of the batch; with
         # the reset steps left out, the minibatches differ in size by one at most (and, where
@@ -424,7 +414,8 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
         minibatch_stats = []
         for epoch in range(args.update_epochs):
             np.random.shuffle(b_inds)
-            for mb_inds in torch.tensor_split(torch.from_numpy(b_inds).to(device), num_minibatches):
+            epoch_inds = torch.from_numpy(b_inds).to(device)
+            for mb_inds in torch.tensor_split(epoch_inds, num_minibatches):
                 loss, stats = minibatch_loss(agent, b_obs[mb_inds], b_actions[mb_inds],
                                              b_logprobs[mb_inds], b_values[mb_inds],
                                              b_advantages[mb_inds], b_returns[mb_inds], clip_coef,
@@ -462,25 +453,11 @@ def evaluate(args: Args, checkpoint: dict) -> list[float]:
     """--evaluate: play episodes with the saved agent, its actions sampled as in training. An
     episode is a whole game, scored with the sum of envpool's unclipped rewards over its lives."""
     evaluation = run_life.Evaluation(args, VARIANT, checkpoint)  # the device and seeds
-    envs = make_envs(args.env_id, 1, seed=evaluation.seed, capture_video=args.capture_video)
-    agent = evaluation.load(Agent(envs.action_space.n))
-    recorder = videos.VideoRecorder(evaluation.video_folder) if args.capture_video else None
-    obs, _ = envs.reset()
-    score = 0.0
-    while evaluation.playing:
-        with torch.inference_mode():
-            action, _, _, _ = agent.get_action_and_value(torch.as_tensor(obs,
-                                                                         device=evaluation.device))
-        obs, _, _, truncated, info = envs.step(action.cpu().numpy())
-        score += float(info["reward"][0])
-        game_over = bool(info["terminated"][0] or truncated[0])
-        if recorder:
-            recorder.film(lambda: envs.render(env_ids=[0])[0], game_over)
-        if game_over:
-            evaluation.episode_ended(score, int(info["elapsed_step"][0]))
-            score = 0.0
-    envs.close()
-    return evaluation.report()
+    envs = make_envs(args.env_id, 1, args.capture_video, evaluation.video_folder,
+                     seed=evaluation.seed)
+    agent = evaluation.load(Agent(envs.single_action_space.n))
+    return evaluation.play(envs, lambda obs, _: agent.get_action_and_value(
+        torch.as_tensor(obs, dtype=torch.float32, device=evaluation.device))[0].cpu().numpy())
 
 
 if __name__ == "__main__":

@@ -709,7 +709,7 @@ def test_envpool_frames_rewards_and_lives_match_a_replay_on_the_emulator(game):
     previous, reset_next, new_game_next = obs[0], False, False
     lives, lost_lives, games, best_reward = int(info["lives"][0]), 0, 0, 0.0
     for t in range(300):
-        action = int(rng.integers(pool.action_space.n))
+        action = int(rng.integers(pool.single_action_space.n))
         obs, reward, terminated, truncated, info = pool.step(np.array([action]))
         newest = obs[0, -1]
         if reset_next:

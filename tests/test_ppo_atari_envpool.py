@@ -76,7 +76,7 @@ def test_the_pool_is_configured_as_the_atari_details_say():
     expected = {"noop_max": 30, "frame_skip": 4, "episodic_life": True, "use_fire_reset": True, "img_height": 84,
                 "img_width": 84, "gray_scale": True, "reward_clip": True, "stack_num": 4,
                 "repeat_action_probability": 0.0, "max_episode_steps": 27000}
-    assert {name: envs.config[name] for name in expected} == expected
+    assert {name: envs.pool.config[name] for name in expected} == expected
     envs.close()
 
 
@@ -84,11 +84,11 @@ def test_observations_rewards_and_unclipped_info_rewards():
     envs = make_envs("BeamRider-v5", 2, seed=1)
     obs, _ = envs.reset()
     assert obs.shape == (2, 4, 84, 84) and obs.dtype == np.uint8
-    assert envs.observation_space.shape == (4, 84, 84)
+    assert envs.single_observation_space.shape == (4, 84, 84)
     rng = np.random.default_rng(0)
     clipped, unclipped = set(), set()
     for _ in range(1500):
-        obs, reward, terminated, truncated, info = envs.step(rng.integers(envs.action_space.n, size=2))
+        obs, reward, terminated, truncated, info = envs.step(rng.integers(envs.single_action_space.n, size=2))
         clipped.update(reward.tolist())
         unclipped.update(info["reward"].tolist())
         assert np.array_equal(info["env_id"], [0, 1])  # results come back in environment order
@@ -360,13 +360,22 @@ def test_every_core_and_atari_detail_is_marked_in_the_script():
 
 
 def test_the_speed_benchmark_measures_envpool():
-    """benchmark/speed.py's raw measurement copes with envpool's API: seeded when made, reset()
-    without a seed, and an action_space that is one game's."""
+    """benchmark/speed.py's raw measurement steps the script's games as it steps any vector env:
+    make_envs puts the envpool behind a vector env's calls (envpool_games.Games)."""
     from benchmark import speed
 
-    assert speed.is_envpool(make_envs("Breakout-v5", 2))
     wall, cpu = speed.raw_env_speed(script, "Breakout-v5", 2, seconds=0.2)
     assert wall > 0 and cpu > 0
+
+
+def test_the_games_refuse_a_seed_they_were_not_made_with():
+    """envpool seeds its games when it makes them: a reset(seed) that asks for other games fails
+    rather than playing the pool's own."""
+    envs = make_envs("Breakout-v5", 1, seed=4)
+    assert envs.reset(seed=4)[0].shape == (1, 4, 84, 84)
+    with pytest.raises(ValueError, match="seeded 4 when it was made, not 5"):
+        envs.reset(seed=5)
+    envs.close()
 
 
 # --- Speed options: --async-envs, --compile, --cudagraphs -------------------------------------------
@@ -381,7 +390,7 @@ def test_two_pools_play_the_same_games_as_one():
     first = [one.reset()[0], np.concatenate([half.reset()[0] for half in halves])]
     np.testing.assert_array_equal(*first)
     for _ in range(200):
-        action = rng.integers(one.action_space.n, size=4)
+        action = rng.integers(one.single_action_space.n, size=4)
         whole = one.step(action)
         split = [half.step(action[2 * k:2 * k + 2]) for k, half in enumerate(halves)]
         for part in range(4):  # obs, reward, terminated, truncated
@@ -397,7 +406,7 @@ def test_seeds_past_31_bits_wrap_around():
     wrapped, plain = make_envs("Breakout-v5", 2, seed=2**31 + 5), make_envs("Breakout-v5", 2, seed=5)
     np.testing.assert_array_equal(wrapped.reset()[0], plain.reset()[0])
     for _ in range(100):
-        action = rng.integers(plain.action_space.n, size=2)
+        action = rng.integers(plain.single_action_space.n, size=2)
         np.testing.assert_array_equal(wrapped.step(action)[0], plain.step(action)[0])
     wrapped.close()
     plain.close()
