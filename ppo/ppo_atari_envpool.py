@@ -84,7 +84,7 @@ class Args:
 
 def make_envs(env_id: str, num_envs: int, capture_video: bool = False, video_folder: str = "videos",
               seed: int = 0) -> envpool_games.Games:
-    """Build `num_envs` preprocessed games in one envpool, seeded seed, seed + 1, ..., and
+    """Build `num_envs` preprocessed games in one envpool, seeded seed, seed + 1, ...,
     refusing those whose spaces this script cannot train on.
 
     [Core 1: Vectorized architecture] One learner steps `num_envs` copies of the environment in lock
