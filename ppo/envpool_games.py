@@ -1,6 +1,7 @@
 """envpool's Atari games as the ale-py scripts see theirs, for ppo_atari_envpool.py: what
 gymnasium's RecordEpisodeStatistics and RecordVideo add to a vector environment of games, which no
-gymnasium wrapper can add to an envpool (CleanRL's envpool script writes its own for the first).
+gymnasium wrapper can add to an envpool (CleanRL's envpool script writes its own for the first),
+and the episodes' final observations that a gymnasium vector environment reports.
 
 An envpool ends an *episode* at every lost life (episodic_life) and clips its rewards; a *game* is
 over when envpool's info["terminated"] says so, or when the time limit cuts it off. The score that
@@ -15,51 +16,65 @@ import videos
 
 
 class Games:
-    """One envpool (`pool`, made by the script with `num_envs` games and seeded `seed`) behind the
-    calls of a gymnasium vector environment, plus envpool's two that split a step: send() the
-    actions, recv() what the games return, so that the caller can work while the games play.
+    """The envpools that the script made (`pools`: one, or two with --async-envs; game i of them all
+    seeded `seed` + i) behind the calls of one gymnasium vector environment of all their games, plus
+    envpool's two that split a step: send() a pool its actions, recv() what its games return, so
+    that the caller can work while they play. Pool k plays the games `pool_games[k]`, in order.
 
     Each step's info reports the games that ended as a gymnasium vector env files
     RecordEpisodeStatistics' report, under info["final_info"]["episode"] (which
-    run_life.finished_episodes reads): score and length (envpool's info["elapsed_step"]).
+    run_life.finished_episodes reads): score and length (envpool's info["elapsed_step"]); and,
+    as info["final_obs"], the last observation of each episode that ended.
     `video_folder` films the first game."""
 
-    def __init__(self, pool, num_envs: int, seed: int, video_folder: str | None = None):
-        self.pool, self.num_envs, self.seed = pool, num_envs, seed
+    def __init__(self, pools: list, seed: int, video_folder: str | None = None):
+        self.pools, self.seed = pools, seed
+        firsts = np.cumsum([0] + [pool.config["num_envs"] for pool in pools])
+        self.pool_games = [slice(first, end) for first, end in zip(firsts[:-1], firsts[1:])]
+        self.num_envs = int(firsts[-1])
         # envpool's spaces are those of one game, as a vector env's single_ spaces
-        self.single_observation_space = pool.observation_space
-        self.single_action_space = pool.action_space
-        self.score = np.zeros(num_envs)  # of each game so far
+        self.single_observation_space = pools[0].observation_space
+        self.single_action_space = pools[0].action_space
+        self.score = np.zeros(self.num_envs)  # of each game so far
         self.recorder = videos.VideoRecorder(video_folder) if video_folder else None
 
     def reset(self, seed: int | None = None) -> tuple[np.ndarray, dict]:
         """The games' first observations. envpool seeds its games when it makes them: a `seed`
-        other than the pool's is refused rather than silently ignored."""
+        other than the pools' is refused rather than silently ignored."""
         if seed is not None and seed != self.seed:
             raise ValueError(f"this envpool was seeded {self.seed} when it was made, not {seed}")
         self.score[:] = 0.0
-        return self.pool.reset()
+        return np.concatenate([pool.reset()[0] for pool in self.pools]), {}
 
-    def send(self, actions: np.ndarray) -> None:
-        self.pool.send(actions)
+    def send(self, actions: np.ndarray, pool: int = 0) -> None:
+        self.pools[pool].send(actions)
 
-    def recv(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict]:
-        obs, reward, terminations, truncations, info = self.pool.recv()
+    def recv(self, pool: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict]:
+        obs, reward, terminations, truncations, info = self.pools[pool].recv()
+        # envpool resets an environment on the step after its episode ended, so where one ended,
+        # this step's observation is its last: gymnasium's vector envs call it info["final_obs"].
+        info["final_obs"] = obs
+        score = self.score[self.pool_games[pool]]  # this pool's share, in place
         # The step after an episode ended is envpool's reset step, which adds reward 0.
-        self.score += info["reward"]
+        score += info["reward"]
         game_over = info["terminated"].astype(bool) | truncations
-        if self.recorder:
-            self.recorder.film(lambda: self.pool.render(env_ids=[0])[0], game_over[0])
+        if self.recorder and pool == 0:
+            self.recorder.film(lambda: self.pools[0].render(env_ids=[0])[0], game_over[0])
         if game_over.any():
-            info["final_info"] = {"episode": {"r": self.score.copy(), "l": info["elapsed_step"]},
+            info["final_info"] = {"episode": {"r": score.copy(), "l": info["elapsed_step"]},
                                   "_episode": game_over}
-            self.score[game_over] = 0.0
+            score[game_over] = 0.0
         return obs, reward, terminations, truncations, info
 
     def step(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray,
                                                  dict]:
+        """A step of one pool's games (an evaluation's): send() and recv() of several pools are
+        the caller's to interleave."""
+        if len(self.pools) != 1:
+            raise ValueError("step() plays one envpool; with two, send() and recv() each in turn")
         self.send(actions)
         return self.recv()
 
     def close(self) -> None:
-        self.pool.close()
+        for pool in self.pools:
+            pool.close()

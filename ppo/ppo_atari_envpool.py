@@ -5,12 +5,11 @@
     python ppo/ppo_atari_envpool.py --resume runs/<run>/checkpoint.pt # go on after Ctrl-C, a crash
     python ppo/ppo_atari_envpool.py --evaluate runs/<run>/checkpoint.pt
 
-ppo/ppo_atari.py with the games run by envpool: its C++ thread pool steps all environments and does
-the whole Atari preprocessing, so the Python side is one call per step. What changes is how episodes
-end: envpool resets a finished environment on the *next* step, which it spends on the reset and
-whose action it ignores; those steps are kept out of training. The 13 core details and the 9 Atari
-details are marked where they happen, as in ppo_atari.py (1 to 7 in make_envs here);
-docs/ppo_atari_envpool.md explains each. Works with envpool 1.0.x and 1.2.x.
+ppo/ppo_atari.py with the games run by envpool, whose C++ threads step them and do the whole Atari
+preprocessing: one Python call per step. What changes is how episodes end: envpool resets a finished
+environment on the *next* step, spent on the reset (its action is ignored) and kept out of training.
+The 13 core and 9 Atari details are marked where they happen, as in ppo_atari.py (1 to 7 in
+make_envs); docs/ppo_atari_envpool.md explains each. Works with envpool 1.0.x and 1.2.x.
 The run itself (its flags, checkpoints, logs, progress line and stop signals) comes from the modules
 beside this file, written once for every script: copy them along with it.
 """
@@ -83,9 +82,9 @@ class Args:
 
 
 def make_envs(env_id: str, num_envs: int, capture_video: bool = False, video_folder: str = "videos",
-              seed: int = 0) -> envpool_games.Games:
-    """Build `num_envs` preprocessed games in one envpool, seeded seed, seed + 1, ...,
-    refusing those whose spaces this script cannot train on.
+              seed: int = 0, async_envs: bool = False) -> envpool_games.Games:
+    """Build `num_envs` preprocessed games in one envpool (or two halves: async_envs), game i seeded
+    seed + i, refusing those whose spaces this script cannot train on.
 
     [Core 1: Vectorized architecture] One learner steps `num_envs` copies of the environment in lock
     step, so each rollout holds num_envs x num_steps transitions.
@@ -97,12 +96,14 @@ def make_envs(env_id: str, num_envs: int, capture_video: bool = False, video_fol
     command_line.check_envpool_id(env_id, VARIANT, kinds=("AtariEnvSpec",), example="Breakout-v5")
     import envpool  # installed: the id was found in it
 
-    envs = envpool.make(
+    # [Speed: asynchronous environments] async_envs: two envpools, one playing as the network works
+    pool_size = num_envs // 2 if async_envs else num_envs
+    pools = [envpool.make(
         env_id,
         env_type="gymnasium",
-        num_envs=num_envs,
-        # a 32-bit seed; a resumed run's or an evaluation's (--seed + offset) may pass 2**31
-        seed=seed % 2**31,
+        num_envs=pool_size,
+        # game i plays seed + i, in 32 bits (a resumed run's or an evaluation's seed may pass 2**31)
+        seed=(seed + first) % 2**31,
         # [Atari 1: NoopResetEnv] 1-30 random no-ops at a reset (FIRE games: 0-29, then FIRE)
         noop_max=30,
         # [Atari 2: MaxAndSkipEnv] each action for 4 frames; the last two are max-pooled
@@ -121,11 +122,11 @@ def make_envs(env_id: str, num_envs: int, capture_video: bool = False, video_fol
         stack_num=4,
         repeat_action_probability=0.0,  # no sticky actions, as in the NoFrameskip-v4 games
         max_episode_steps=27000,  # 108,000 frames, as ALE's v4 and v5 games
-        **({"render_mode": "rgb_array"} if capture_video else {}),
-    )
-    command_line.check_spaces(envs, env_id, VARIANT, actions=(gym.spaces.Discrete,),
+        **({"render_mode": "rgb_array"} if capture_video and first == 0 else {}),
+    ) for first in range(0, num_envs, pool_size)]
+    command_line.check_spaces(pools[0], env_id, VARIANT, actions=(gym.spaces.Discrete,),
                               vector_observations=False)
-    return envpool_games.Games(envs, num_envs, seed, video_folder if capture_video else None)
+    return envpool_games.Games(pools, seed, video_folder if capture_video else None)
 
 
 def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Module:
@@ -214,8 +215,7 @@ def ppo_loss(new_logprob: torch.Tensor, entropy: torch.Tensor, new_value: torch.
     logratio = new_logprob - old_logprob
     ratio = logratio.exp()
 
-    # (With the reset steps left out, a minibatch of the smallest sizes may keep a single
-    # transition, which has no spread to divide by: it is left as it is.)
+    # (Without the reset steps, a tiny minibatch may keep one transition: no spread to divide by.)
     if args.norm_adv and len(advantages) > 1:
         # [Core 7: Normalization of advantages] per minibatch, not per batch.
         advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
@@ -262,20 +262,20 @@ def minibatch_loss(agent: Agent, obs: torch.Tensor, actions: torch.Tensor,
                     returns, clip_coef, args)
 
 
-def truncated_values(values: np.ndarray, next_value: np.ndarray,
-                     time_limit_cuts: np.ndarray) -> np.ndarray:
+def truncated_value(agent: Agent, infos: dict, truncated: np.ndarray,
+                    device: torch.device) -> np.ndarray:
     """[Truncation: bootstrap the value of a time limit's final observation] (--bootstrap-truncated)
-    V(final observation) at each step (num_steps, num_envs) after which the time limit cut the game
-    off, 0 elsewhere.
-
-    envpool resets a game on the step after it ended, not within it: the step that ends a game
-    returns the game's final observation (its frames stacked, as the agent sees them) as the next
-    observation, and the rollout runs the network on it at the next step, the reset step, whose
-    action envpool ignores. So V(s_final) is already there, recorded as the reset step's value:
-    values[t + 1], or next_value when the cut came at the rollout's last step. The caller adds gamma
-    x this value to the step's (clipped) reward, so that its target is r + gamma V(s_final)."""
-    following_values = np.concatenate([values[1:], next_value[None]])
-    return np.where(time_limit_cuts, following_values, 0.0).astype(np.float32)
+    V(final observation) for each environment whose episode the time limit cut off (the episode
+    would have gone on), 0 elsewhere; info["final_obs"] holds that observation (Games). The
+    caller adds gamma x this value to the step's reward: its target is r + gamma V(s_final)."""
+    values = np.zeros(len(truncated), dtype=np.float32)
+    if truncated.any():
+        final_obs = np.stack(infos["final_obs"][truncated])
+        with torch.inference_mode():
+            final_value = agent.get_value(torch.as_tensor(final_obs, dtype=torch.float32,
+                                                          device=device))
+        values[truncated] = final_value.flatten().cpu().numpy()
+    return values
 
 
 def main(args: Args, checkpoint: dict | None = None) -> dict:
@@ -289,21 +289,13 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
     # Python's, NumPy's and PyTorch's random generators start from --seed (the environments' below).
     run_life.seed_everything(args.seed, args.torch_deterministic)
 
-    # envpool is seeded when it is made, and its games cannot be saved: a resumed run starts new
-    # games, on seeds that depend on where it resumes so that it does not replay the games it began
-    # with.
+    # envpool is seeded when it is made and cannot save its games: a resumed run plays new ones,
+    # seeded by where it resumes so that it does not replay the games it began with.
     resumed_at = checkpoint["global_step"] if checkpoint else 0
-    # [Speed: asynchronous environments] With --async-envs the games are split into two envpools,
-    # each stepping on its own threads: while one pool plays a step, the network picks the actions
-    # of the other, so neither the games nor the network wait for each other. Pool k holds the games
-    # `pool_games[k]` of the rollout; environment i is seeded seed + i either way.
-    num_pools = 2 if args.async_envs else 1
-    pool_size = args.num_envs // num_pools
-    pools = [make_envs(args.env_id, pool_size, args.capture_video and k == 0, run.video_folder,
-                       seed=args.seed + resumed_at + k * pool_size) for k in range(num_pools)]
-    pool_games = [slice(k * pool_size, (k + 1) * pool_size) for k in range(num_pools)]
-    obs_shape = pools[0].single_observation_space.shape  # (4, 84, 84)
-    agent = Agent(pools[0].single_action_space.n).to(device)
+    envs = make_envs(args.env_id, args.num_envs, args.capture_video, run.video_folder,
+                     seed=args.seed + resumed_at, async_envs=args.async_envs)
+    obs_shape = envs.single_observation_space.shape  # (4, 84, 84)
+    agent = Agent(envs.single_action_space.n).to(device)
     # [Core 3: The Adam optimizer's epsilon parameter] 1e-5 as in the original code, not PyTorch's
     # 1e-8: Adam divides each step by sqrt(v) + eps, so the larger eps damps the steps of weights
     # whose tiny gradients it would scale up to full size. fused=True: one kernel for all weights.
@@ -318,8 +310,6 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
     values = torch.zeros((args.num_steps, args.num_envs), device=device)
     rewards = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
     dones = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
-    # for --bootstrap-truncated
-    time_limit_cuts = np.zeros((args.num_steps, args.num_envs), dtype=bool)
 
     # The run starts: its logs open and, resumed, it takes back its weights, optimizer, random
     # generators and step count; not the games, which envpool cannot save (see above).
@@ -330,7 +320,7 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
     next_obs_pinned = torch.zeros((args.num_envs,) + obs_shape, dtype=torch.uint8,
                                   pin_memory=device.type == "cuda")
     next_obs = next_obs_pinned.numpy()  # the same memory, for NumPy
-    next_obs[:] = np.concatenate([pool.reset()[0] for pool in pools])
+    next_obs[:] = envs.reset()[0]
     next_done = np.zeros(args.num_envs, dtype=bool)
 
     for iteration in run.iterations():  # resumed: from the checkpoint's; a stop signal ends them
@@ -342,48 +332,42 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
         clip_coef = fraction_left * args.clip_coef if args.anneal_clip else args.clip_coef
 
         # Rollout: num_steps steps in every environment with the current policy.
-        # Each pool is sent its actions and plays the step on envpool's threads; its results are
-        # received on its next turn, just before the network needs its observations again (the
-        # last step's, in the extra turn that ends the rollout). Nothing here loops over the games:
-        # envpool steps a whole pool in one call.
+        # [Speed: asynchronous environments] With --async-envs the games are in two envpools: while
+        # one plays its step, the network picks the other's actions. Each pool is sent its actions,
+        # and its results are received on its next turn, just before the network needs them (the
+        # last step's in an extra turn). Nothing loops over games: envpool steps a pool in one call.
         for step in range(args.num_steps + 1):
-            for pool, games in zip(pools, pool_games):
+            for pool, games in enumerate(envs.pool_games):
                 if step > 0:  # what the pool returns for its step `step - 1`
-                    next_obs[games], reward, terminations, truncations, infos = pool.recv()
+                    next_obs[games], reward, terminations, truncations, infos = envs.recv(pool)
                     global_step += len(reward)
-                    # A lost life (episodic_life) or a time-limit truncation ends the episode like a
-                    # termination (unless --bootstrap-truncated values what the time limit cut off:
-                    # see after the rollout).
+                    # A lost life or a time limit ends the episode like a termination...
                     next_done[games] = terminations | truncations
                     rewards[step - 1, games] = reward  # clipped
-                    time_limit_cuts[step - 1, games] = truncations & ~terminations
+                    if args.bootstrap_truncated:  # ...unless the run values what the limit cut off
+                        cut_off = truncations & ~terminations
+                        rewards[step - 1, games] += args.gamma * truncated_value(agent, infos,
+                                                                                 cut_off, device)
                     # the games that ended, logged with their scores; and the progress line
                     run.record_step(global_step, run_life.finished_episodes(infos))
-                if step == args.num_steps:
-                    # every pool has played the rollout's last step: the rollout is complete
+                if step == args.num_steps:  # every pool has played the rollout's last step
                     continue
-
                 # non_blocking: the copy may overlap the network's start; it is done once
                 # action.cpu() below returns, before the next recv() overwrites next_obs.
                 obs[step, games].copy_(next_obs_pinned[games], non_blocking=True)
                 dones[step, games] = next_done[games]
-                # The network runs once a step anyway, and its one trunk gives the log-probability
-                # and value with the action: kept on the device (ppo.py's separate critic scores
-                # later).
+                # The network runs once a step anyway; its one trunk gives the log-probability and
+                # value with the action, kept on the device (ppo.py's separate critic scores later).
                 with torch.inference_mode():
                     action, logprob, _, value = agent.get_action_and_value(obs[step, games])
                 actions[step, games], logprobs[step, games] = action, logprob
                 values[step, games] = value.flatten()
-                pool.send(action.cpu().numpy())  # the one copy to the host
+                envs.send(action.cpu().numpy(), pool)  # the one copy to the host
 
         with torch.no_grad():
             next_value = agent.get_value(next_obs_pinned.to(device))
         # GAE runs on the host, in NumPy: one transfer of the rollout's values per iteration.
         host_values = values.cpu().numpy()
-        if args.bootstrap_truncated:
-            rewards += args.gamma * truncated_values(host_values,
-                                                     next_value.cpu().numpy().flatten(),
-                                                     time_limit_cuts)
         advantages, returns = compute_gae(rewards, host_values, dones,
                                           next_value.cpu().numpy().flatten(), next_done,
                                           args.gamma, args.gae_lambda)
@@ -406,10 +390,9 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
         b_obs, b_actions, b_logprobs, b_values, b_advantages, b_returns = (
             b[acted] for b in (b_obs, b_actions, b_logprobs, b_values, b_advantages, b_returns))
 
-        # [Core 6: Mini-batch updates] several epochs over shuffled minibatches of the batch; with
-        # the reset steps left out, the minibatches differ in size by one at most (and, where
-        # minibatches are tiny, there are fewer of them rather than empty ones).
+        # [Core 6: Mini-batch updates] several epochs over shuffled minibatches of the batch.
         b_inds = np.arange(len(acted_steps))
+        # Without the reset steps, minibatches differ in size by one at most; tiny ones are fewer.
         num_minibatches = min(args.num_minibatches, len(acted_steps))
         minibatch_stats = []
         for epoch in range(args.update_epochs):
@@ -444,8 +427,7 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
         run.end_iteration(iteration, global_step, means, host_values.reshape(-1)[acted_steps],
                           returns.reshape(-1)[acted_steps])
 
-    for pool in pools:
-        pool.close()
+    envs.close()
     return run.finish(global_step, agent=agent)
 
 

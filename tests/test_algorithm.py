@@ -399,14 +399,8 @@ def test_a_truncation_bootstraps_the_value_of_the_final_observation(script):
     rewards, values, dones, next_value, next_done, step_results = a_cut_off_rollout(obs_shape)
 
     bootstrapped = rewards.copy()
-    if script == "ppo_atari_envpool":
-        # envpool: the reset step after the cut ran the network on the final observation: values[2, 0].
-        values[2, 0] = final_value
-        cuts = np.array([truncated & ~terminated for terminated, truncated, _ in step_results])
-        bootstrapped += gamma * module.truncated_values(values, next_value, cuts)
-    else:
-        for step, (terminated, truncated, infos) in enumerate(step_results):
-            bootstrapped[step] += gamma * value_of_cut(infos, truncated & ~terminated)
+    for step, (terminated, truncated, infos) in enumerate(step_results):
+        bootstrapped[step] += gamma * value_of_cut(infos, truncated & ~terminated)
     advantages, returns = module.compute_gae(bootstrapped, values, dones, next_value, next_done, gamma, lam)
 
     final_values = np.full((3, 2), np.nan)

@@ -140,24 +140,14 @@ def test_a_step_both_terminated_and_truncated_adds_no_bootstrap_in_the_real_loop
             envs.step = ending_step
         return envs
 
-    if script == "ppo_atari_envpool":  # envpool values its cuts after the rollout, all at once
-        truncated_values = module.truncated_values
+    truncated_value = module.truncated_value
 
-        def recording_values(values, next_value, time_limit_cuts):
-            cuts.append(np.array(time_limit_cuts[CUT_AT], copy=True))
-            return truncated_values(values, next_value, time_limit_cuts)
+    def recording_value(agent, infos, truncated, *rest):
+        cuts.append(np.array(truncated, copy=True))
+        return truncated_value(agent, infos, truncated, *rest)
 
-        monkeypatch.setattr(module, "truncated_values", recording_values)
-    else:
-        truncated_value = module.truncated_value
-
-        def recording_value(agent, infos, truncated, *rest):
-            cuts.append(np.array(truncated, copy=True))
-            return truncated_value(agent, infos, truncated, *rest)
-
-        monkeypatch.setattr(module, "truncated_value", recording_value)
+    monkeypatch.setattr(module, "truncated_value", recording_value)
     monkeypatch.setattr(module, "make_envs", made_to_end_both_ways)
     module.main(module.Args(num_envs=2, num_minibatches=2, update_epochs=1, total_timesteps=2 * settings["num_steps"],
                             bootstrap_truncated=True, cuda=False, **settings))
-    at_the_cut = cuts[CUT_AT] if script != "ppo_atari_envpool" else cuts[0]
-    assert at_the_cut.tolist() == [False, True]
+    assert cuts[CUT_AT].tolist() == [False, True]

@@ -38,7 +38,9 @@ def test_the_step_after_an_episode_ends_is_a_reset_that_ignores_its_action():
     """envpool's autoreset, which the training loop relies on: after a lost life (episodic_life) or
     a game's end, the next step() resets that environment, returns reward 0 and ignores the action.
     Two runs that differ only in that step's action stay identical; differing in any other step's
-    action makes them drift apart. The training loop leaves exactly those steps (dones[t] = 1) out."""
+    action makes them drift apart. The training loop leaves exactly those steps (dones[t] = 1) out.
+    The step that ends an episode returns its final observation, which Games passes on as
+    info["final_obs"]."""
     actions = np.random.default_rng(0).integers(4, size=400)
     steps = play(actions)
     ends = [t for t, step in enumerate(steps) if step[2][0] or step[3][0]]
@@ -54,6 +56,11 @@ def test_the_step_after_an_episode_ends_is_a_reset_that_ignores_its_action():
             variants.append(play(changed))
         for a, b in zip(variants[0][reset_step:reset_step + 30], variants[1][reset_step:reset_step + 30]):
             assert np.array_equal(a[0], b[0])
+    # So where an episode ends, the step's observation is its last, not the next one's first: Games
+    # reports it as info["final_obs"], the observation --bootstrap-truncated values.
+    for end in (lost_life, game_over):
+        assert np.array_equal(steps[end][4]["final_obs"][0], steps[end][0][0])
+        assert not np.array_equal(steps[end + 1][0][0], steps[end][0][0])
     # After a lost life the game goes on (the reset step does not count as a step of the game);
     # after the game's end a new game starts.
     assert steps[lost_life + 1][4]["elapsed_step"][0] == steps[lost_life][4]["elapsed_step"][0]
@@ -76,7 +83,7 @@ def test_the_pool_is_configured_as_the_atari_details_say():
     expected = {"noop_max": 30, "frame_skip": 4, "episodic_life": True, "use_fire_reset": True, "img_height": 84,
                 "img_width": 84, "gray_scale": True, "reward_clip": True, "stack_num": 4,
                 "repeat_action_probability": 0.0, "max_episode_steps": 27000}
-    assert {name: envs.pool.config[name] for name in expected} == expected
+    assert {name: envs.pools[0].config[name] for name in expected} == expected
     envs.close()
 
 
@@ -97,23 +104,27 @@ def test_observations_rewards_and_unclipped_info_rewards():
     assert 44.0 in unclipped  # BeamRider's points per enemy: the training reward is 1, the score 44
 
 
+class RecordingGames:
+    """The games script.make_envs builds, each result of their recv() also given to
+    record(pool, result), pool naming the envpool it came from (--async-envs makes two)."""
+
+    def __init__(self, envs, record):
+        self.envs, self.record = envs, record
+
+    def __getattr__(self, name):
+        return getattr(self.envs, name)
+
+    def recv(self, pool=0):
+        result = self.envs.recv(pool)
+        self.record(pool, result)
+        return result
+
+
 def record_every_recv(monkeypatch, record) -> None:
-    """Wrap each pool that script.make_envs builds so that everything its recv() returns also goes to
-    record(pool, result), pool naming which pool it came from (--async-envs makes two)."""
-    class Recording:
-        def __init__(self, envs):
-            self.envs = envs
-
-        def __getattr__(self, name):
-            return getattr(self.envs, name)
-
-        def recv(self):
-            result = self.envs.recv()
-            record(id(self), result)
-            return result
+    """Have script.make_envs build RecordingGames that give every recv()'s result to record."""
 
     make = script.make_envs
-    monkeypatch.setattr(script, "make_envs", lambda *args, **kwargs: Recording(make(*args, **kwargs)))
+    monkeypatch.setattr(script, "make_envs", lambda *args, **kwargs: RecordingGames(make(*args, **kwargs), record))
 
 
 @pytest.mark.parametrize("async_envs", [False, True], ids=["one-pool", "two-pools"])
@@ -385,17 +396,20 @@ def test_two_pools_play_the_same_games_as_one():
     """--async-envs splits the games into two envpools seeded so that environment i gets seed + i, as
     in one pool: the same actions give the same frames, rewards and episode ends."""
     rng = np.random.default_rng(0)
-    one = make_envs("Breakout-v5", 4, seed=7)
-    halves = [make_envs("Breakout-v5", 2, seed=7), make_envs("Breakout-v5", 2, seed=9)]
-    first = [one.reset()[0], np.concatenate([half.reset()[0] for half in halves])]
-    np.testing.assert_array_equal(*first)
+    one, two = make_envs("Breakout-v5", 4, seed=7), make_envs("Breakout-v5", 4, seed=7, async_envs=True)
+    assert len(two.pools) == 2 and two.pool_games == [slice(0, 2), slice(2, 4)]
+    np.testing.assert_array_equal(one.reset()[0], two.reset()[0])
     for _ in range(200):
         action = rng.integers(one.single_action_space.n, size=4)
         whole = one.step(action)
-        split = [half.step(action[2 * k:2 * k + 2]) for k, half in enumerate(halves)]
+        for pool, games in enumerate(two.pool_games):
+            two.send(action[games], pool)
+        split = [two.recv(pool) for pool in range(2)]
         for part in range(4):  # obs, reward, terminated, truncated
             np.testing.assert_array_equal(whole[part], np.concatenate([s[part] for s in split]))
-    for envs in (one, *halves):
+    with pytest.raises(ValueError, match="step\\(\\) plays one envpool"):
+        two.step(action)
+    for envs in (one, two):
         envs.close()
 
 
@@ -436,23 +450,11 @@ def test_two_pools_fill_their_own_columns_and_bootstrap_from_their_own_last_fram
     a pool returns must land in its own columns at the step it played (what compute_gae receives), and
     the bootstrap value after the rollout must be computed from each pool's last frames (what the
     value network receives after the rollout's last recv)."""
-    pools, gae_rewards, bootstrapped = [], [], []
-
-    class Recording:
-        def __init__(self, envs):
-            self.envs, self.received = envs, []
-
-        def __getattr__(self, name):
-            return getattr(self.envs, name)
-
-        def recv(self):
-            result = self.envs.recv()
-            self.received.append((result[0].copy(), result[1].copy()))
-            return result
+    received, gae_rewards, bootstrapped = {0: [], 1: []}, [], []
 
     def recording_make_envs(*inputs, **options):
-        pools.append(Recording(make(*inputs, **options)))
-        return pools[-1]
+        return RecordingGames(make(*inputs, **options), lambda pool, result: received[pool].append(
+            (result[0].copy(), result[1].copy())))
 
     def recording_gae(rewards, *rest):
         gae_rewards.append(rewards.copy())
@@ -469,16 +471,16 @@ def test_two_pools_fill_their_own_columns_and_bootstrap_from_their_own_last_fram
     num_steps = TINY_ARGS["num_steps"]
     # Space Invaders: random play scores within a few steps, and the two pools score at different ones.
     main(Args(env_id="SpaceInvaders-v5", total_timesteps=192, async_envs=True, seed=3, **{**TINY_ARGS, "num_envs": 4}))
-    assert len(pools) == 2 and len(gae_rewards) == len(bootstrapped) == 3
+    assert len(gae_rewards) == len(bootstrapped) == 3
     for iteration, (rewards, next_obs) in enumerate(zip(gae_rewards, bootstrapped)):
         rollout = slice(iteration * num_steps, (iteration + 1) * num_steps)
-        for k, pool in enumerate(pools):
-            own_rewards = np.stack([reward for _, reward in pool.received[rollout]])
+        for k in received:
+            own_rewards = np.stack([reward for _, reward in received[k][rollout]])
             np.testing.assert_array_equal(rewards[:, 2 * k:2 * k + 2], own_rewards)
-        last_frames = np.concatenate([pool.received[rollout][-1][0] for pool in pools])
+        last_frames = np.concatenate([received[k][rollout][-1][0] for k in received])
         np.testing.assert_array_equal(next_obs.numpy(), last_frames)
     # The check can tell the pools apart: their rewards differ.
-    assert not np.array_equal(*(np.stack([reward for _, reward in pool.received]) for pool in pools))
+    assert not np.array_equal(*(np.stack([reward for _, reward in received[k]]) for k in received))
 
 
 def test_a_lost_life_cuts_gae_while_the_logged_score_runs_to_game_over(workdir, monkeypatch):
