@@ -44,7 +44,10 @@ class Games:
         if seed is not None and seed != self.seed:
             raise ValueError(f"this envpool was seeded {self.seed} when it was made, not {seed}")
         self.score[:] = 0.0
-        return np.concatenate([pool.reset()[0] for pool in self.pools]), {}
+        results = [pool.reset() for pool in self.pools]
+        info = joined([info for _, info in results])
+        info["env_id"] = np.arange(self.num_envs)  # each pool numbers its own games from 0
+        return np.concatenate([obs for obs, _ in results]), info
 
     def send(self, actions: np.ndarray, pool: int = 0) -> None:
         self.pools[pool].send(actions)
@@ -78,3 +81,9 @@ class Games:
     def close(self) -> None:
         for pool in self.pools:
             pool.close()
+
+
+def joined(infos: list[dict]) -> dict:
+    """The pools' infos as one, in the games' order: each array (or dict of arrays) joined."""
+    return {key: joined([info[key] for info in infos]) if isinstance(infos[0][key], dict)
+            else np.concatenate([info[key] for info in infos]) for key in infos[0]}

@@ -398,7 +398,10 @@ def test_two_pools_play_the_same_games_as_one():
     rng = np.random.default_rng(0)
     one, two = make_envs("Breakout-v5", 4, seed=7), make_envs("Breakout-v5", 4, seed=7, async_envs=True)
     assert len(two.pools) == 2 and two.pool_games == [slice(0, 2), slice(2, 4)]
-    np.testing.assert_array_equal(one.reset()[0], two.reset()[0])
+    (one_obs, one_info), (two_obs, two_info) = one.reset(), two.reset()
+    np.testing.assert_array_equal(one_obs, two_obs)
+    for key in ("env_id", "lives", "ram"):  # the reset's info too, numbered as one pool's
+        np.testing.assert_array_equal(one_info[key], two_info[key])
     for _ in range(200):
         action = rng.integers(one.single_action_space.n, size=4)
         whole = one.step(action)
