@@ -7,7 +7,7 @@ An envpool ends an *episode* at every lost life (episodic_life) and clips its re
 over when envpool's info["terminated"] says so, or when the time limit cuts it off. The score that
 matters is the game's: the sum of the unclipped rewards, info["reward"], over all its lives. Like
 atari_wrappers, this is not run machinery; it imports only videos of this folder, and envpool is
-never imported: the pool is built by the script.
+never imported: the pools are built by the script.
 """
 
 import numpy as np
