@@ -49,13 +49,15 @@ class Adam:
                     "exp_avg_sq": torch.zeros_like(param, memory_format=torch.preserve_format)}
         states = [self.state[param] for param in params]
         beta1, beta2 = group["betas"]
+        # Every argument but `decoupled_weight_decay` (PyTorch 2.7 and later; its default, False,
+        # is this group's and changes nothing with no weight decay): torch 2.6's adam() has no such
+        # argument, and tests/test_floors.py runs this step on the floor.
         adam(params, [param.grad for param in params], [state["exp_avg"] for state in states],
              [state["exp_avg_sq"] for state in states], [], [state["step"] for state in states],
              amsgrad=group["amsgrad"], has_complex=False, beta1=beta1, beta2=beta2, lr=group["lr"],
              weight_decay=group["weight_decay"], eps=group["eps"], maximize=group["maximize"],
              foreach=group["foreach"], capturable=group["capturable"],
-             differentiable=group["differentiable"], fused=group["fused"],
-             decoupled_weight_decay=group["decoupled_weight_decay"])
+             differentiable=group["differentiable"], fused=group["fused"])
 
     def state_dict(self) -> dict:
         """torch.optim.Adam's layout: the parameters by their position, the group's settings."""

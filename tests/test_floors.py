@@ -8,7 +8,12 @@ How the first versions were found (2026-11-23, with `pip download <package>==<ve
 - gymnasium: `class AutoresetMode` is in gymnasium/vector/vector_env.py of the 1.1.0 wheel and in no
   file of the 1.0.0 wheel. With 1.0.0's files first on PYTHONPATH, `python ppo/ppo.py` stops with
   "module 'gymnasium.vector' has no attribute 'AutoresetMode'"; with 1.1.0's it trains.
-- torch: `Adam(..., fused=True)` accepts CPU tensors when "cpu" is among the devices of
+- torch: the floor is a release the scripts run on: `nox -s floors` installs every core dependency's
+  floor (PyTorch 2.6.0 from PyPI) and runs each script's tiny run, evaluation and resumption (the smoke
+  tests; CI runs it). On 2026-11-28 it failed at the first update: ppo/adam.py handed torch.optim.adam.adam
+  `decoupled_weight_decay`, an argument PyTorch 2.7 added. adam.py now leaves it out (False, its
+  default, changes nothing without weight decay), so the floor stays at 2.6, whose `adam()` takes the
+  arguments TORCH_2_6_ADAM lists (read off the 2.6.0 wheel). `Adam(..., fused=True)` accepts CPU tensors when "cpu" is among the devices of
   torch/utils/_foreach_utils.py:_get_fused_kernels_supported_devices: not in the 2.3.1 wheel, there
   in 2.4.0. (clip_grad_norm_(foreach=True) and torch.load(weights_only=...) are older.) And
   `aten.multinomial.default`, which the CNN scripts' action sampling runs (Categorical.sample), is in the set of ops
@@ -32,6 +37,7 @@ extra admits one, or when one is installed. What was weighed and not excluded:
   (docs/notes/mujoco_versions.md).
 """
 
+import ast
 import re
 import tomllib
 from importlib.metadata import PackageNotFoundError, version
@@ -50,6 +56,13 @@ FEATURES = [
     ("torch", "2.6", "CUDA graphs that record torch.multinomial (--cudagraphs samples actions in the graph)"),
     ("tyro", "0.8", "tyro.cli(Args, args=..., default=...) with Literal, list[int] and X | None fields"),
 ]
+
+# The arguments torch.optim.adam.adam takes in PyTorch 2.6.0, the floor, as inspect.signature read them
+# off its wheel (2026-11-28). 2.7 added decoupled_weight_decay.
+TORCH_2_6_ADAM = {
+    "params", "grads", "exp_avgs", "exp_avg_sqs", "max_exp_avg_sqs", "state_steps", "foreach", "capturable",
+    "differentiable", "fused", "grad_scale", "found_inf", "has_complex", "amsgrad", "beta1", "beta2", "lr",
+    "weight_decay", "eps", "maximize"}
 
 # (package, release, why it is left out)
 EXCLUDED = [
@@ -102,8 +115,9 @@ def test_the_installed_packages_have_the_features():
     from ppo import ppo_atari_multigpu
 
     assert hasattr(gym.vector, "AutoresetMode") and hasattr(gym.vector.AutoresetMode, "SAME_STEP")
+    from ppo.adam import Adam
     parameter = torch.nn.Parameter(torch.zeros(3))
-    optimizer = torch.optim.Adam([parameter], lr=0.1, eps=1e-5, fused=True)
+    optimizer = Adam([parameter], lr=0.1, eps=1e-5, fused=True)  # the scripts' optimizer, as they build it
     parameter.grad = torch.ones(3)
     optimizer.step()
     assert torch.all(parameter < 0)
@@ -114,6 +128,16 @@ def test_the_installed_packages_have_the_features():
     saved = ppo_atari_multigpu.Args(seed=5)
     args = tyro.cli(ppo_atari_multigpu.Args, args=["--device-ids", "0", "1", "--target-kl", "0.02"], default=saved)
     assert (args.seed, args.device_ids, args.target_kl) == (5, [0, 1], 0.02)
+
+
+def test_adam_hands_torch_only_what_the_floor_takes():
+    """ppo/adam.py calls torch.optim.adam.adam with arguments that PyTorch's floor takes: a newer one
+    (decoupled_weight_decay, from 2.7) stops every script at its first update on 2.6. `nox -s floors`
+    runs that update; this reads the call, on whatever PyTorch is installed."""
+    call = next(node for node in ast.walk(ast.parse((REPO / "ppo" / "adam.py").read_text()))
+                if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "adam")
+    assert {keyword.arg for keyword in call.keywords} - TORCH_2_6_ADAM == set()
+    assert declared_floors()["torch"] == "2.6", "TORCH_2_6_ADAM is the floor's signature: read it off the new floor"
 
 
 @pytest.mark.parametrize("package,release,reason", EXCLUDED, ids=[f"{row[0]}-{row[1]}" for row in EXCLUDED])
