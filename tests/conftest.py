@@ -11,6 +11,12 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+# How long a test waits for a process it started (a script's run, a tool, a Slurm job) before it calls
+# it hung. The limits are for hangs alone, not for speed: the longest wait of a quiet 2-core machine, a
+# two-rank torchrun group beside its twin, takes about 25 s, but a loaded machine (a second suite, a
+# laptop at work) stretches it several times over, and a CI run once timed out at a 120 s limit that
+# way. A hung process fails its test after 15 minutes with what it printed, well inside CI's 90.
+HUNG_AFTER = 900
 
 
 # The metrics every script logs, under exactly these names (CONTRIBUTING.md).
@@ -94,7 +100,7 @@ def script_command(script: str, args, launcher: list[str] | None = None) -> list
     return [*(launcher or [sys.executable]), str(REPO / "ppo" / script), *args]
 
 
-def run_script(script: str, *args: str, cwd: Path, timeout: float = 300, env: dict | None = None,
+def run_script(script: str, *args: str, cwd: Path, timeout: float = HUNG_AFTER, env: dict | None = None,
                check: bool = True, launcher: list[str] | None = None) -> subprocess.CompletedProcess:
     """Run `python ppo/<script> args...` in `cwd` (so runs/ and videos/ land there), as a user would;
     `launcher` replaces `python`, for example by torchrun(...)."""
@@ -167,7 +173,7 @@ def interrupt_after_first_progress_line(script: str, args: list[str], cwd: Path,
             os.killpg(process.pid, stop_signal)
             break
     output.append(process.stdout.read())
-    return process.wait(timeout=120), "".join(output)
+    return process.wait(timeout=HUNG_AFTER), "".join(output)
 
 
 # Unbroken runs already made in this session, by (script, flags, launcher): a run's result depends only
@@ -205,7 +211,12 @@ def run_unbroken_and_interrupted(script: str, flags: list[str], tmp_path: Path, 
             unbroken_run.wait()
         raise
     if unbroken_run is not None:
-        returncode = unbroken_run.wait(timeout=300)
+        try:
+            returncode = unbroken_run.wait(timeout=HUNG_AFTER)
+        except subprocess.TimeoutExpired:
+            os.killpg(unbroken_run.pid, signal.SIGKILL)  # torchrun's workers too
+            unbroken_run.wait()
+            pytest.fail(f"the unbroken {script} run hung ({HUNG_AFTER} s):\n{unbroken_log.read_text()[-3000:]}")
         assert returncode == 0, f"the unbroken {script} run exited {returncode}:\n{unbroken_log.read_text()[-3000:]}"
         UNBROKEN_RUNS[key] = unbroken
     assert code == exit_code, output
@@ -802,7 +813,7 @@ def without_module(tmp_path: Path, module: str) -> dict:
 # ---------------------------------------------------------------------------------------------------
 
 
-def run_tool(tool: str, *args: str, cwd: Path, timeout: float = 120, env: dict | None = None
+def run_tool(tool: str, *args: str, cwd: Path, timeout: float = HUNG_AFTER, env: dict | None = None
              ) -> subprocess.CompletedProcess:
     """Run `benchmark/<tool>` (python for .py, bash for .sh) in cwd; never raises on a non-zero exit."""
     interpreter = ["bash"] if tool.endswith(".sh") else [sys.executable]
@@ -878,7 +889,7 @@ def unbroken_slow_runs(tmp_path_factory) -> Path:
                                          "1", "--start-seed", str(seed)], cwd=directory / f"seed{seed}",
                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     for runner in runners:
-        output = runner.communicate(timeout=300)[0]
+        output = runner.communicate(timeout=HUNG_AFTER)[0]
         assert runner.returncode == 0 and "1 run(s): 1 ran ok" in output, output
     return directory
 
@@ -905,7 +916,7 @@ def quick_dir(tmp_path_factory) -> Path:
     """The quick benchmark run here, once per session: its logs, runs and report (the local runs the
     Slurm test compares its own with)."""
     workdir = tmp_path_factory.mktemp("quick")
-    result = run_tool("run.py", "--quick", "--quick-dir", str(workdir), "--workers", "1", cwd=workdir, timeout=300)
+    result = run_tool("run.py", "--quick", "--quick-dir", str(workdir), "--workers", "1", cwd=workdir)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "4 run(s): 4 ran ok, 0 skipped (finished earlier), 0 failed" in result.stdout
     return workdir
@@ -933,7 +944,7 @@ def slurm_cluster(tmp_path_factory):
     cluster.stop()
 
 
-def wait_for_jobs(cluster, job_ids: list[str], limit: float = 300) -> None:
+def wait_for_jobs(cluster, job_ids: list[str], limit: float = HUNG_AFTER) -> None:
     """Until none of the jobs is pending or running (a bound, so a stuck job fails the test)."""
     import time
 

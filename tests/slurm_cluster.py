@@ -21,6 +21,8 @@ import sys
 import time
 from pathlib import Path
 
+from conftest import HUNG_AFTER
+
 DAEMONS = ("munged", "mungekey", "slurmctld", "slurmd", "sbatch", "squeue", "sinfo", "scontrol")
 
 
@@ -105,7 +107,7 @@ class OneNodeCluster:
                         "--seed-file", str(self.dir / "munged.seed")],
                        check=True, env={**os.environ, "PATH": self.path}, capture_output=True)
 
-    def start(self, timeout: float = 60) -> None:
+    def start(self, timeout: float = HUNG_AFTER) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.write_config()
         self.start_munge()
@@ -142,7 +144,7 @@ class OneNodeCluster:
             if process.poll() is None:
                 process.terminate()
         for process in self.processes:
-            try:
+            try:  # a daemon deaf to SIGTERM is killed: stopping the cluster must not hang
                 process.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 process.kill()

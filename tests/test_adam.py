@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from conftest import REPO
+from conftest import HUNG_AFTER, REPO
 
 importlib.import_module("ppo")  # puts ppo/ on the path, where the scripts' modules are
 import adam  # noqa: E402
@@ -83,6 +83,6 @@ def test_a_training_run_does_not_import_the_compiler(tmp_path):
             "ppo.main(ppo.Args(total_timesteps=256, num_steps=32, cuda=False)); "
             "print('torch._dynamo' in sys.modules, 'sympy' in sys.modules)")
     result = subprocess.run([sys.executable, "-c", code, str(REPO / "ppo")], cwd=tmp_path,
-                            capture_output=True, text=True, timeout=120)
+                            capture_output=True, text=True, timeout=HUNG_AFTER)
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[-1] == "False False", result.stdout

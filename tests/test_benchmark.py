@@ -20,7 +20,7 @@ import ppo  # noqa: F401  (puts ppo/ on the path, for `import run_life`)
 import run_life  # the scripts' run machinery: how a run writes its text tables
 from benchmark import report
 from benchmark import run as runner
-from conftest import (FAKE_SCRIPT, REPO, SLOW_PPO, SLOW_RUNS, assert_quick_runs_finished, assert_same_final_weights,
+from conftest import (FAKE_SCRIPT, HUNG_AFTER, REPO, SLOW_PPO, SLOW_RUNS, assert_quick_runs_finished, assert_same_final_weights,
                       assert_stopped_with_its_logs_flushed, calls, expect_error_line, expect_usage_error, only_run_dir,
                       read_scalars, run_tool, table_rows)
 
@@ -217,11 +217,11 @@ def test_a_stopped_benchmark_continues_its_runs_where_they_stopped(tmp_path, unb
     first = subprocess.Popen([sys.executable, str(REPO / "benchmark" / "run.py"), *benchmark], cwd=tmp_path,
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
                              env={**os.environ, "SLOW_STEP_SECONDS": "0.005"})
-    deadline = time.time() + 120
+    deadline = time.time() + HUNG_AFTER
     while not (log.is_file() and "\nstep " in log.read_text()) and time.time() < deadline:
         time.sleep(0.2)
     os.killpg(first.pid, signal.SIGINT)  # Ctrl-C in a terminal: its whole process group
-    output = first.communicate(timeout=120)[0]
+    output = first.communicate(timeout=HUNG_AFTER)[0]
     assert first.returncode == 130, output
     checkpoint_path = only_run_dir(tmp_path) / "checkpoint.pt"
     assert ("[stop] slow_ppo CartPole-v1 seed 1: stopped, the same command continues it from "
@@ -865,7 +865,7 @@ def test_ppo_sh_skips_a_family_whose_script_is_missing(tmp_path):
     (tmp_path / "ppo").mkdir()
     (tmp_path / "benchmark" / "ppo.sh").write_text((REPO / "benchmark" / "ppo.sh").read_text())
     result = subprocess.run(["bash", str(tmp_path / "benchmark" / "ppo.sh"), "--dry-run", "mujoco"],
-                            cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                            cwd=tmp_path, capture_output=True, text=True, timeout=HUNG_AFTER,
                             env={**os.environ, "PYTHON": sys.executable})
     assert result.returncode == 0, result.stderr
     assert "mujoco: skipped, ppo/ppo_continuous_action.py is missing" in result.stdout
@@ -881,7 +881,7 @@ def test_ppo_sh_stops_at_a_ctrl_c_that_run_py_caught(tmp_path):
     stand_in.write_text(f'#!/usr/bin/env bash\necho "$*" >> {started}\nexit 130\n')
     stand_in.chmod(0o755)
     result = subprocess.run(["bash", "benchmark/ppo.sh", "classic", "mujoco"], cwd=REPO, capture_output=True,
-                            text=True, timeout=60, env={**os.environ, "PYTHON": str(stand_in)})
+                            text=True, timeout=HUNG_AFTER, env={**os.environ, "PYTHON": str(stand_in)})
     assert result.returncode == 130, result.stdout + result.stderr
     lines = started.read_text().splitlines()
     assert len(lines) == 1 and lines[0].startswith("benchmark/run.py --env-ids CartPole-v1"), lines
@@ -959,7 +959,7 @@ def test_quick_report_embeds_valid_plots(quick_dir):
 
 
 def test_rerunning_quick_mode_skips_the_finished_runs(quick_dir):
-    result = run_tool("run.py", "--quick", "--quick-dir", str(quick_dir), cwd=quick_dir, timeout=120)
+    result = run_tool("run.py", "--quick", "--quick-dir", str(quick_dir), cwd=quick_dir)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "4 run(s): 0 ran ok, 4 skipped (finished earlier), 0 failed" in result.stdout
     assert len(list((quick_dir / "runs").iterdir())) == 4  # no new training run

@@ -16,7 +16,7 @@ from urllib.parse import unquote
 
 import pytest
 
-from conftest import REPO
+from conftest import HUNG_AFTER, REPO
 
 # A line link passes when the line it names (or a line of the range it names) carries the marker of
 # the detail it names: a link even one line off points a reader at the wrong code.
@@ -180,7 +180,7 @@ def test_site_builds_in_strict_mode(tmp_path):
     pytest.importorskip("mkdocs")
     result = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file",
                              str(REPO / "mkdocs.yml"), "--site-dir", str(tmp_path / "site")],
-                            cwd=REPO, capture_output=True, text=True, timeout=120)
+                            cwd=REPO, capture_output=True, text=True, timeout=HUNG_AFTER)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert (tmp_path / "site" / "index.html").is_file()
     assert (tmp_path / "site" / "benchmark" / "index.html").is_file()

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import REPO, expect_usage_error, read_scalars, run_script, script_command
+from conftest import HUNG_AFTER, REPO, expect_usage_error, read_scalars, run_script, script_command
 
 # ppo/ goes on sys.path now, once: imported first inside a test, it would be taken off again with the
 # path that the test's monkeypatch restores, and the scripts' later imports of their modules would fail.
@@ -191,7 +191,7 @@ def test_two_runs_started_in_the_same_second_get_two_folders(tmp_path):
         workdir.mkdir()
         processes = [subprocess.Popen(command, cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                       text=True) for _ in range(2)]
-        outputs = [process.communicate(timeout=300)[0] for process in processes]
+        outputs = [process.communicate(timeout=HUNG_AFTER)[0] for process in processes]
         assert all(process.returncode == 0 for process in processes), outputs
         folders = sorted(path.name for path in (workdir / "runs").iterdir())
         if len({name.split("__")[-1].split("-")[0] for name in folders}) == 1:  # both in the same second
@@ -326,12 +326,12 @@ def test_the_runner_reports_a_diverged_run_and_does_not_start_it_again(tmp_path)
     command = [sys.executable, str(REPO / "benchmark" / "run.py"), "--env-ids", "CartPole-v1", "--num-seeds", "1",
                "--command", "python ppo/ppo.py --total-timesteps 512 --num-steps 32 --no-cuda --learning-rate 1e30",
                "--workdir", str(tmp_path), "--log-dir", str(tmp_path / "logs")]
-    first = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    first = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=HUNG_AFTER)
     assert first.returncode == 1, first.stdout + first.stderr
     assert "[DIVERGED] ppo CartPole-v1 seed 1: at step 128, the policy loss became nan" in first.stdout, first.stdout
     assert "1 run(s): 0 ran ok, 0 skipped (finished earlier), 0 failed, 1 diverged" in first.stdout, first.stdout
     (marker,) = (tmp_path / "logs").rglob("*.done")
     assert json.loads(marker.read_text())["exit_code"] == DIVERGED
-    again = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    again = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=HUNG_AFTER)
     assert "[skip] ppo CartPole-v1 seed 1: diverged earlier" in again.stdout, again.stdout
     assert again.returncode == 0

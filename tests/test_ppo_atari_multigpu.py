@@ -17,7 +17,7 @@ import torch.multiprocessing as mp
 pytest.importorskip("ale_py")
 pytest.importorskip("cv2")
 
-from conftest import (REPO, assert_details_marked, assert_evaluation_output, assert_logs_every_metric,  # noqa: E402
+from conftest import (HUNG_AFTER, REPO, assert_details_marked, assert_evaluation_output, assert_logs_every_metric,  # noqa: E402
                       assert_one_copy_to_the_host_per_step, assert_resume_keeps_the_latest_scores,
                       assert_same_final_weights, expect_usage_error, only_run_dir, read_scalars, run_script,
                       run_unbroken_and_interrupted, torchrun, assert_first_minibatch_replays_the_rollout,
@@ -48,9 +48,12 @@ def run_as_two_ranks(target, inputs_of_rank) -> None:
     workers = [mp.get_context("spawn").Process(target=target, args=inputs_of_rank(rank)) for rank in range(2)]
     for worker in workers:
         worker.start()
-    for worker in workers:
-        worker.join(timeout=120)
-        assert worker.exitcode == 0
+    for rank, worker in enumerate(workers):
+        worker.join(timeout=HUNG_AFTER)
+        if worker.is_alive():
+            worker.kill()
+        assert worker.exitcode == 0, f"rank {rank} " + ("hung" if worker.exitcode == -signal.SIGKILL else
+                                                        f"exited {worker.exitcode}")
 
 
 def hyperparameters(run_dir) -> str:
@@ -355,7 +358,7 @@ def test_two_launches_on_loopback_train_as_two_nodes(tmp_path):
         nodes.append(subprocess.Popen([*command, str(REPO / "ppo" / "ppo_atari_multigpu.py"),
                                        "--total-timesteps", "128", *TINY], cwd=workdir, text=True,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
-    outputs = [node.communicate(timeout=300)[0] for node in nodes]
+    outputs = [node.communicate(timeout=HUNG_AFTER)[0] for node in nodes]
     assert [node.returncode for node in nodes] == [0, 0], outputs
     assert "step       128/128" in outputs[0] and "step" not in outputs[1]
     assert "|world_size|2|" in hyperparameters(only_run_dir(tmp_path / "node0"))

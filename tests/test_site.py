@@ -16,7 +16,7 @@ from urllib.parse import unquote, urljoin, urlsplit
 
 import pytest
 
-from conftest import REPO
+from conftest import HUNG_AFTER, REPO
 
 SCHEME = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*:")
 LINE_LINK = re.compile(r"\]\(((?:\.\./)+(?:ppo|benchmark)/[^)#\s]+)#(L\d+)")
@@ -73,7 +73,7 @@ class PageParser(HTMLParser):
 
 def build_site(config: Path, site: Path) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file", str(config),
-                           "--site-dir", str(site)], cwd=config.parent, capture_output=True, text=True, timeout=300)
+                           "--site-dir", str(site)], cwd=config.parent, capture_output=True, text=True, timeout=HUNG_AFTER)
 
 
 class Site:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from benchmark import run
-from conftest import (FAKE_SCRIPT, REPO, SLOW_PPO, SLOW_RUNS, assert_quick_runs_finished, assert_same_final_weights,
+from conftest import (FAKE_SCRIPT, HUNG_AFTER, REPO, SLOW_PPO, SLOW_RUNS, assert_quick_runs_finished, assert_same_final_weights,
                       calls, expect_error_line, run_tool, table_rows, wait_for_jobs)
 from slurm_cluster import OneNodeCluster
 
@@ -48,7 +48,7 @@ def submit_fake(tmp_path: Path, *options: str, env: dict | None = None) -> subpr
 def run_task(script: Path, index: int, cwd: Path, **env: str) -> subprocess.CompletedProcess:
     """Task `index` of the job array `script`, run as Slurm runs it: by bash, in `cwd`, with SLURM_ARRAY_TASK_ID
     (and `env`) set."""
-    return subprocess.run(["bash", str(script)], cwd=cwd, capture_output=True, text=True, timeout=60,
+    return subprocess.run(["bash", str(script)], cwd=cwd, capture_output=True, text=True, timeout=HUNG_AFTER,
                           env={**os.environ, "SLURM_ARRAY_TASK_ID": str(index), **env})
 
 
@@ -251,7 +251,7 @@ def test_a_refused_quick_submission_leaves_no_directory_behind(tmp_path):
         shutil.copy(REPO / name, checkout / name)
     refuse = "#!/bin/sh\necho 'sbatch: error: Batch job submission failed: Invalid account' >&2\nexit 1\n"
     result = subprocess.run([sys.executable, str(checkout / "benchmark" / "run.py"), "--quick", "--slurm"],
-                            cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                            cwd=tmp_path, capture_output=True, text=True, timeout=HUNG_AFTER,
                             env={**os.environ, **bin_dir(tmp_path, sbatch=refuse)})
     expect_error_line(result, "run.py", "sbatch refused", "Invalid account",
                       "made for this submission, is removed again")
@@ -294,7 +294,7 @@ def test_ppo_sh_slurm_dry_run_of_a_family(tmp_path):
         (tmp_path / "benchmark" / name).symlink_to(REPO / "benchmark" / name)
     (tmp_path / "ppo").symlink_to(REPO / "ppo")
     result = subprocess.run(["bash", "benchmark/ppo.sh", "--slurm", "--dry-run", "--partition", "cpu", "classic"],
-                            cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                            cwd=tmp_path, capture_output=True, text=True, timeout=HUNG_AFTER,
                             env={**os.environ, "PYTHON": sys.executable})
     assert result.returncode == 0, result.stderr
     script = (tmp_path / SLURM_DIR / "ppo.sbatch").read_text()
@@ -307,7 +307,7 @@ def test_ppo_sh_slurm_dry_run_of_a_family(tmp_path):
 
     # Without sbatch, ppo.sh stops with run.py's error and its exit code 2.
     missing = subprocess.run([shutil.which("bash"), "benchmark/ppo.sh", "--slurm", "classic", "mujoco"], cwd=tmp_path,
-                             capture_output=True, text=True, timeout=60,
+                             capture_output=True, text=True, timeout=HUNG_AFTER,
                              env={**os.environ, "PYTHON": sys.executable, **bin_dir(tmp_path)})
     assert missing.returncode == 2 and "run.py: error: sbatch not found" in missing.stderr
     assert "== mujoco" not in missing.stdout
@@ -322,7 +322,7 @@ def test_ppo_sh_passes_on_requeue_the_warning_and_the_save_interval(tmp_path):
     (tmp_path / "ppo").symlink_to(REPO / "ppo")
     options = ["--requeue", "--warning-seconds", "300", "--save-minutes=5", "--time", "2:00:00"]
     result = subprocess.run(["bash", "benchmark/ppo.sh", "--slurm", "--dry-run", *options, "classic"], cwd=tmp_path,
-                            capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHON": sys.executable})
+                            capture_output=True, text=True, timeout=HUNG_AFTER, env={**os.environ, "PYTHON": sys.executable})
     assert result.returncode == 0, result.stderr
     script = (tmp_path / SLURM_DIR / "ppo.sbatch").read_text()
     assert {"#SBATCH --signal=B:USR1@300", "#SBATCH --requeue"} <= set(sbatch_lines(script))
@@ -345,7 +345,7 @@ def test_ppo_sh_reads_the_paths_it_is_given_from_where_it_is_run(tmp_path):
         account = f"#SBATCH --account=from-{len(option)}-word-option"
         (caller / "site.sh").write_text(template.replace("set -euo pipefail", f"{account}\nset -euo pipefail"))
         result = subprocess.run(["bash", "../checkout/benchmark/ppo.sh", "--slurm", "--dry-run", *option, "classic"],
-                                cwd=caller, capture_output=True, text=True, timeout=60,
+                                cwd=caller, capture_output=True, text=True, timeout=HUNG_AFTER,
                                 env={**os.environ, "PYTHON": "bin/python", "BENCH_WORKDIR": "work"})
         assert result.returncode == 0, result.stderr
         script = (checkout / SLURM_DIR / "ppo.sbatch").read_text()
@@ -423,7 +423,7 @@ def slurm(cluster: OneNodeCluster, *command: str) -> str:
     return result.stdout
 
 
-def wait_for(condition, what: str, cluster: OneNodeCluster, limit: float = 120) -> None:
+def wait_for(condition, what: str, cluster: OneNodeCluster, limit: float = HUNG_AFTER) -> None:
     """Until `condition()` holds (a bound, so a stuck job fails the test)."""
     deadline = time.time() + limit
     while not condition():
@@ -461,7 +461,7 @@ def test_tasks_stopped_by_their_time_limit_or_by_scancel_save_requeue_and_contin
     slurm(slurm_cluster, "scancel", "--batch", "--signal=USR1", f"{array_job}_1")
     for task in (1, 0):
         wait_for(lambda: "[requeue]" in task_output(task), f"requeue of task {task}", slurm_cluster)
-        wait_for(lambda: f"{array_job}_{task} PENDING" in queue(), f"task {task} pending again", slurm_cluster, 30)
+        wait_for(lambda: f"{array_job}_{task} PENDING" in queue(), f"task {task} pending again", slurm_cluster)
         assert f"{report_job} PENDING" in queue()
         # slurmd refuses to start a job again within the second its credential was revoked in (the kill
         # of the requeue): one more second, then no need to wait the 2 minutes Slurm gives a requeued job.

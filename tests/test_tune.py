@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from benchmark.report import format_duration
-from conftest import REPO, SLOW_PPO, expect_error_line, run_tool, table_rows, wait_for_jobs
+from conftest import HUNG_AFTER, REPO, SLOW_PPO, expect_error_line, run_tool, table_rows, wait_for_jobs
 
 optuna = pytest.importorskip("optuna")
 
@@ -33,7 +33,7 @@ TINY = ["--env-ids", "CartPole-v1", "--total-timesteps", "2048", "--seeds", "1",
 
 
 def tune(tmp_path: Path, *options: str, space: str = LEARNING_RATE_SPACE, command: str = "python ppo/ppo.py",
-         timeout: float = 240, env: dict | None = None) -> subprocess.CompletedProcess:
+         timeout: float = HUNG_AFTER, env: dict | None = None) -> subprocess.CompletedProcess:
     """benchmark/tune.py on `space` in tmp_path (study folder tmp_path/study), with `options`."""
     (tmp_path / "space.toml").write_text(space)
     space = tmp_path / "space.toml"
@@ -186,7 +186,7 @@ def test_a_lost_worker_s_trial_is_retried_and_takes_over_what_its_run_left(tmp_p
         return (log.is_file() and "\nstep " in log.read_text()
                 and (before or loss == "worker alone" or any(workdir.glob("runs/*/checkpoint.pt"))))
 
-    deadline = time.time() + 120
+    deadline = time.time() + HUNG_AFTER
     while not ready():
         assert worker.poll() is None and time.time() < deadline, worker.communicate()[0]
         time.sleep(0.2)
@@ -203,7 +203,7 @@ def test_a_lost_worker_s_trial_is_retried_and_takes_over_what_its_run_left(tmp_p
 
     # The retries' runs go at full speed.
     again = subprocess.run(command, cwd=tmp_path, env={**os.environ, "SLOW_STEP_SECONDS": "0"},
-                           capture_output=True, text=True, timeout=180)
+                           capture_output=True, text=True, timeout=HUNG_AFTER)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     lost, *retries = load_study(tmp_path / "study").get_trials()
     assert lost.state == optuna.trial.TrialState.FAIL
