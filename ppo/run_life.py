@@ -141,7 +141,7 @@ def claim_run_folder(name: str, variant: str) -> str:
             continue
         except OSError as error:
             cannot_write(error)
-        UNUSED_RUN_FOLDERS.append(os.path.join("runs", candidate))
+        UNUSED_RUN_FOLDERS[os.path.join("runs", candidate)] = None
         if attempt > 1:
             print(f"runs/{name} is another run's (started in the same second): this run is "
                   f"{candidate}", flush=True)
@@ -305,6 +305,8 @@ class Run:
             os.makedirs(self.folder, exist_ok=True)
             purge_step = self.checkpoint["global_step"] + 1 if self.checkpoint else None
             self.writer = SummaryWriter(self.folder, purge_step=purge_step)
+            if self.folder in UNUSED_RUN_FOLDERS:  # a new run's: a refusal closes it first
+                UNUSED_RUN_FOLDERS[self.folder] = self.writer.close
         except OSError as error:  # `runs` is a file, or a folder this user may not write to
             fail(self.variant, f"cannot write the run's logs to {self.folder!r} "
                                f"({error.strerror}): start the run in a folder where it can create "

@@ -242,8 +242,20 @@ def test_a_refusal_after_the_run_folder_is_made_leaves_nothing_behind(script, ca
         envs.reset = reset
         return envs
 
+    writers = []
+
+    class Writer(module.run_life.SummaryWriter):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            writers.append(self)
+
     monkeypatch.setattr(module, "make_envs", refusing_the_first_reset)
+    monkeypatch.setattr(module.run_life, "SummaryWriter", Writer)
     expect_usage_error(capsys, lambda: run_command(module, ["--num-envs", "4", "--no-cuda"]), f"{script}.py",
                        "the first observation is refused")
     assert len(folders_at_the_refusal) == 1  # the run had started: its folder and its log were there
     assert not (workdir / "runs").exists()
+    # Closed before its folder went: TensorBoard's writer thread would write there again by the file's
+    # name, and print a traceback at the next flush.
+    [writer] = writers
+    assert writer.all_writers is None
