@@ -198,7 +198,7 @@ class ActionParts(gym.Wrapper):
         return obs, {**info, "action_mask": self.mask_as_rows(np.asarray(mask, dtype=bool))}
 
     def mask_as_rows(self, mask: np.ndarray) -> np.ndarray:
-        nvec, rows = self.nvec, (len(self.nvec), self.nvec.max())
+        nvec, rows = self.nvec, (len(self.nvec), int(self.nvec.max()))
         if mask.shape == (nvec.sum(),):
             flat = mask
         elif mask.shape == rows != tuple(nvec):

@@ -222,15 +222,17 @@ def test_a_joint_mask_shaped_like_padded_rows_is_refused_never_read_as_rows(env_
     assert not (workdir / "runs").exists()
 
 
-@pytest.mark.parametrize("env_id", ["masked_envs:JointEye-v0", "masked_envs:ShortMask-v0"])
-def test_a_mask_refused_at_the_first_reset_leaves_no_run_folder(env_id, tmp_path, tests_on_the_path):
+@pytest.mark.parametrize("env_id,says", [("masked_envs:JointEye-v0", "(2, 2) is both one row per part"),
+                                         ("masked_envs:ShortMask-v0", "(4,) is neither (5,) nor (2, 3) for the "
+                                                                      "action's parts [2, 3]")])
+def test_a_mask_refused_at_the_first_reset_leaves_no_run_folder(env_id, says, tmp_path, tests_on_the_path):
     """As a user runs it: the run has started (its header printed, its folder and log made) when the
     first reset's mask is refused; the folder goes, and TensorBoard's writer, closed first, says nothing."""
     result = run_script("ppo_multidiscrete.py", "--env-id", env_id, *SMALL_FLAGS[2:], "--total-timesteps", "128",
                         cwd=tmp_path, check=False)
     assert result.returncode == 2 and "logs in runs/" in result.stdout, result.stdout + result.stderr
     [line] = result.stderr.strip().splitlines()
-    assert line.startswith("ppo_multidiscrete.py: error: the action mask's shape "), line
+    assert line.startswith(f"ppo_multidiscrete.py: error: the action mask's shape {says}"), line
     assert not (tmp_path / "runs").exists()
 
 
