@@ -21,7 +21,8 @@ Optuna (at step position x budget + step, so that each (env, seed) run has steps
 run the pruner gives up is stopped by SIGTERM, its normal stop signal (it saves and exits 130): the
 trial is PRUNED. A run that diverges (exit 3, the scripts' guard), refuses its flags (exit 2), crashes
 or is killed makes the trial FAILED, the reason stored as its user attribute `failure`: never a score,
-and the study goes on.
+and the study goes on. A study that has its trials, all of them failed, ends with exit code 2 and one
+line naming the first failure, after its report.
 
 Before the first trial, every flag of the space and of --command, and those the tuner gives each run,
 is looked up in the script's own `--help`: a flag the script does not take would fail every trial, so
@@ -413,11 +414,17 @@ def open_study(args: argparse.Namespace, tuning: Tuning | None, worker_index: in
     total = tuning.total_timesteps if tuning else 1
     pruner = make_pruner(args.pruner, args.prune_startup_trials, args.prune_warmup, total)
     if tuning is None:
-        try:
-            return optuna.load_study(study_name=args.study_name, storage=storage)
-        except KeyError:
-            fail(f"no study {args.study_name!r} in {args.storage or args.study_dir / 'journal.log'}: "
+        where = args.storage or args.study_dir / "journal.log"
+        names = optuna.get_all_study_names(storage)
+        if args.study_name is None:  # the study in the folder, whatever its name (the one there)
+            if len(names) != 1:
+                fail(f"{where} holds {len(names)} studies ({', '.join(map(repr, names)) or 'none'}): "
+                     "give the --study-name of one")
+            args.study_name = names[0]
+        if args.study_name not in names:
+            fail(f"no study {args.study_name!r} in {where} (it holds {', '.join(map(repr, names))}): "
                  "give its --study-name and --study-dir (or --storage)")
+        return optuna.load_study(study_name=args.study_name, storage=storage)
     study = optuna.create_study(study_name=args.study_name, storage=storage, sampler=sampler, pruner=pruner,
                                 direction="maximize", load_if_exists=True)
     stored = study.user_attrs.get("definition")
@@ -1267,7 +1274,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="trials of the study in all, over every worker and invocation (default 20)")
     parser.add_argument("--workers", type=int, default=1,
                         help="worker processes here, or Slurm tasks (default 1)")
-    parser.add_argument("--study-name", help="default: <variant>-<env ids>-<steps>")
+    parser.add_argument("--study-name", help="default: <variant>-<env ids>-<steps>; with --report, the "
+                        "study the storage holds")
     parser.add_argument("--study-dir", type=Path,
                         help="where trials, heartbeats, the journal and the report go; every worker must "
                         "see it (default tuning/<study name>)")
@@ -1320,8 +1328,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(f"--max-seconds must be above 0, got {args.max_seconds}")
     if args.report:
         if args.study_dir is None:
-            parser.error("--report needs --study-dir (and --study-name unless it is the folder's name)")
-        args.study_name = args.study_name or args.study_dir.name
+            parser.error("--report needs --study-dir (and --study-name where it holds several studies)")
         return args
     missing = [flag for flag, value in [("--command", args.command), ("--env-ids", args.env_ids),
                                         ("--space", args.space), ("--total-timesteps", args.total_timesteps)]
@@ -1477,7 +1484,24 @@ def main(argv: list[str] | None = None) -> int:
     print(write_report(study, tuning.study_dir / "report", max_seconds=args.max_seconds), flush=True)
     print(f"this invocation: {report.format_duration(time.time() - started)}; report: "
           f"{tuning.study_dir / 'report' / 'index.md'}", flush=True)
+    if code == 0:
+        fail_if_every_trial_failed(study)
     return code
+
+
+def fail_if_every_trial_failed(study) -> None:
+    """A study that has its trials, each of them failed (a fixed flag of --command every run refuses,
+    say), found nothing: it ends with one line naming the first failure, and exit code 2, as wrong
+    input, not 0."""
+    import optuna
+
+    states = optuna.trial.TrialState
+    trials = study.get_trials(deepcopy=False)
+    failed = [trial for trial in trials if trial.state == states.FAIL]
+    if failed and all(trial.state == states.FAIL for trial in trials):
+        first = failed[0]
+        fail(f"all {len(trials)} trials failed, none scored; the first, trial {first.number}: "
+             f"{first.user_attrs.get('failure', 'no reason kept')}")
 
 
 if __name__ == "__main__":

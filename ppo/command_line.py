@@ -289,13 +289,24 @@ def gymnasium_spec(env_id: str, variant: str, hint: str = "") -> gym.envs.regist
         fail(variant, f"unknown env id {env_id!r}{hint}: {error}")
 
 
-def check_gymnasium_id(env_id: str, variant: str, atari: bool = False) -> None:
+def check_gymnasium_id(env_id: str, variant: str, atari: bool = False,
+                       envpool_namespace: str | None = None) -> None:
     """Refuse an id that gymnasium does not know (`gymnasium_spec`) and, for a script that trains on
     `atari` games, one that is not an ale-py game, naming the script to use instead. ale-py (0.9 and
-    later) registers its games only when asked: that is done here, with its banner silenced."""
+    later) registers its games only when asked: that is done here, with its banner silenced. For a
+    script that also takes envpool's ids of `envpool_namespace` (Jumanji/...), a bare one of them
+    (envpool.list_all_envs() lists both) is refused with the id to give."""
     if not atari:
         atari_id = "NoFrameskip" in env_id or env_id.startswith("ALE/")
-        gymnasium_spec(env_id, variant, " (Atari ids need ppo/ppo_atari.py)" if atari_id else "")
+        hint = " (Atari ids need ppo/ppo_atari.py)" if atari_id else ""
+        if envpool_namespace and ":" not in env_id and env_id not in gym.registry:
+            with contextlib.suppress(ImportError), contextlib.redirect_stderr(io.StringIO()):
+                import envpool
+
+                ported = f"{envpool_namespace}/{env_id}"
+                if ported in envpool.list_all_envs():
+                    hint = f" (envpool's port of it is {ported}: --env-id {ported})"
+        gymnasium_spec(env_id, variant, hint)
         return
     try:
         import ale_py

@@ -8,6 +8,7 @@ run machinery is the same one line and the same exit code.
 import contextlib
 import os
 import re
+import shutil
 import signal
 import sys
 from typing import Callable, NoReturn
@@ -31,10 +32,13 @@ STOPPED = 130
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
 
 
-# Run folders this process claimed and has not written to yet (run_life.claim_run_folder adds them,
-# Run.open_logs empties the list): wrong input found after the claim, such as an environment that
-# cannot be made, gives them back, so that a refused command leaves nothing behind.
-UNUSED_RUN_FOLDERS: list[str] = []
+# Run folders this process claimed that hold nothing of a run yet: nothing, or the header of its
+# logs (the settings and releases), until its first iteration ends (run_life.claim_run_folder adds
+# them, Run.open_logs gives each the call that closes its logs, Run.end_iteration empties them).
+# Wrong input found after the claim, such as an environment that cannot be made or a first
+# observation or action mask the script refuses, closes the logs and removes the folders with what
+# they hold, so that a refused command leaves nothing behind.
+UNUSED_RUN_FOLDERS: dict[str, Callable[[], None] | None] = {}
 
 
 def fail(variant: str, message: str) -> NoReturn:
@@ -48,13 +52,16 @@ def fail(variant: str, message: str) -> NoReturn:
 
 
 def release_unused_run_folders() -> None:
-    """Remove the run folders this process claimed but never wrote to, and runs/ if that leaves it
+    """Remove the run folders this process claimed and has written no iteration to (their logs'
+    header goes with them: os.mkdir made each for this process alone), and runs/ if that leaves it
     empty."""
     while UNUSED_RUN_FOLDERS:
-        folder = UNUSED_RUN_FOLDERS.pop()
-        for path in (folder, os.path.dirname(folder)):
-            with contextlib.suppress(OSError):  # not empty: another run's, or written to
-                os.rmdir(path)
+        folder, close_logs = UNUSED_RUN_FOLDERS.popitem()
+        if close_logs is not None:  # else TensorBoard's writer writes there again, by file name
+            close_logs()
+        shutil.rmtree(folder, ignore_errors=True)
+        with contextlib.suppress(OSError):  # not empty: other runs'
+            os.rmdir(os.path.dirname(folder))
 
 
 class Diverged(Exception):

@@ -19,6 +19,8 @@ The run itself (its flags, checkpoints, logs, progress line and stop signals) co
 beside this file, written once for every script: copy them along with it.
 """
 
+import functools
+import sys
 from dataclasses import dataclass
 
 import gymnasium as gym
@@ -114,7 +116,11 @@ class JumanjiGame(gym.Env):
 
         self.make_pool = lambda seed: envpool.make(env_id, env_type="gymnasium", num_envs=1,
                                                    seed=seed)
-        self.pool, self.finished = self.make_pool(0), False
+        try:
+            self.pool, self.finished = self.make_pool(0), False
+        except Exception as error:  # envpool's own: a game whose data its wheel lacks (Sudoku)
+            exits.fail(VARIANT, f"envpool cannot make {env_id} ({str(error).splitlines()[0]}): "
+                                "train on another of its Jumanji games")
         self.observation_space, self.action_space = self.pool.observation_space, \
             self.pool.action_space
 
@@ -148,9 +154,11 @@ class ActionParts(gym.Wrapper):
     [Masking 1: The mask of each step, one row per part] Every info gets the environment's mask as
     `action_mask`, sum(nvec) booleans (the first part's choices, the second's, ...), read from the
     Dict observation's `action_mask`, the info's, or an `action_masks()` method (sb3-contrib's
-    convention); without any, every choice is allowed. A mask of one row per part, padded to the
-    longest, is read row by row; a joint one, an entry per combination of the parts, is refused.
-    Dict and Discrete observations are flattened into one vector (gymnasium.spaces.flatten)."""
+    convention); without any, every choice is allowed (a Dict key like it, `action_masks`, is
+    observed, with a warning). A mask of one row per part, padded to the longest, is read row by
+    row; a joint one, an entry per combination of the parts, is refused, as is one shaped as both
+    (nvec [2, k]). A part with every choice ruled out is drawn uniformly, with a warning. Dict and
+    Discrete observations are flattened into one vector (gymnasium.spaces.flatten)."""
 
     def __init__(self, env: gym.Env):
         super().__init__(env)
@@ -161,7 +169,8 @@ class ActionParts(gym.Wrapper):
                                  (np.atleast_1d(space.start), np.atleast_1d(integers)))
         self.action_space = gym.spaces.MultiDiscrete(self.nvec)
         observations = env.observation_space
-        self.mask_in_obs = "action_mask" in getattr(observations, "spaces", {})
+        keys = getattr(observations, "spaces", {})
+        self.mask_in_obs, self.mask_like = "action_mask" in keys, [k for k in keys if "mask" in k]
         if self.mask_in_obs:  # flattening reads the other keys only
             observations = gym.spaces.Dict({key: part for key, part in observations.items()
                                             if key != "action_mask"})
@@ -180,21 +189,32 @@ class ActionParts(gym.Wrapper):
                 mask = self.env.get_wrapper_attr("action_masks")()
             except AttributeError:
                 mask = np.ones(self.nvec.sum(), dtype=bool)
+                if self.mask_like:
+                    warn_once(f"the Dict observation has no `action_mask` key: every action is "
+                              f"allowed, and its {self.mask_like[0]!r} is observed, not obeyed "
+                              "(name it action_mask to mask the actions)")
         if self.unflat_space is not None:
             obs = gym.spaces.flatten(self.unflat_space, obs)
         return obs, {**info, "action_mask": self.mask_as_rows(np.asarray(mask, dtype=bool))}
 
     def mask_as_rows(self, mask: np.ndarray) -> np.ndarray:
-        nvec = self.nvec
+        nvec, rows = self.nvec, (len(self.nvec), int(self.nvec.max()))
         if mask.shape == (nvec.sum(),):
-            return mask
-        if mask.shape == (len(nvec), nvec.max()):
-            return np.concatenate([row[:n] for row, n in zip(mask, nvec)])
-        exits.fail(VARIANT, f"the action mask's shape {mask.shape} is " + (
-            f"joint over the action's {len(nvec)} parts: make the action one Discrete"
-            f"({np.prod(nvec)}) with that mask flattened" if mask.shape == tuple(nvec) else
-            f"neither ({nvec.sum()},) nor ({len(nvec)}, {nvec.max()}) for the action's parts "
-            f"{nvec.tolist()}"))
+            flat = mask
+        elif mask.shape == rows != tuple(nvec):
+            flat = np.concatenate([row[:n] for row, n in zip(mask, nvec)])
+        else:  # a joint mask, one that may be (nvec [2, k]: the two shapes agree), or neither
+            joint = (f"joint over the action's {len(nvec)} parts: make the action one Discrete"
+                     f"({np.prod(nvec)}) with that mask flattened")
+            exits.fail(VARIANT, f"the action mask's shape {mask.shape} is " + (
+                f"both one row per part, padded, and {joint}, or, if it is rows, hand them out "
+                f"flat, {nvec.sum()} booleans, the first part's choices then the second's"
+                if mask.shape == rows else joint if mask.shape == tuple(nvec) else
+                f"neither ({nvec.sum()},) nor {rows} for the action's parts {nvec.tolist()}"))
+        if not np.logical_or.reduceat(flat, np.cumsum([0, *nvec[:-1]])).all():
+            warn_once("the action mask rules out every choice of a part of the action: that part "
+                      "is drawn uniformly from all its choices while it does")
+        return flat
 
     def reset(self, **kwargs):
         return self.observed(*self.env.reset(**kwargs))
@@ -206,6 +226,12 @@ class ActionParts(gym.Wrapper):
         obs, reward, terminated, truncated, info = self.env.step(values)
         obs, info = self.observed(obs, info)
         return obs, reward, terminated, truncated, info
+
+
+@functools.cache  # each message the first time only
+def warn_once(message: str) -> None:
+    """A fallback the user would want to hear of, in one line on stderr."""
+    print(f"{VARIANT}.py: warning: {message}", file=sys.stderr, flush=True)
 
 
 def make_envs(env_id: str, num_envs: int, capture_video: bool = False, video_folder: str = "videos",
@@ -223,7 +249,7 @@ def make_envs(env_id: str, num_envs: int, capture_video: bool = False, video_fol
     if env_id.startswith("Jumanji/"):
         command_line.check_envpool_id(env_id, VARIANT, None, "Jumanji/Cleaner-v0")
     else:
-        command_line.check_gymnasium_id(env_id, VARIANT)
+        command_line.check_gymnasium_id(env_id, VARIANT, envpool_namespace="Jumanji")
     envs = run_life.vector_env([make_env(env_id, i, capture_video, video_folder, video_episodes)
                                 for i in range(num_envs)], env_id, VARIANT, saved_envs)
     command_line.check_spaces(envs, env_id, VARIANT, actions=(gym.spaces.MultiDiscrete,))

@@ -123,7 +123,7 @@ def claim_run_folder(name: str, variant: str) -> str:
     """Make runs/<name> and return the name. os.mkdir is atomic: of two runs started in the same
     second with the same settings (a tuner's workers, a shell loop), one makes the folder and the
     other finds it taken, and takes <name>-2 (or -3, ...) instead, and says so: two runs never share
-    a folder. Until the run writes its logs there, `fail` removes it (exits.UNUSED_RUN_FOLDERS)."""
+    a folder. Until the run's first iteration ends, `fail` removes it (exits.UNUSED_RUN_FOLDERS)."""
     def cannot_write(error: OSError) -> NoReturn:  # `runs` is a file, or a folder we may not write
         fail(variant, f"cannot write the run's logs to {os.path.join('runs', name)!r} "
                       f"({error.strerror}): start the run in a folder where it can create runs/, "
@@ -141,7 +141,7 @@ def claim_run_folder(name: str, variant: str) -> str:
             continue
         except OSError as error:
             cannot_write(error)
-        UNUSED_RUN_FOLDERS.append(os.path.join("runs", candidate))
+        UNUSED_RUN_FOLDERS[os.path.join("runs", candidate)] = None
         if attempt > 1:
             print(f"runs/{name} is another run's (started in the same second): this run is "
                   f"{candidate}", flush=True)
@@ -301,11 +301,12 @@ class Run:
                 fail(self.variant, "--track could not start Weights & Biases "
                                    f"({str(error).splitlines()[0]}): log in with `wandb login`, or "
                                    "set WANDB_MODE=offline to keep the run on this machine")
-        UNUSED_RUN_FOLDERS.clear()  # the run's folder is in use from here on
         try:
             os.makedirs(self.folder, exist_ok=True)
             purge_step = self.checkpoint["global_step"] + 1 if self.checkpoint else None
             self.writer = SummaryWriter(self.folder, purge_step=purge_step)
+            if self.folder in UNUSED_RUN_FOLDERS:  # a new run's: a refusal closes it first
+                UNUSED_RUN_FOLDERS[self.folder] = self.writer.close
         except OSError as error:  # `runs` is a file, or a folder this user may not write to
             fail(self.variant, f"cannot write the run's logs to {self.folder!r} "
                                f"({error.strerror}): start the run in a folder where it can create "
@@ -400,6 +401,7 @@ class Run:
         over every rank's batch), and all ranks stop, or save, as soon as one of them would: a
         signal that reaches one rank late, or clocks a moment apart, must not split them (a rank
         that saved alone would wait forever for the others)."""
+        UNUSED_RUN_FOLDERS.clear()  # from here the run's folder holds its iterations: kept
         episodes = []
         if self.world_size:
             reports = all_gathered({"means": update_means, "values": values, "returns": returns,

@@ -86,3 +86,42 @@ CONVENTIONS = {"Shelves-v0": dict(mask_in="obs", mask_shape="rows"),
                "ShelvesMethod-v0": dict(mask_in="method", mask_shape="flat")}
 for env_id, kwargs in {**CONVENTIONS, "ShelvesJoint-v0": dict(mask_in="obs", mask_shape="joint")}.items():
     gym.register(id=env_id, entry_point=Shelves, kwargs=kwargs)
+
+
+class FixedMask(gym.Env):
+    """Actions MultiDiscrete(nvec), a reward of 1 per step for 16 steps, and `mask` at every step: in
+    info["action_mask"], or with `key` in a Dict observation beside the position."""
+
+    def __init__(self, nvec=(2, 2), mask=np.eye(2, dtype=bool), key: str | None = None):
+        self.mask, self.key, self.t = np.asarray(mask, dtype=bool), key, 0
+        self.action_space = gym.spaces.MultiDiscrete(nvec)
+        position = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+        self.observation_space = (gym.spaces.Dict({"position": position, key: gym.spaces.MultiBinary(self.mask.shape)})
+                                  if key else position)
+
+    def observation(self):
+        position = np.full(2, self.t / 16, np.float32)
+        return {"position": position, self.key: self.mask.astype(np.int8)} if self.key else position
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return self.observation(), {} if self.key else {"action_mask": self.mask.copy()}
+
+    def step(self, action):
+        self.t += 1
+        return self.observation(), 1.0, self.t >= 16, False, {} if self.key else {"action_mask": self.mask.copy()}
+
+
+FIXED_MASKS = {  # a joint mask whose shape is also that of padded rows: only (0, 0) and (1, 1) allowed
+    "JointEye-v0": dict(nvec=(2, 2), mask=np.eye(2, dtype=bool)),
+    "JointTwoByThree-v0": dict(nvec=(2, 3), mask=np.eye(2, 3, dtype=bool)),
+    # a mask of 4 for 5 choices
+    "ShortMask-v0": dict(nvec=(2, 3), mask=np.ones(4, dtype=bool)),
+    # a Dict observation whose mask's key is not `action_mask`
+    "MasksKey-v0": dict(nvec=(3, 4), mask=np.ones(7, dtype=bool), key="action_masks"),
+    # a mask that rules out every choice of the first part
+    "NoChoice-v0": dict(nvec=(2, 3), mask=np.array([False, False, True, True, False])),
+}
+for env_id, kwargs in FIXED_MASKS.items():
+    gym.register(id=env_id, entry_point=FixedMask, kwargs=kwargs)

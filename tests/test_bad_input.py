@@ -21,6 +21,7 @@ from conftest import expect_usage_error, parse_args
 importlib.import_module("ppo")  # puts ppo/ on the path, where the scripts' run machinery is
 import checkpoints  # noqa: E402
 import command_line  # noqa: E402
+import exits  # noqa: E402
 
 SCRIPTS = ["ppo", "ppo_atari", "ppo_atari_lstm", "ppo_atari_envpool", "ppo_continuous_action", "ppo_procgen",
            "ppo_atari_multigpu", "ppo_multidiscrete"]
@@ -212,3 +213,49 @@ def test_minibatches_of_one_transition_are_refused_when_advantages_are_normalize
     expect_usage_error(capsys, lambda: checks(module.Args(**sizes)), f"{script}.py", "minibatches of 1 transition",
                        "--num-minibatches")
     checks(module.Args(**sizes, norm_adv=False))
+
+
+# What each script needs installed to reach its first reset, by the names the Procgen stack recognizes
+# (tests/conftest.py marks the ppo_procgen case `procgen`).
+NEEDS = {"ppo_atari": ("ale_py", "cv2"), "ppo_atari_lstm": ("ale_py", "cv2"), "ppo_atari_multigpu": ("ale_py", "cv2"),
+         "ppo_atari_envpool": ("envpool",), "ppo_procgen": ("procgen",), "ppo_multidiscrete": ("envpool",)}
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_a_refusal_after_the_run_folder_is_made_leaves_nothing_behind(script, capsys, workdir, monkeypatch):
+    """Wrong input that shows only once the run has started, its folder made and its logs' header
+    written: a first observation or action mask the script refuses (ppo_multidiscrete.py's masks), a
+    package an environment needs only when it resets. Planted in each script as a refusal of its first
+    reset: the run's folder goes with the refusal, and runs/ with it (issue 63)."""
+    for package in NEEDS.get(script, ()):
+        pytest.importorskip(package)
+    module = load(script)
+    build, folders_at_the_refusal = module.make_envs, []
+
+    def refusing_the_first_reset(*args, **kwargs):
+        envs = build(*args, **kwargs)
+
+        def reset(**options):
+            folders_at_the_refusal.extend((workdir / "runs").glob("*/events.out.tfevents.*"))
+            exits.fail(script, "the first observation is refused")
+
+        envs.reset = reset
+        return envs
+
+    writers = []
+
+    class Writer(module.run_life.SummaryWriter):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            writers.append(self)
+
+    monkeypatch.setattr(module, "make_envs", refusing_the_first_reset)
+    monkeypatch.setattr(module.run_life, "SummaryWriter", Writer)
+    expect_usage_error(capsys, lambda: run_command(module, ["--num-envs", "4", "--no-cuda"]), f"{script}.py",
+                       "the first observation is refused")
+    assert len(folders_at_the_refusal) == 1  # the run had started: its folder and its log were there
+    assert not (workdir / "runs").exists()
+    # Closed before its folder went: TensorBoard's writer thread would write there again by the file's
+    # name, and print a traceback at the next flush.
+    [writer] = writers
+    assert writer.all_writers is None

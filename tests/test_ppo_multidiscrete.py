@@ -208,6 +208,68 @@ def test_a_joint_mask_is_refused_in_one_line(capsys, workdir):
     expect_usage_error(capsys, lambda: main(Args(**{**SMALL, "env_id": "ShelvesJoint-v0"}, total_timesteps=64)),
                        "ppo_multidiscrete.py", "mask's shape (4, 5, 6) is joint over the action's 3 parts",
                        "make the action one Discrete(120) with that mask flattened")
+    assert not (workdir / "runs").exists()
+
+
+@pytest.mark.parametrize("env_id,shape,size", [("JointEye-v0", (2, 2), 4), ("JointTwoByThree-v0", (2, 3), 5)])
+def test_a_joint_mask_shaped_like_padded_rows_is_refused_never_read_as_rows(env_id, shape, size, capsys, workdir):
+    """nvec [2, k]: a joint mask's shape, tuple(nvec), is that of one row per part padded to the longest,
+    (2, max(nvec)). np.eye(2) for nvec [2, 2] allows (0, 0) and (1, 1) only; read as rows it would force
+    the forbidden (0, 1) at every step (issue 63). Whichever it is, the script cannot tell: refused."""
+    expect_usage_error(capsys, lambda: main(Args(**{**SMALL, "env_id": env_id}, total_timesteps=64)),
+                       "ppo_multidiscrete.py", f"mask's shape {shape} is both one row per part, padded, and joint",
+                       f"hand them out flat, {size} booleans")
+    assert not (workdir / "runs").exists()
+
+
+@pytest.mark.parametrize("env_id,says", [("masked_envs:JointEye-v0", "(2, 2) is both one row per part"),
+                                         ("masked_envs:ShortMask-v0", "(4,) is neither (5,) nor (2, 3) for the "
+                                                                      "action's parts [2, 3]")])
+def test_a_mask_refused_at_the_first_reset_leaves_no_run_folder(env_id, says, tmp_path, tests_on_the_path):
+    """As a user runs it: the run has started (its header printed, its folder and log made) when the
+    first reset's mask is refused; the folder goes, and TensorBoard's writer, closed first, says nothing."""
+    result = run_script("ppo_multidiscrete.py", "--env-id", env_id, *SMALL_FLAGS[2:], "--total-timesteps", "128",
+                        cwd=tmp_path, check=False)
+    assert result.returncode == 2 and "logs in runs/" in result.stdout, result.stdout + result.stderr
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith(f"ppo_multidiscrete.py: error: the action mask's shape {says}"), line
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("env_id,warning", [
+    ("MasksKey-v0", "the Dict observation has no `action_mask` key: every action is allowed, and its "
+                    "'action_masks' is observed, not obeyed"),
+    ("NoChoice-v0", "the action mask rules out every choice of a part of the action: that part is drawn "
+                    "uniformly")])
+def test_a_fallback_is_said_once_in_one_line(env_id, warning, capsys, workdir, monkeypatch):
+    """A mask under another key than `action_mask`, and a part with no valid choice: the run goes on as
+    the docs say (no mask; that part drawn uniformly) and says so once (issue 63)."""
+    script.warn_once.cache_clear()
+    main(Args(**{**SMALL, "env_id": env_id}, total_timesteps=128))
+    [line] = [line for line in capsys.readouterr().err.splitlines() if "ppo_multidiscrete.py" in line]
+    assert line.startswith(f"ppo_multidiscrete.py: warning: {warning}"), line
+
+
+def test_a_bare_envpool_id_names_the_id_to_give(capsys, workdir):
+    """envpool.list_all_envs() lists Jumanji's games bare (JobShop-v0) too: the script takes them as
+    Jumanji/JobShop-v0, and says so."""
+    pytest.importorskip("envpool")
+    for game in ("JobShop-v0", "Cleaner-v0", "Knapsack-v1"):
+        expect_usage_error(capsys, lambda: main(Args(**{**SMALL, "env_id": game})), "ppo_multidiscrete.py",
+                           f"unknown env id '{game}'", f"--env-id Jumanji/{game}")
+
+
+def test_an_envpool_game_that_cannot_be_made_is_one_line(capsys, workdir):
+    """envpool 1.2's wheel lacks Sudoku's puzzles: making it raises a RuntimeError of its own."""
+    envpool = pytest.importorskip("envpool")
+    try:
+        envpool.make("Jumanji/Sudoku-v0", env_type="gymnasium", num_envs=1)
+        pytest.skip("this envpool makes Sudoku")
+    except RuntimeError:
+        pass
+    expect_usage_error(capsys, lambda: main(Args(**{**SMALL, "env_id": "Jumanji/Sudoku-v0"})),
+                       "ppo_multidiscrete.py", "envpool cannot make Jumanji/Sudoku-v0 (failed to open Sudoku")
+    assert not (workdir / "runs").exists()
 
 
 def test_continuous_actions_and_images_are_refused_with_the_script_that_takes_them(capsys, workdir):

@@ -261,6 +261,20 @@ def test_a_diverging_trial_and_one_whose_sizes_do_not_divide_fail_with_their_rea
     assert "1 complete, 0 pruned, 2 failed" in report
 
 
+def test_a_study_whose_every_trial_failed_exits_2_and_its_report_finds_the_study_in_its_folder(tmp_path):
+    """`--num-envs 0` fixed in --command: every run refuses it, every trial fails. The study ends with its
+    report, then one line naming the first failure, and exit 2, never 0 (issue 63). `--report --study-dir`
+    alone then finds the study in the folder, whatever its name ("test", in the folder "study")."""
+    result = tune(tmp_path, *TINY, "--trials", "2", command="python ppo/ppo.py --num-envs 0")
+    line = expect_error_line(result, "tune.py", "all 2 trials failed, none scored; the first, trial 0: "
+                             "CartPole-v1 seed 1: wrong input (exit 2): ppo.py: error: --num-envs", only_line=False)
+    assert "Traceback" not in result.stderr and line == result.stderr.strip().splitlines()[-1]
+    assert "2 trials: 0 complete, 0 pruned, 2 failed" in (tmp_path / "study" / "report" / "index.md").read_text()
+    report = run_tool("tune.py", "--report", "--study-dir", str(tmp_path / "study"), cwd=tmp_path)
+    assert report.returncode == 0, report.stderr
+    assert "# Tuning study `test`" in report.stdout
+
+
 def test_an_environment_of_the_user_s_module_on_a_relative_pythonpath(tmp_path):
     """`PYTHONPATH=. tune.py --env-ids myenvs:MyCartPole-v0`: the runs start in folders of their own,
     where `.` would be another folder, so the tuner hands them the path made absolute."""
