@@ -33,6 +33,12 @@ def parse_args(argv: list[str]):  # what `python ppo/ppo_atari_multigpu.py argv.
     return parse_args_of(script, argv)
 
 TINY = ["--num-envs", "2", "--num-steps", "16", "--num-minibatches", "2", "--no-cuda"]
+# PyTorch 2.6 and 2.7's gloo backend can leave one rank waiting forever in destroy_process_group at the
+# end of a run on a loaded machine, its checkpoint and logs written, the other rank gone (2026-11-28, the
+# resume test below beside two busy processes: 2.6 hung in 1 run of 4, 2.7 in 3 of 8, 2.13 in 0 of 9; a
+# barrier first did not help). `nox -s floors` runs on 2.6, where the test's two groups would fail the
+# suite at random: it skips there, below the first release seen without the hang, and says why.
+GLOO_MAY_HANG_AT_EXIT = tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2]) < (2, 13)
 TWO_PROCESSES = torchrun("--standalone", "--nproc-per-node", "2")
 
 
@@ -164,6 +170,8 @@ def test_two_processes_train_and_only_rank_0_logs_the_worlds_figures(tmp_path):
 
 
 @pytest.mark.smoke
+@pytest.mark.skipif(GLOO_MAY_HANG_AT_EXIT, reason=f"torch {torch.__version__}'s gloo can hang a rank in "
+                    "destroy_process_group at exit (GLOO_MAY_HANG_AT_EXIT)")
 def test_an_interrupted_group_resumes_to_the_same_weights_and_evaluates_in_one_process(tmp_path):
     """SIGTERM to torchrun (`kill`, or Slurm at a task's time limit; Ctrl-C takes the same way: torchrun
     passes the signal on to each worker) stops both ranks after the same iteration; rank 0 writes one
