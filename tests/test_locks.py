@@ -35,6 +35,20 @@ def noxfile_constant(name: str):
 STACKS = noxfile_constant("STACKS")  # stack: (its extra, the tests it runs, the files they are in)
 
 
+def test_pyproject_admits_exactly_the_tested_pythons():
+    """requires-python and the classifiers name the Pythons noxfile.py tests on, no more: 3.11 (the
+    locks' Python, the whole suite) and NEWER_PYTHONS (the smoke tests)."""
+    from packaging.specifiers import SpecifierSet
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    tested = [noxfile_constant("PYTHON"), *noxfile_constant("NEWER_PYTHONS")]
+    named = [line.rsplit(":: ", 1)[1] for line in project["classifiers"]
+             if re.fullmatch(r"Programming Language :: Python :: 3\.\d+", line)]
+    assert named == tested
+    admitted = [f"3.{minor}" for minor in range(8, 20) if f"3.{minor}.0" in SpecifierSet(project["requires-python"])]
+    assert admitted == tested
+
+
 def pins(lock_text: str) -> dict[str, Version]:
     """{package: version} of a lock; every line that is not a comment must pin one package."""
     pinned = {}
