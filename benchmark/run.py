@@ -22,7 +22,8 @@ Ctrl-C or `kill` stops them at once), and it exits 130. So an interrupted benchm
 running the same command again, and loses at most the work since each run's last checkpoint.
 
 Paths to scripts in the command are relative to where run.py is started (normally the repository
-root), also with --workdir. Standard library only, so it works before anything else is installed.
+root), also with --workdir. Standard library only, so it works before anything else is installed (it
+reads the exit codes from ppo/exits.py, which imports nothing else at its top).
 
 With --slurm the runs are not started here: they are submitted as one Slurm job array, a task per
 run not finished earlier, and a report job that runs after the array (benchmark/slurm_template.sh is
@@ -52,6 +53,15 @@ from pathlib import Path
 from typing import NoReturn
 
 REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # `python benchmark/run.py` puts only benchmark/ on the path
+    sys.path.append(str(REPO))
+# The scripts' exit codes, declared once, in ppo/exits.py (standard library only, as this runner is):
+# WRONG_INPUT (2); STOPPED (130), a run or a runner that stopped because it was asked to, before its
+# end: the same command continues it; DIVERGED (3), a run whose network became non-finite. Such a run
+# is over: its checkpoint is the last good one, and continuing from it with the same settings would
+# diverge again, so it gets a marker as a finished run does and is not started again.
+from ppo.exits import DIVERGED, STOPPED, WRONG_INPUT  # noqa: E402
+
 RUNNER = Path(__file__).resolve()
 REPORT = REPO / "benchmark" / "report.py"
 
@@ -59,19 +69,22 @@ REPORT = REPO / "benchmark" / "report.py"
 QUICK_ENV_IDS = ["CartPole-v1", "Acrobot-v1"]
 QUICK_SEEDS = 2
 QUICK_ARGS = ["--total-timesteps", "2048", "--num-steps", "64"]
-# The exit code of a runner (and of a run) that stopped because it was asked to, before its runs
-# finished: the same command continues them. The PPO scripts exit with it too (exits.STOPPED in ppo/exits.py).
-STOPPED = 130
-# The exit code of a PPO script whose network became non-finite (exits.DIVERGED in ppo/exits.py). Such a run is
-# over: its checkpoint is the last good one, and continuing from it with the same settings would
-# diverge again, so it gets a marker as a finished run does and is not started again.
-DIVERGED = 3
+
+
+class WrongInput(Exception):
+    """Wrong input, or a submission Slurm refused: the one line saying what to do. The helpers here
+    raise it (`fail`), for this runner and for the tuner, which calls them too; the main of the command
+    that was run prints it as its own (`refuse`), so each speaks as itself."""
 
 
 def fail(message: str) -> NoReturn:
-    """Wrong input, or a submission Slurm refused: one line saying what to do, exit code 2."""
-    print(f"run.py: error: {message}", file=sys.stderr, flush=True)
-    raise SystemExit(2)
+    raise WrongInput(message)
+
+
+def refuse(command: str, error: WrongInput) -> int:
+    """A command's one line for wrong input, `<command>: error: <what to do>`; its exit code, 2."""
+    print(f"{command}: error: {error}", file=sys.stderr, flush=True)
+    return WRONG_INPUT
 
 
 def refuse_a_file(path: Path, given_as: str) -> None:
@@ -852,11 +865,30 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def dry_run(bench: Benchmark, runs: list[Run], args: argparse.Namespace) -> int:
+    """--dry-run: the commands, nothing run."""
+    refuse_a_file(bench.workdir, "--workdir")  # a dry run makes nothing, but says what a run would meet
+    refuse_a_file(bench.log_dir, "--log-dir")
+    print_commands(runs, bench.workdir, args.force)
+    if args.quick and args.quick_dir is None:
+        bench.workdir.rmdir()  # made only to name it in the commands; a real run makes its own
+        print(f"dry run: {bench.workdir} removed again; a real run makes a new temporary directory")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     # First of all: Slurm may warn a task of its time limit as soon as it starts.
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
         signal.signal(signum, stop_on_signal)
-    args = parse_args(argv)
+    try:
+        return run_benchmark(parse_args(argv))
+    except WrongInput as error:
+        return refuse("run.py", error)
+
+
+def run_benchmark(args: argparse.Namespace) -> int:
+    """The runs here, one Slurm task's run (--task-index), their commands (--dry-run), or the job array
+    (--slurm); returns the exit code."""
     if args.slurm:
         # What a submission needs is checked before anything is written.
         template = read_template(args.slurm_template or SLURM_TEMPLATE)
@@ -878,13 +910,7 @@ def main(argv: list[str] | None = None) -> int:
             fail(f"--task-index {args.task_index} is out of range: this benchmark has runs 0 to {len(runs) - 1}")
         runs = [runs[args.task_index]]
     if args.dry_run:
-        refuse_a_file(bench.workdir, "--workdir")  # a dry run makes nothing, but says what a run would meet
-        refuse_a_file(bench.log_dir, "--log-dir")
-        print_commands(runs, bench.workdir, args.force)
-        if args.quick and args.quick_dir is None:
-            bench.workdir.rmdir()  # made only to name it in the commands; a real run makes its own
-            print(f"dry run: {bench.workdir} removed again; a real run makes a new temporary directory")
-        return 0
+        return dry_run(bench, runs, args)
     make_directory(bench.workdir, "--workdir")
     make_directory(bench.log_dir, "--log-dir")
     try:

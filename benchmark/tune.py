@@ -71,7 +71,6 @@ import tomllib
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NoReturn
 
 import numpy as np
 
@@ -79,25 +78,15 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmark import report, run  # noqa: E402  (the report's metric, the runner's commands and Slurm)
+from benchmark.run import fail  # noqa: E402  (wrong input: main prints it as tune.py's one line, exit 2)
+from ppo.exits import DIVERGED, STOPPED, WRONG_INPUT  # noqa: E402  (the scripts' exit codes)
 
 TUNER = Path(__file__).resolve()
 # What the tuner gives every run itself; the command and the space may not set them.
 RESERVED_FLAGS = {"env-id", "seed", "total-timesteps", "save-model", "save-minutes", "resume", "evaluate"}
-# The scripts' exit codes (ppo/exits.py): wrong input, diverged (its guard), stopped with a checkpoint.
-WRONG_INPUT, DIVERGED, STOPPED = 2, 3, run.STOPPED
 # The Optuna release on which `set_user_attr_of_trial`, the one reach into Optuna's internals, was
 # checked; tests/test_tune.py fails on another, to have it checked again.
 OPTUNA_CHECKED = "5.0.0"
-
-
-def fail(message: str) -> NoReturn:
-    """Wrong input: one line saying what to do, exit code 2."""
-    print(f"tune.py: error: {message}", file=sys.stderr, flush=True)
-    raise SystemExit(2)
-
-
-# run.py's helpers refuse wrong input through run.fail: here they speak as tune.py.
-run.fail = fail
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -1439,7 +1428,13 @@ def enqueued_values(space: Space, flags: str) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+    try:
+        return tune(parse_args(argv))
+    except run.WrongInput as error:
+        return run.refuse("tune.py", error)
+
+
+def tune(args: argparse.Namespace) -> int:
     try:
         import matplotlib  # noqa: F401
         import optuna  # noqa: F401

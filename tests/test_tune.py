@@ -335,11 +335,8 @@ def test_a_two_task_job_array_of_workers_finishes_one_study(slurm_cluster, tmp_p
 
 
 @pytest.fixture
-def tune_module(monkeypatch):
-    """benchmark/tune.py imported here; run.py's helpers, which it makes speak as tune.py, are put back."""
-    from benchmark import run as runner
-
-    monkeypatch.setattr(runner, "fail", runner.fail)
+def tune_module():
+    """benchmark/tune.py imported here."""
     from benchmark import tune as module
 
     return module
