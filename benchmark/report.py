@@ -433,7 +433,8 @@ def software_lines(runs: list[RunData], runs_dir: Path) -> list[str]:
 
 def variant_markdown(variant: str, rows: list[EnvSummary], baselines: dict, runs_dir: Path,
                      left_out: list[tuple[RunData, str]], baselines_path: Path = DEFAULT_BASELINES) -> str:
-    """The markdown page of one variant."""
+    """The markdown page of one variant: its table against the baselines and how to read it, the runs
+    used, the software, the progress per span and the learning curves."""
     entry = baselines.get("variants", {}).get(variant, {})
     ours_label = entry.get("ours_label", "published")
     reference_label = entry.get("reference_label", "comparison")
@@ -443,6 +444,24 @@ def variant_markdown(variant: str, rows: list[EnvSummary], baselines: dict, runs
         f"Made by `benchmark/report.py` from the TensorBoard logs in `{runs_dir}` on "
         f"{time.strftime('%Y-%m-%d %H:%M')}.",
         "",
+        *results_table(rows, ours_label, reference_label),
+        "",
+        *how_to_read(rows, ours_label),
+        *baselines_notes(entry, baselines, rows, baselines_path),
+        "",
+        *runs_used(rows, runs_dir, left_out),
+        "", "## Software", "", *software_lines([run for row in rows for run in row.runs], runs_dir),
+        "",
+        *progress_sections(rows),
+        *curve_sections(variant, rows),
+    ]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def results_table(rows: list[EnvSummary], ours_label: str, reference_label: str) -> list[str]:
+    """A row per env: the final return over seeds, the runs' steps, SPS and wall time, the baselines
+    and where the return falls against them."""
+    lines = [
         "| env | final return, mean ± std over seeds (last 10% of steps) | seeds | steps per run | mean SPS "
         f"| wall time per run | baseline: {ours_label} | {reference_label} | status |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
@@ -460,9 +479,12 @@ def variant_markdown(variant: str, rows: list[EnvSummary], baselines: dict, runs
             f"| {f'{np.mean(sps):,.0f}' if sps else 'n/a'} "
             f"| {format_duration(float(np.mean([run.wall_seconds for run in row.runs])))} "
             f"| {ours} | {reference} | {row.status} |")
+    return lines
 
-    lines += [
-        "",
+
+def how_to_read(rows: list[EnvSummary], ours_label: str) -> list[str]:
+    """What the table's columns mean, with the marks it uses (* and †) where it uses them."""
+    return [
         "How to read this table:",
         "",
         f"- **Final return** of a run: the mean of its `charts/episodic_return` points logged in the last "
@@ -477,29 +499,36 @@ def variant_markdown(variant: str, rows: list[EnvSummary], baselines: dict, runs
         f"- **Status**: where the final return's mean falls against the band mean ± std of the "
         f"\"{ours_label}\" column: below, within (bounds included) or above.",
     ]
-    if entry:
-        source = baselines.get("source", {})
-        lines.append(f"- **Baselines** from `{baselines_name(baselines_path)}`: {source.get('document', '')}, section "
-                     f"\"{entry.get('section', '')}\"; {source.get('citation', '')}.")
-        if entry.get("note"):
-            lines.append(f"- {entry['note']}")
-        budget = entry.get("total_timesteps")
-        budgets = {run.total_timesteps for row in rows for run in row.runs}
-        if budget and budgets != {budget}:
-            lines.append(f"- The published numbers were measured after {budget:,} steps; these runs used "
-                         f"{format_steps(budgets)}, so the comparison is indicative only.")
-        renamed = [f"{row.env_id} against the row \"{row.baseline['table_env']}\"" for row in rows
-                   if row.baseline and row.baseline.get("table_env") not in (None, row.env_id)]
-        if renamed:
-            lines.append(f"- Compared: {'; '.join(renamed)}.")
-    elif not baselines.get("variants"):  # --baselines /dev/null: a report of runs, no comparison asked for
-        lines.append(f"- No comparison: made with `--baselines {baselines_name(baselines_path)}`, which holds no "
-                     "published numbers.")
-    else:
-        lines.append(f"- No published numbers for this variant in `{baselines_name(baselines_path)}`.")
 
-    lines += ["", "## Runs used", "", "| env | seed | run | final return | episodes averaged | SPS | wall time |",
-              "| --- | --- | --- | --- | --- | --- | --- |"]
+
+def baselines_notes(entry: dict, baselines: dict, rows: list[EnvSummary], baselines_path: Path) -> list[str]:
+    """Where the baselines come from and what limits the comparison, or why there is none."""
+    if not entry:
+        if not baselines.get("variants"):  # --baselines /dev/null: a report of runs, no comparison asked for
+            return [f"- No comparison: made with `--baselines {baselines_name(baselines_path)}`, which holds no "
+                    "published numbers."]
+        return [f"- No published numbers for this variant in `{baselines_name(baselines_path)}`."]
+    source = baselines.get("source", {})
+    lines = [f"- **Baselines** from `{baselines_name(baselines_path)}`: {source.get('document', '')}, section "
+             f"\"{entry.get('section', '')}\"; {source.get('citation', '')}."]
+    if entry.get("note"):
+        lines.append(f"- {entry['note']}")
+    budget = entry.get("total_timesteps")
+    budgets = {run.total_timesteps for row in rows for run in row.runs}
+    if budget and budgets != {budget}:
+        lines.append(f"- The published numbers were measured after {budget:,} steps; these runs used "
+                     f"{format_steps(budgets)}, so the comparison is indicative only.")
+    renamed = [f"{row.env_id} against the row \"{row.baseline['table_env']}\"" for row in rows
+               if row.baseline and row.baseline.get("table_env") not in (None, row.env_id)]
+    if renamed:
+        lines.append(f"- Compared: {'; '.join(renamed)}.")
+    return lines
+
+
+def runs_used(rows: list[EnvSummary], runs_dir: Path, left_out: list[tuple[RunData, str]]) -> list[str]:
+    """Each run behind the table, with its final return, and the runs left out with the reason."""
+    lines = ["## Runs used", "", "| env | seed | run | final return | episodes averaged | SPS | wall time |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
     for row in rows:
         for run, (value, count, _) in zip(row.runs, row.finals):
             lines.append(f"| {row.env_id} | {run.seed} | `{run.path.relative_to(runs_dir).as_posix()}` "
@@ -508,29 +537,36 @@ def variant_markdown(variant: str, rows: list[EnvSummary], baselines: dict, runs
     if left_out:
         lines += ["", "Runs left out:", ""]
         lines += [f"- `{run.path.relative_to(runs_dir).as_posix()}`: {reason}" for run, reason in left_out]
-    lines += ["", "## Software", "", *software_lines([run for row in rows for run in row.runs], runs_dir)]
+    return lines
 
-    lines += ["", "## Progress", "",
-              f"The runs' steps cut into {PROGRESS_SPANS} equal spans: the mean return of the episodes that ended "
-              "in each, per seed, averaged over the seeds (n/a: no episode ended there), and how many episodes "
-              "that was in all.", ""]
+
+def progress_sections(rows: list[EnvSummary]) -> list[str]:
+    """Per env, the mean return of the episodes that ended in each span of the runs' steps."""
+    lines = ["## Progress", "",
+             f"The runs' steps cut into {PROGRESS_SPANS} equal spans: the mean return of the episodes that ended "
+             "in each, per seed, averaged over the seeds (n/a: no episode ended there), and how many episodes "
+             "that was in all.", ""]
     for row in rows:
         lines += [f"### {row.env_id}", "", "| steps | mean return | episodes |", "| --- | --- | --- |"]
         for first, last, mean, episodes in progress(row):
             shown = "n/a" if math.isnan(mean) else f"{mean:.2f}"
             lines.append(f"| {format_step_count(first)}-{format_step_count(last)} | {shown} | {episodes:,} |")
         lines.append("")
+    return lines
 
-    lines += ["## Learning curves", "",
-              "Mean over seeds of the episodic return (each point averages the episodes of the preceding "
-              f"{CURVE_WINDOW:.0%} of the axis), with the min–max range over seeds shaded; dashed: the "
-              "published mean.", ""]
+
+def curve_sections(variant: str, rows: list[EnvSummary]) -> list[str]:
+    """Per env, the two plots of its learning curves: against steps and against wall time."""
+    lines = ["## Learning curves", "",
+             "Mean over seeds of the episodic return (each point averages the episodes of the preceding "
+             f"{CURVE_WINDOW:.0%} of the axis), with the min–max range over seeds shaded; dashed: the "
+             "published mean.", ""]
     for row in rows:
         stem = file_stem(row.env_id)
         lines += [f"### {row.env_id}", "",
                   f"![{row.env_id}: return against global step]({variant}/{stem}.png) "
                   f"![{row.env_id}: return against wall time]({variant}/{stem}-time.png)", ""]
-    return "\n".join(lines).rstrip() + "\n"
+    return lines
 
 
 # ---------------------------------------------------------------------------------------------------
