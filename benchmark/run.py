@@ -359,15 +359,7 @@ def run_all(runs: list[Run], workers: int, workdir: Path, force: bool = False) -
     signal of its own, not the runner's). Asked to stop itself (Stopped, a KeyboardInterrupt), it lets
     the running runs save and stop (stop_runs), starts no other, and raises it again."""
     counts = {"ok": 0, "skipped": 0, "failed": 0}  # and "stopped", once a run stops
-    pending = []
-    for run in runs:
-        if not force and run.finished_earlier():
-            counts["skipped"] += 1
-            how = "diverged" if run.diverged_earlier() else "finished"
-            print(f"[skip] {run.label}: {how} earlier ({run.done_path})", flush=True)
-        else:
-            pending.append(run)
-
+    pending = skip_finished(runs, force, counts)
     running: list[tuple[Run, subprocess.Popen, object, float, Path | None]] = []
     live = sys.stdout.isatty()
     durations, last_report, shown = [], time.time(), ""
@@ -386,36 +378,65 @@ def run_all(runs: list[Run], workers: int, workdir: Path, force: bool = False) -
                     f"[start] {run.label}: log {run.log_path}")
                 shown = ""
             time.sleep(0.1)
-            for entry in list(running):
-                run, process, log, started, checkpoint = entry
-                if process.poll() is None:
-                    continue
-                running.remove(entry)
-                seconds = time.time() - started
-                finish(run, process.returncode, seconds, log)
-                outcome = judge(run, process.returncode, seconds, checkpoint, workdir)
-                counts[outcome[0]] = counts.get(outcome[0], 0) + 1
-                if outcome[0] == "ok":
-                    durations.append(seconds)
-                say(outcome[1])
+            for line in reap(running, counts, durations, workdir):
+                say(line)
                 shown = ""
             if running and time.time() - last_report >= (LIVE_SECONDS if live else LINE_SECONDS):
                 last_report = time.time()
                 report = progress_report([(entry[0], entry[3]) for entry in running], len(pending),
                                          counts["ok"] + counts["failed"], workers, durations)
-                if live:  # one line, redrawn in place
-                    shown = " | ".join(report)
-                    width = shutil.get_terminal_size().columns - 1
-                    print("\r\033[K" + (shown if len(shown) <= width else shown[:width - 3] + "..."),
-                          end="", flush=True)
-                else:
-                    print("\n".join(f"[...]  {line}" for line in report), flush=True)
+                shown = show_progress(report, live)
     except KeyboardInterrupt as stop:
         print(("\n" if shown else "") + f"{signal_name(stop)}: asking {len(running)} running run(s) to save and "
               "stop (again: stop them at once); the same command continues them", flush=True)
         stop_runs(running, workdir)
         raise
     return counts
+
+
+def skip_finished(runs: list[Run], force: bool, counts: dict[str, int]) -> list[Run]:
+    """The runs to do: all with `force`, else those not finished earlier (the others counted as
+    skipped, each with its line)."""
+    pending = []
+    for run in runs:
+        if not force and run.finished_earlier():
+            counts["skipped"] += 1
+            how = "diverged" if run.diverged_earlier() else "finished"
+            print(f"[skip] {run.label}: {how} earlier ({run.done_path})", flush=True)
+        else:
+            pending.append(run)
+    return pending
+
+
+def reap(running: list, counts: dict[str, int], durations: list[float], workdir: Path) -> list[str]:
+    """Take the runs that ended out of `running`: each one's marker written, its ending counted (and
+    its time, if it succeeded); returns the line that says how each ended."""
+    said = []
+    for entry in list(running):
+        run, process, log, started, checkpoint = entry
+        if process.poll() is None:
+            continue
+        running.remove(entry)
+        seconds = time.time() - started
+        finish(run, process.returncode, seconds, log)
+        outcome = judge(run, process.returncode, seconds, checkpoint, workdir)
+        counts[outcome[0]] = counts.get(outcome[0], 0) + 1
+        if outcome[0] == "ok":
+            durations.append(seconds)
+        said.append(outcome[1])
+    return said
+
+
+def show_progress(report: list[str], live: bool) -> str:
+    """The progress report: in a terminal one line, redrawn in place (returned, for the next line to
+    clear); elsewhere a few lines of their own (and "" returned)."""
+    if not live:
+        print("\n".join(f"[...]  {line}" for line in report), flush=True)
+        return ""
+    shown = " | ".join(report)
+    width = shutil.get_terminal_size().columns - 1
+    print("\r\033[K" + (shown if len(shown) <= width else shown[:width - 3] + "..."), end="", flush=True)
+    return shown
 
 
 def judge(run: Run, returncode: int, seconds: float, checkpoint: Path | None, workdir: Path) -> tuple[str, str]:
@@ -709,19 +730,11 @@ def find_sbatch() -> str:
     return program
 
 
-def submit(bench: Benchmark, report_dir: Path, args: argparse.Namespace, template: str, program: str | None,
-           throwaway_dir: Path | None = None) -> int:
-    """Write the array job (a task per run not finished earlier) and the report job that runs after
-    it from the template, then submit both with `program` (sbatch), unless --dry-run. `throwaway_dir`:
-    a directory made for this submission (the quick benchmark's), removed if Slurm refuses the first job."""
-    runs = bench.runs()
-    todo = [index for index, run in enumerate(runs) if args.force or not run.finished_earlier()]
+def write_array_script(bench: Benchmark, runs: list[Run], todo: list[int], args: argparse.Namespace,
+                       template: str, slurm_dir: Path) -> Path:
+    """The job array's script, a task per run in `todo`; with none to do, no script (an earlier
+    submission's is removed). Returns its path."""
     variant = runs[0].variant
-    slurm_dir = bench.log_dir / "slurm"
-    refuse_a_file(bench.workdir, "--workdir")  # the tasks make it; a file there would fail every one
-    make_directory(slurm_dir, "--log-dir")
-    here = f"cd {shlex.quote(os.getcwd())}\n"
-
     array_script = slurm_dir / f"{variant}.sbatch"
     if todo:
         array_script.write_text(fill(template, {
@@ -736,6 +749,23 @@ def submit(bench: Benchmark, report_dir: Path, args: argparse.Namespace, templat
         if array_script.exists():  # from an earlier submission: its runs are done, it is not to be resubmitted
             array_script.unlink()
             print(f"slurm: removed {array_script}, the job array of an earlier submission", flush=True)
+    return array_script
+
+
+def submit(bench: Benchmark, report_dir: Path, args: argparse.Namespace, template: str, program: str | None,
+           throwaway_dir: Path | None = None) -> int:
+    """Write the array job (a task per run not finished earlier) and the report job that runs after
+    it from the template, then submit both with `program` (sbatch), unless --dry-run. `throwaway_dir`:
+    a directory made for this submission (the quick benchmark's), removed if Slurm refuses the first job."""
+    runs = bench.runs()
+    todo = [index for index, run in enumerate(runs) if args.force or not run.finished_earlier()]
+    variant = runs[0].variant
+    slurm_dir = bench.log_dir / "slurm"
+    refuse_a_file(bench.workdir, "--workdir")  # the tasks make it; a file there would fail every one
+    make_directory(slurm_dir, "--log-dir")
+    here = f"cd {shlex.quote(os.getcwd())}\n"
+
+    array_script = write_array_script(bench, runs, todo, args, template, slurm_dir)
     report_script = slurm_dir / f"{variant}-report.sbatch"
     report = bench.report_command(report_dir)
     report_script.write_text(fill(template, {
@@ -805,6 +835,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         f"{' and '.join(QUICK_ENV_IDS)}, {QUICK_SEEDS} seeds, {' '.join(QUICK_ARGS)}, "
                         "in a temporary directory")
     parser.add_argument("--quick-dir", type=Path, help="with --quick: use this directory instead of a temporary one")
+    add_slurm_options(parser)
+    args = parser.parse_args(argv)
+    check_args(parser, args)
+    return args
+
+
+def add_slurm_options(parser: argparse.ArgumentParser) -> None:
+    """--slurm, what the job scripts are made with, and --task-index, which each task calls."""
     slurm = parser.add_argument_group("Slurm", "submit the runs as a job array instead of running them here")
     slurm.add_argument("--slurm", action="store_true",
                        help="write a job array (a task per run not finished earlier) and a report job after it, "
@@ -828,7 +866,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     slurm.add_argument("--task-index", type=int, metavar="N",
                        help="do run N of the plan (env ids in order, seeds within each), as run here; what "
                        "each array task calls with $SLURM_ARRAY_TASK_ID")
-    args = parser.parse_args(argv)
+
+
+def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """What argparse cannot check: the options that go together, each number in its range; and the
+    planning options' defaults, filled in once the quick mode is known not to have been given one."""
     planning = [flag for flag, value in [("--env-ids", args.env_ids), ("--command", args.command),
                                          ("--num-seeds", args.num_seeds), ("--start-seed", args.start_seed),
                                          ("--workdir", args.workdir), ("--log-dir", args.log_dir)]
@@ -862,7 +904,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--requeue: only with --slurm")
     if args.task_index is not None and (args.slurm or args.quick or args.dry_run):
         parser.error("--task-index does one run here: it does not go with --slurm, --quick or --dry-run")
-    return args
 
 
 def dry_run(bench: Benchmark, runs: list[Run], args: argparse.Namespace) -> int:
