@@ -353,8 +353,8 @@ def study_module():
 def test_the_one_reach_into_optuna_s_internals_works_on_the_release_it_was_checked_on(tmp_path, study_module):
     """set_user_attr_of_trial (benchmark/tuner/study.py) sets the failure reason of a lost worker's trial,
     for which Optuna has no public call: it uses the storage's internal interface. Checked on
-    OPTUNA_CHECKED there; another
-    Optuna release fails here, to have it checked again (then the constant is updated)."""
+    OPTUNA_CHECKED there; another Optuna release fails here, to have it checked again (then the constant
+    is updated)."""
     tuner_study = study_module
     assert optuna.__version__ == tuner_study.OPTUNA_CHECKED, (
         f"Optuna {optuna.__version__}: check set_user_attr_of_trial against it, then set OPTUNA_CHECKED")
