@@ -69,9 +69,9 @@ sys.path.insert(0, str(REPO))
 # The tuner's parts, one concern a module, in benchmark/tuner/: the search space, the study (its
 # storage, lock, heartbeats and retries), the runner of a trial's runs, the workers (here or on Slurm)
 # and the report. This file is the command: its options, the checks before any trial, and main.
-from benchmark import run  # noqa: E402  (the runner's helpers: commands, folders, Slurm)
+from benchmark import common, run_plan  # noqa: E402  (the runner's helpers: wrong input, folders, commands)
 from benchmark.report import format_duration  # noqa: E402
-from benchmark.run import fail  # noqa: E402  (wrong input: main prints it as tune.py's one line, exit 2)
+from benchmark.common import fail  # noqa: E402  (wrong input: main prints it as tune.py's one line, exit 2)
 from benchmark.tuner import space  # noqa: E402
 from benchmark.tuner.report import write_report  # noqa: E402
 from benchmark.tuner.study import Tuning, fail_if_every_trial_failed, open_study  # noqa: E402
@@ -130,7 +130,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--worker-index", type=int, default=0, help=argparse.SUPPRESS)
     add_slurm_options(parser)
     args = parser.parse_args(argv)
-    args.requeue = False  # run.resource_lines reads it: workers are not requeued, their trials are
+    args.requeue = False  # slurm.resource_lines reads it: workers are not requeued, their trials are
     check_args(parser, args)
     return args
 
@@ -194,7 +194,7 @@ def plan(args: argparse.Namespace) -> Tuning:
         command = ["python", *command]  # a bare script
     if not command:
         fail('--command is empty: give the script to tune, e.g. "python ppo/ppo.py"')
-    run.check_program(command[0], run.resolve(command)[0])
+    run_plan.check_program(command[0], run_plan.resolve(command)[0])
     script = next((token for token in command[1:] if token.endswith(".py")), None)
     if script is not None and not os.path.isfile(script):
         fail(f"--command: the script {script} does not exist (paths are read from {os.getcwd()})")
@@ -206,13 +206,13 @@ def plan(args: argparse.Namespace) -> Tuning:
     both = sorted(given & {param.name for param in search_space.params})
     if both:
         fail(f"--{both[0]} is both in --command and in the space: fix it in one place")
-    variant = run.variant_name(command)
-    envs = "+".join(map(run.safe_name, args.env_ids))
+    variant = run_plan.variant_name(command)
+    envs = "+".join(map(run_plan.safe_name, args.env_ids))
     args.study_name = args.study_name or f"{variant}-{envs}-{args.total_timesteps}"
     args.study_dir = args.study_dir or Path("tuning") / args.study_name
     return Tuning(command, args.env_ids, list(range(1, args.seeds + 1)), args.total_timesteps, search_space,
                   args.study_dir.resolve(), args.save_minutes, args.poll_seconds, args.report_points,
-                  args.heartbeat_seconds, args.grace_seconds, args.max_retries, run.resolve(command))
+                  args.heartbeat_seconds, args.grace_seconds, args.max_retries, run_plan.resolve(command))
 
 
 def check_script(args: argparse.Namespace, tuning: Tuning) -> None:
@@ -229,8 +229,8 @@ def check_script(args: argparse.Namespace, tuning: Tuning) -> None:
 def main(argv: list[str] | None = None) -> int:
     try:
         return tune(parse_args(argv))
-    except run.WrongInput as error:
-        return run.refuse("tune.py", error)
+    except common.WrongInput as error:
+        return common.refuse("tune.py", error)
 
 
 def tune(args: argparse.Namespace) -> int:
@@ -247,7 +247,7 @@ def tune(args: argparse.Namespace) -> int:
     enqueued = [space.enqueued_values(tuning.space, flags) for flags in args.enqueue]
     if not args.worker:  # a worker's invocation has checked them
         check_script(args, tuning)
-    run.make_directory(tuning.study_dir, "--study-dir")
+    common.make_directory(tuning.study_dir, "--study-dir")
     study = open_study(args, tuning, args.worker_index)
     if not args.worker and "script_defaults" not in study.user_attrs:
         # Kept once, with the study: the report finds the trial of the defaults by them.

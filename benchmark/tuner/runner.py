@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmark import report, run
+from benchmark import report, run_plan
 from benchmark.tuner.study import Tuning
 from ppo.exits import DIVERGED, STOPPED, WRONG_INPUT
 
@@ -103,7 +103,7 @@ def plan_run(tuning: Tuning, flags: list[str], env_id: str, seed: int, position:
     """The run of (env_id, seed) with a trial's flags, in the trial's folder `home`."""
     tail = [*flags, "--env-id", env_id, "--seed", str(seed), "--total-timesteps", str(tuning.total_timesteps)]
     saving = ["--save-model", "--save-minutes", f"{tuning.save_minutes:g}"]
-    return RunSpec(env_id, seed, position, home / f"{run.safe_name(env_id)}__seed{seed}",
+    return RunSpec(env_id, seed, position, home / f"{run_plan.safe_name(env_id)}__seed{seed}",
                    [*tuning.command, *tail], [*tuning.resolved, *tail, *saving])
 
 

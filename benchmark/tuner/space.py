@@ -2,7 +2,7 @@
 the trials --enqueue asks for, and the script's own flags, read from its --help, that they must be.
 
 benchmark/tune.py is the command; this module is one of its parts (benchmark/tuner/: space, study,
-runner, worker, report). Wrong input is refused with benchmark/run.py's `fail`, which tune.py's main
+runner, worker, report). Wrong input is refused with benchmark/common.py's `fail`, which tune.py's main
 prints as its one line (exit 2).
 """
 
@@ -16,7 +16,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmark.run import fail
+from benchmark.common import fail
 
 # What the tuner gives every run itself; the command and the space may not set them.
 RESERVED_FLAGS = {"env-id", "seed", "total-timesteps", "save-model", "save-minutes", "resume", "evaluate"}

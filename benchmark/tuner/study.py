@@ -15,8 +15,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from benchmark import run
-from benchmark.run import fail
+from benchmark.common import fail, make_directory
 from benchmark.tuner.space import Space
 
 # The Optuna release on which `set_user_attr_of_trial`, the one reach into Optuna's internals, was
@@ -40,7 +39,7 @@ class Tuning:
     heartbeat_seconds: float = 10.0
     grace_seconds: float = 60.0
     max_retries: int = 3
-    resolved: list[str] = field(default_factory=list)  # the command as executed (run.resolve)
+    resolved: list[str] = field(default_factory=list)  # the command as executed (run_plan.resolve)
     script_defaults: dict = field(default_factory=dict)  # the space's flags' defaults, as --help shows them
 
     def definition(self) -> dict:
@@ -64,7 +63,7 @@ def make_storage(storage: str | None, study_dir: Path):
 
     if storage is None or "://" not in storage:
         path = study_dir / "journal.log" if storage is None else Path(storage)
-        run.make_directory(path.parent, "the journal's folder")
+        make_directory(path.parent, "the journal's folder")
         return optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(path)))
     try:
         return optuna.storages.RDBStorage(storage)

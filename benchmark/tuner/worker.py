@@ -16,7 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmark import run
+from benchmark import slurm
+from benchmark.common import make_directory
 from benchmark.tuner.runner import (Failed, Pruned, Runner, TakeoverFailed, WorkerStopped, die_with_the_worker,
                                      plan_run)
 from benchmark.tuner.study import Heartbeat, Lock, Tuning, claim, fail_stale_trials, retry
@@ -190,32 +191,32 @@ def run_local_workers(args: argparse.Namespace) -> int:
 
 def submit_to_slurm(args: argparse.Namespace) -> int:
     """--slurm: a job array of --workers tasks, each a worker of the study, and a report job after it,
-    written from benchmark/slurm_template.sh and submitted with sbatch (run.py's helpers)."""
-    template = run.read_template(args.slurm_template or run.SLURM_TEMPLATE)
-    program = None if args.dry_run else run.find_sbatch()
+    written from benchmark/slurm_template.sh and submitted with sbatch (benchmark/slurm.py's helpers)."""
+    template = slurm.read_template(args.slurm_template or slurm.SLURM_TEMPLATE)
+    program = None if args.dry_run else slurm.find_sbatch()
     slurm_dir = args.study_dir / "slurm"
-    run.make_directory(slurm_dir, "--study-dir")
+    make_directory(slurm_dir, "--study-dir")
     here = f"cd {shlex.quote(os.getcwd())}\n"
     tuner = [sys.executable, str(TUNER), *worker_args(args)]
     array_script, report_script = slurm_dir / "workers.sbatch", slurm_dir / "report.sbatch"
-    array_script.write_text(run.fill(template, {
+    array_script.write_text(slurm.fill(template, {
         "job_name": f"ppo-tune-{args.study_name}",
-        "output": run.output_pattern(slurm_dir, "worker_%A_%a.out"),
+        "output": slurm.output_pattern(slurm_dir, "worker_%A_%a.out"),
         "array_line": f"#SBATCH --array=0-{args.workers - 1}",
-        "resource_lines": run.resource_lines(args, report_job=False),
+        "resource_lines": slurm.resource_lines(args, report_job=False),
         "command": here + f'exec {shlex.join([*tuner, "--worker"])} --worker-index "$SLURM_ARRAY_TASK_ID"'}))
-    report_script.write_text(run.fill(template, {
+    report_script.write_text(slurm.fill(template, {
         "job_name": f"ppo-tune-report-{args.study_name}",
-        "output": run.output_pattern(slurm_dir, "report_%j.out"), "array_line": "",
-        "resource_lines": run.resource_lines(args, report_job=True),
+        "output": slurm.output_pattern(slurm_dir, "report_%j.out"), "array_line": "",
+        "resource_lines": slurm.resource_lines(args, report_job=True),
         "command": here + f"exec {shlex.join([*tuner, '--report'])}"}))
     print(f"slurm: wrote {array_script} ({args.workers} workers) and {report_script}", flush=True)
     if args.dry_run:
         print(f"dry run: nothing submitted. By hand: sbatch {array_script}, then "
               f"sbatch --dependency=afterany:<its job id> {report_script}")
         return 0
-    array_job = run.sbatch(program, [], array_script)
-    report_job = run.sbatch(program, [f"--dependency=afterany:{array_job}"], report_script)
+    array_job = slurm.sbatch(program, [], array_script)
+    report_job = slurm.sbatch(program, [f"--dependency=afterany:{array_job}"], report_script)
     print(f"slurm: submitted workers {array_job} and the report job {report_job}\n"
           f"  follow:  squeue -j {array_job},{report_job}\n"
           f"  workers' output: {slurm_dir.resolve()}/worker_{array_job}_<task>.out\n"
