@@ -1,3 +1,6 @@
+# Over 400 lines, kept whole: one command whose measurements (the raw environments, the training, the
+# parts alone) share their clocks and their hooks into a script's run (the monkeypatches below, which
+# stand in for hooks ppo/ lacks); main names its steps (parse_args, measure_script, print_speeds).
 """Training speed of the scripts against the raw speed of their environments, measured in one run.
 
     python benchmark/speed.py                                   # every script, speed options off and on
@@ -134,6 +137,7 @@ def training_speed(script, args, warmup_iterations: int) -> tuple[float, float, 
     previous_directory, previous_writer = os.getcwd(), run_life.SummaryWriter
     with tempfile.TemporaryDirectory() as workdir:
         os.chdir(workdir)
+        # Monkeypatched (put back below): ppo/ has no hook for reading the clocks where the run logs.
         run_life.SummaryWriter = ClockedWriter
         try:
             script.main(args)
@@ -163,6 +167,7 @@ def record_first_calls(script, run_args) -> dict:
     name = policy_step_name(script)
     policy_step, loss = getattr(script.Agent, name), script.minibatch_loss
     setattr(script.Agent, name, recording("policy", policy_step))
+    # Monkeypatched (put back below): to measure the loss alone, its real arguments are recorded.
     script.minibatch_loss = recording("loss", loss)
     try:
         batch_size = run_args.num_envs * run_args.num_steps
@@ -253,6 +258,7 @@ def iteration_parts(script, run_args, warmup_iterations: int,
             return super().add_scalar(tag, value, global_step, *rest, **options)
 
     previous_directory, previous_writer = os.getcwd(), run_life.SummaryWriter
+    # Monkeypatched (put back below): ppo/ has no hook for timing the rollout and the update apart.
     script.Agent.get_value, run_life.SummaryWriter = get_value_noting_the_time, ClockedWriter
     try:
         with tempfile.TemporaryDirectory() as workdir:
@@ -363,6 +369,32 @@ def parse_value(kind, text: str, assignment: str):
 
 
 def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    import torch
+
+    devices = args.devices or (["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"])
+    if "cuda" in devices and not torch.cuda.is_available():
+        fail("--devices cuda, but PyTorch sees no CUDA device: measure on --devices cpu")
+    device_name = torch.cuda.get_device_name() if "cuda" in devices else "no GPU"
+    scripts = {name: importlib.import_module(f"ppo.{name.removesuffix('.py')}") for name in args.scripts}
+    settings_of = {name: field_values(script, args.set) for name, script in scripts.items()}
+    if args.options is not None:
+        for name, script in scripts.items():
+            check_requested_options(name, script, args.options, devices)
+
+    rows, part_rows, starts = [], [], {}
+    for script_file, script in scripts.items():
+        measure_script(script_file, script, settings_of[script_file], devices, args, rows, part_rows)
+        if args.parts:
+            starts[script_file] = start_seconds(script_file)
+    print(f"\n{time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPU cores, {device_name}, torch {torch.__version__}\n")
+    print_speeds(rows)
+    if part_rows:
+        print_parts(part_rows, starts)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The options, every wrong input among them refused before the first measurement, which takes a while."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--scripts", "--script", nargs="+", default=list(DEFAULTS), metavar="SCRIPT",
                         help="scripts in ppo/ to measure (default: all of them)")
@@ -392,61 +424,51 @@ def main(argv: list[str] | None = None) -> None:
     unknown = [name for name in args.scripts if name not in DEFAULTS]
     if unknown:
         fail(f"unknown script {unknown[0]!r}: pick from {', '.join(DEFAULTS)}")
+    return args
 
-    import torch
 
-    devices = args.devices or (["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"])
-    if "cuda" in devices and not torch.cuda.is_available():
-        fail("--devices cuda, but PyTorch sees no CUDA device: measure on --devices cpu")
-    device_name = torch.cuda.get_device_name() if "cuda" in devices else "no GPU"
-    scripts = {name: importlib.import_module(f"ppo.{name.removesuffix('.py')}") for name in args.scripts}
-    settings_of = {name: field_values(script, args.set) for name, script in scripts.items()}
-    if args.options is not None:
-        for name, script in scripts.items():
-            check_requested_options(name, script, args.options, devices)
-
-    rows, part_rows, starts = [], [], {}
-    for script_file, script in scripts.items():
-        default_env, default_num_envs, default_iterations = DEFAULTS[script_file]
-        env_id = args.env_id or default_env
-        num_envs = default_num_envs if args.num_envs is None else args.num_envs
-        settings = settings_of[script_file]
-        num_steps = settings.get("num_steps", script.Args().num_steps)
-        total_timesteps = args.total_timesteps or default_iterations * num_envs * num_steps
-        raw_wall, raw_cpu = raw_env_speed(script, env_id, num_envs, args.raw_seconds)
-        for device in devices:
-            for options in option_sets(script, device, args.options):
-                run_args = script.Args(env_id=env_id, num_envs=num_envs, cuda=device == "cuda",
-                                       total_timesteps=total_timesteps,
-                                       **settings, **{name: True for name in options})
-                print(f"{script_file} on {env_id}, {num_envs} envs, {device}, "
-                      f"options: {'+'.join(options) or 'plain'}", flush=True)
-                train_wall, train_cpu, _ = training_speed(script, run_args, args.warmup_iterations)
-                if "async_envs" in options and script_file in ASYNC_IN_WORKER_PROCESSES:
-                    train_cpu = None  # the games' CPU time is in the workers, out of this process's sight
-                rows.append((script_file, env_id, num_envs, device, "+".join(options) or "plain",
-                             raw_wall, train_wall, raw_cpu, train_cpu))
-            if args.parts:
-                plain_args = script.Args(env_id=env_id, num_envs=num_envs, cuda=device == "cuda", **settings)
-                print(f"{script_file}: the parts alone, {device}", flush=True)
-                policy_seconds, gradient_seconds = part_floors(script, plain_args)
-                plain_rows = [row for row in rows if row[:5] == (script_file, env_id, num_envs, device, "plain")]
-                split = loop_split(script, dataclasses.replace(plain_args, total_timesteps=total_timesteps),
-                                   args.warmup_iterations)
-                part_rows.append((script_file, env_id, device, plain_args, raw_wall, policy_seconds,
-                                  gradient_seconds, plain_rows[0][6] if plain_rows else None, split))
+def measure_script(script_file: str, script, settings: dict, devices: list[str], args: argparse.Namespace,
+                   rows: list, part_rows: list) -> None:
+    """Measure one script on each device with each set of speed options, adding a row to `rows` for
+    each (the raw environments' rate and the training's, wall and CPU); with --parts, the parts alone
+    too, a row of `part_rows` per device."""
+    default_env, default_num_envs, default_iterations = DEFAULTS[script_file]
+    env_id = args.env_id or default_env
+    num_envs = default_num_envs if args.num_envs is None else args.num_envs
+    num_steps = settings.get("num_steps", script.Args().num_steps)
+    total_timesteps = args.total_timesteps or default_iterations * num_envs * num_steps
+    raw_wall, raw_cpu = raw_env_speed(script, env_id, num_envs, args.raw_seconds)
+    for device in devices:
+        for options in option_sets(script, device, args.options):
+            run_args = script.Args(env_id=env_id, num_envs=num_envs, cuda=device == "cuda",
+                                   total_timesteps=total_timesteps,
+                                   **settings, **{name: True for name in options})
+            print(f"{script_file} on {env_id}, {num_envs} envs, {device}, "
+                  f"options: {'+'.join(options) or 'plain'}", flush=True)
+            train_wall, train_cpu, _ = training_speed(script, run_args, args.warmup_iterations)
+            if "async_envs" in options and script_file in ASYNC_IN_WORKER_PROCESSES:
+                train_cpu = None  # the games' CPU time is in the workers, out of this process's sight
+            rows.append((script_file, env_id, num_envs, device, "+".join(options) or "plain",
+                         raw_wall, train_wall, raw_cpu, train_cpu))
         if args.parts:
-            starts[script_file] = start_seconds(script_file)
+            plain_args = script.Args(env_id=env_id, num_envs=num_envs, cuda=device == "cuda", **settings)
+            print(f"{script_file}: the parts alone, {device}", flush=True)
+            policy_seconds, gradient_seconds = part_floors(script, plain_args)
+            plain_rows = [row for row in rows if row[:5] == (script_file, env_id, num_envs, device, "plain")]
+            split = loop_split(script, dataclasses.replace(plain_args, total_timesteps=total_timesteps),
+                               args.warmup_iterations)
+            part_rows.append((script_file, env_id, device, plain_args, raw_wall, policy_seconds,
+                              gradient_seconds, plain_rows[0][6] if plain_rows else None, split))
 
-    print(f"\n{time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPU cores, {device_name}, torch {torch.__version__}\n")
+
+def print_speeds(rows: list) -> None:
+    """The main table: each measurement's raw environment and training rates and their ratios."""
     print("| script | env | envs | device | options | raw env SPS | training SPS | ratio | CPU-time ratio |")
     print("|---|---|---|---|---|---|---|---|---|")
     for script_file, env_id, num_envs, device, options, raw_wall, train_wall, raw_cpu, train_cpu in rows:
         print(f"| {script_file} | {env_id} | {num_envs} | {device} | {options} | {raw_wall:,.0f} | "
               f"{train_wall:,.0f} | {train_wall / raw_wall:.3g} | "
               f"{'n/a' if train_cpu is None else f'{train_cpu / raw_cpu:.3g}'} |")
-    if part_rows:
-        print_parts(part_rows, starts)
 
 
 def print_parts(part_rows: list, starts: dict) -> None:

@@ -13,8 +13,6 @@ import signal
 import sys
 from typing import Callable, NoReturn
 
-import gymnasium as gym
-
 # The exit code of wrong input: a flag, a checkpoint or an environment the script refuses (`fail`).
 WRONG_INPUT = 2
 # The exit code of a run whose network became non-finite (NaN or infinite): the divergence guard
@@ -99,6 +97,8 @@ def run_and_exit(function: Callable, args, checkpoint: dict | None, variant: str
     the network became non-finite, or with 2 and one line when a package is missing (gymnasium
     imports rendering and video packages only when they are first used: `pip_extra` is the script's
     extra in pyproject.toml) or a checkpoint's environments cannot be rebuilt."""
+    import gymnasium as gym  # here: benchmark/run.py reads the exit codes without gymnasium
+
     signal.signal(signal.SIGTERM, stop_at_once)  # until training begins (Run.start)
     signal.signal(signal.SIGUSR1, stop_at_once)
     try:

@@ -19,7 +19,7 @@ import pytest
 import ppo  # noqa: F401  (puts ppo/ on the path, for `import run_life`)
 import run_life  # the scripts' run machinery: how a run writes its text tables
 from benchmark import report
-from benchmark import run as runner
+from benchmark import local, run_plan
 from conftest import (FAKE_SCRIPT, HUNG_AFTER, REPO, SLOW_PPO, SLOW_RUNS, assert_quick_runs_finished, assert_same_final_weights,
                       assert_stopped_with_its_logs_flushed, calls, expect_error_line, expect_usage_error, only_run_dir,
                       read_scalars, run_tool, table_rows)
@@ -151,8 +151,8 @@ def test_runner_keeps_workers_runs_going_at_a_time(tmp_path, monkeypatch):
     a time, take three times as long. Counted by the runner's own start and finish of each real run."""
     (tmp_path / "fake.py").write_text(FAKE_SCRIPT)
     monkeypatch.chdir(tmp_path)
-    runs = runner.plan_runs("python fake.py", ["A-v1"], [1, 2, 3, 4, 5], tmp_path / "logs")
-    start, finish = runner.start, runner.finish
+    runs = run_plan.plan_runs("python fake.py", ["A-v1"], [1, 2, 3, 4, 5], tmp_path / "logs")
+    start, finish = local.start, local.finish
     running = []  # how many runs were going after each start
 
     def counted_start(*arguments):
@@ -163,9 +163,9 @@ def test_runner_keeps_workers_runs_going_at_a_time(tmp_path, monkeypatch):
         running.append(running[-1] - 1)
         return finish(*arguments)
 
-    monkeypatch.setattr(runner, "start", counted_start)
-    monkeypatch.setattr(runner, "finish", counted_finish)
-    assert runner.run_all(runs, workers=3, workdir=tmp_path) == {"ok": 5, "skipped": 0, "failed": 0}
+    monkeypatch.setattr(local, "start", counted_start)
+    monkeypatch.setattr(local, "finish", counted_finish)
+    assert local.run_all(runs, workers=3, workdir=tmp_path) == {"ok": 5, "skipped": 0, "failed": 0}
     assert running[:3] == [1, 2, 3] and max(running) == 3 and running[-1] == 0
     assert calls(tmp_path) == [f"A-v1 {seed}" for seed in range(1, 6)]
 
@@ -186,20 +186,20 @@ def test_the_runners_progress_reads_each_runs_log_and_estimates_the_whole(tmp_pa
     no timing."""
     (tmp_path / "fake.py").write_text(FAKE_SCRIPT)
     monkeypatch.chdir(tmp_path)
-    runs = runner.plan_runs("python fake.py", ["A-v1"], [1, 2, 3], tmp_path / "logs")
+    runs = run_plan.plan_runs("python fake.py", ["A-v1"], [1, 2, 3], tmp_path / "logs")
     runs[0].log_path.parent.mkdir(parents=True)
     runs[0].log_path.write_text(
         "# command: ...\nCartPole-v1__ppo__1__1: 1,000 steps on cpu\n"
         "step       100/1,000 |    100 SPS | 0:00:01 elapsed, 0:00:09 left | mean return      n/a (last 0 episodes)\n"
         "step       500/1,000 |    100 SPS | 0:00:05 elapsed, 0:00:05 left | mean return    20.00 (last 4 episodes)\n")
     runs[1].log_path.write_text("# command: ...\n")  # started, no progress line yet
-    monkeypatch.setattr(runner.time, "time", lambda: 1000.0)
-    report = runner.progress_report([(runs[0], 990.0), (runs[1], 998.0)], pending=1, done=2, workers=2,
+    monkeypatch.setattr(local.time, "time", lambda: 1000.0)
+    report = local.progress_report([(runs[0], 990.0), (runs[1], 998.0)], pending=1, done=2, workers=2,
                                     durations=[30.0])
     assert report == ["fake A-v1 seed 1: step 500/1,000, 0:00:05 left", "fake A-v1 seed 2: starting (0:00:02)",
                       "2 of 5 run(s) done"]  # no estimate of the whole while a run has not said
     runs[1].log_path.write_text(runs[0].log_path.read_text())
-    report = runner.progress_report([(runs[0], 990.0), (runs[1], 998.0)], pending=1, done=2, workers=2,
+    report = local.progress_report([(runs[0], 990.0), (runs[1], 998.0)], pending=1, done=2, workers=2,
                                     durations=[30.0])
     # left: 5 + 5 s now, then one more run of the mean length (30, 10, 10 s: 16.7 s), 2 at a time
     assert report[-1] == "2 of 5 run(s) done, about 0:00:13 left in all"

@@ -9,6 +9,8 @@ gymnasium lacks, for the three ale-py scripts, and imports none of this folder; 
 envpool's games behind a vector env's calls, scored and filmed as the others are. ruff holds every
 line of ppo/ to 100 characters, each script's iteration loop keeps its run machinery to a few
 statements, and each variant's diff against the script it follows stays within its number.
+In benchmark/, each command's modules keep to 400 lines and their functions to 60, or say why in a
+comment, and import one way, none of them the runner's command, run.py.
 """
 
 import ast
@@ -186,3 +188,54 @@ def test_each_variant_adds_little_to_its_neighbour():
         if changed > most:
             grown.append(f"{first}.py -> {second}.py: {changed} lines differ, more than {most}")
     assert not grown, "\n".join(grown)
+
+
+# benchmark/: each command (run.py, report.py, tune.py) over modules of one concern each. A module over
+# this many lines, or a function over FUNCTION_LINES, says why in a comment at its top (`# Over 400
+# lines, kept whole: ...`; for a function, a comment on its first line or the one above).
+MODULE_LINES, FUNCTION_LINES = 400, 60
+BENCHMARK = sorted([*REPO.glob("benchmark/*.py"), *REPO.glob("benchmark/tuner/*.py")])
+
+
+def benchmark_imports(path) -> set[str]:
+    """The benchmark modules a file of benchmark/ imports, by dotted name."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "benchmark":
+            packages = ("benchmark", "benchmark.tuner")
+            found |= ({f"{node.module}.{alias.name}" for alias in node.names} if node.module in packages
+                      else {node.module})
+    return found
+
+
+def test_benchmark_modules_stay_short_or_say_why():
+    long_modules = [path.relative_to(REPO).as_posix() for path in BENCHMARK
+                    if len(path.read_text().splitlines()) > MODULE_LINES
+                    and not path.read_text().startswith(f"# Over {MODULE_LINES} lines")]
+    assert not long_modules, f"over {MODULE_LINES} lines with no comment at the top saying why: {long_modules}"
+    long_functions = []
+    for path in BENCHMARK:
+        lines = path.read_text().splitlines()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and \
+                    node.end_lineno - node.lineno + 1 > FUNCTION_LINES:
+                said = "#" in lines[node.lineno - 1] or lines[node.lineno - 2].strip().startswith("#")
+                if not said:
+                    long_functions.append(f"{path.relative_to(REPO).as_posix()}: {node.name}")
+    assert not long_functions, f"over {FUNCTION_LINES} lines with no comment saying why: {long_functions}"
+
+
+def test_benchmark_modules_import_one_way():
+    """No cycle among benchmark/'s modules: each command imports its parts, and no part imports it back."""
+    graph = {".".join(path.relative_to(REPO).with_suffix("").parts): benchmark_imports(path) for path in BENCHMARK}
+
+    def cycle_from(module: str, path: list[str]) -> list[str] | None:
+        if module in path:
+            return path[path.index(module):] + [module]
+        return next((found for imported in graph.get(module, ()) if (found := cycle_from(imported, path + [module]))),
+                    None)
+
+    cycles = [cycle for module in graph if (cycle := cycle_from(module, []))]
+    assert not cycles, f"import cycles: {cycles}"
+    importers = [module for module, imported in graph.items() if "benchmark.run" in imported]
+    assert not importers, f"{importers} import run.py, the command: import the part that holds the name"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmark import run
+from benchmark.slurm import fill
 from conftest import (FAKE_SCRIPT, HUNG_AFTER, REPO, SLOW_PPO, SLOW_RUNS, assert_quick_runs_finished, assert_same_final_weights,
                       calls, expect_error_line, run_tool, table_rows, wait_for_jobs)
 from slurm_cluster import OneNodeCluster
@@ -182,8 +182,8 @@ def test_job_names_and_output_paths_are_quoted_for_sbatch(tmp_path):
         assert sbatch_lines((logs / "slurm" / "fake.sbatch").read_text())[:2] == [
             '#SBATCH --job-name="ppo-benchmark-fake"', f'#SBATCH --output="{logs}/slurm/fake_%A_%a.out"']
     # Backslashes and double quotes, which end or escape a quoted value, are escaped.
-    filled = run.fill('#SBATCH --output={output}\n#SBATCH --job-name="{job_name}"\n{command}',
-                      {"output": 'a "b"\\c', "job_name": "x y", "command": 'echo "{output}"'})
+    filled = fill('#SBATCH --output={output}\n#SBATCH --job-name="{job_name}"\n{command}',
+                  {"output": 'a "b"\\c', "job_name": "x y", "command": 'echo "{output}"'})
     assert filled == '#SBATCH --output="a \\"b\\"\\\\c"\n#SBATCH --job-name="x y"\necho "{output}"'
 
 
@@ -247,7 +247,8 @@ def test_a_refused_quick_submission_leaves_no_directory_behind(tmp_path):
     checkout = tmp_path / "checkout"
     (checkout / "benchmark").mkdir(parents=True)
     (checkout / "ppo").mkdir()
-    for name in ("benchmark/run.py", "benchmark/slurm_template.sh", "ppo/ppo.py"):  # ppo.py: the quick runs' script
+    runner = ["benchmark/run.py", "benchmark/common.py", "benchmark/run_plan.py", "benchmark/local.py", "benchmark/slurm.py"]
+    for name in (*runner, "benchmark/slurm_template.sh", "ppo/ppo.py"):  # ppo.py: the quick runs' script
         shutil.copy(REPO / name, checkout / name)
     refuse = "#!/bin/sh\necho 'sbatch: error: Batch job submission failed: Invalid account' >&2\nexit 1\n"
     result = subprocess.run([sys.executable, str(checkout / "benchmark" / "run.py"), "--quick", "--slurm"],

@@ -54,7 +54,7 @@ def run_logs(study_dir: Path, trial: int) -> list[Path]:
     return sorted((study_dir / "trials" / str(trial)).glob("*/run.log"))
 
 
-def assert_costs_reported(study_dir: Path, study, tune_module) -> None:
+def assert_costs_reported(study_dir: Path, study, report_module) -> None:
     """Each complete trial's wall time and SPS in the top trials' table, the trial of the script's
     defaults (trial 0, enqueued with them) found, and the best settings within its wall time (or
     within --max-seconds) named beside the best overall, as the data say, whatever the times were."""
@@ -69,7 +69,7 @@ def assert_costs_reported(study_dir: Path, study, tune_module) -> None:
         assert row["wall time"] != "-"
     assert rows[0]["state"] == "complete, the defaults"
     assert [row["state"] for number, row in rows.items() if number != 0] == ["complete"] * 2
-    budget = trials[0].user_attrs["wall_seconds"] * (1 + tune_module.TIMING_NOISE)
+    budget = trials[0].user_attrs["wall_seconds"] * (1 + report_module.TIMING_NOISE)
     within = max((trial for trial in trials.values() if trial.user_attrs["wall_seconds"] <= budget),
                  key=lambda trial: trial.value)
     section = report.split("## Best within the defaults' wall time")[1].split("## ")[0]
@@ -89,7 +89,7 @@ def assert_costs_reported(study_dir: Path, study, tune_module) -> None:
         assert expected in section, section
 
 
-def test_two_workers_make_exactly_the_trials_asked_for_and_the_same_command_continues(tmp_path, tune_module):
+def test_two_workers_make_exactly_the_trials_asked_for_and_the_same_command_continues(tmp_path, report_module):
     """Three trials for two workers: the last is claimed while the other worker's trial runs, which a
     worker that counted only finished trials (as Optuna's MaxTrialsCallback does) would not see. The
     first is ppo.py's default learning rate: the report finds it, and the best within its wall time."""
@@ -110,7 +110,7 @@ def test_two_workers_make_exactly_the_trials_asked_for_and_the_same_command_cont
     assert (tmp_path / "study" / "report" / "history.png").is_file()
     best = study.best_trial
     assert f"--learning-rate {best.params['learning-rate']}" in result.stdout  # the command that trains it
-    assert_costs_reported(tmp_path / "study", study, tune_module)
+    assert_costs_reported(tmp_path / "study", study, report_module)
 
     again = tune(tmp_path, *TINY, "--trials", "3", "--workers", "2")
     assert again.returncode == 0, again.stderr
@@ -335,26 +335,32 @@ def test_a_two_task_job_array_of_workers_finishes_one_study(slurm_cluster, tmp_p
 
 
 @pytest.fixture
-def tune_module(monkeypatch):
-    """benchmark/tune.py imported here; run.py's helpers, which it makes speak as tune.py, are put back."""
-    from benchmark import run as runner
-
-    monkeypatch.setattr(runner, "fail", runner.fail)
-    from benchmark import tune as module
+def report_module():
+    """The tuner's report module (benchmark/tuner/report.py) imported here."""
+    from benchmark.tuner import report as module
 
     return module
 
 
-def test_the_one_reach_into_optuna_s_internals_works_on_the_release_it_was_checked_on(tmp_path, tune_module):
-    """tune.set_user_attr_of_trial sets the failure reason of a lost worker's trial, for which Optuna has
-    no public call: it uses the storage's internal interface. Checked on tune.OPTUNA_CHECKED; another
-    Optuna release fails here, to have it checked again (then the constant is updated)."""
-    tune = tune_module
-    assert optuna.__version__ == tune.OPTUNA_CHECKED, (
-        f"Optuna {optuna.__version__}: check tune.set_user_attr_of_trial against it, then set OPTUNA_CHECKED")
+@pytest.fixture
+def study_module():
+    """The tuner's study module (benchmark/tuner/study.py) imported here."""
+    from benchmark.tuner import study as module
+
+    return module
+
+
+def test_the_one_reach_into_optuna_s_internals_works_on_the_release_it_was_checked_on(tmp_path, study_module):
+    """set_user_attr_of_trial (benchmark/tuner/study.py) sets the failure reason of a lost worker's trial,
+    for which Optuna has no public call: it uses the storage's internal interface. Checked on
+    OPTUNA_CHECKED there; another Optuna release fails here, to have it checked again (then the constant
+    is updated)."""
+    tuner_study = study_module
+    assert optuna.__version__ == tuner_study.OPTUNA_CHECKED, (
+        f"Optuna {optuna.__version__}: check set_user_attr_of_trial against it, then set OPTUNA_CHECKED")
     study = load_or_create(tmp_path)
     study.ask()  # a trial whose Trial object is gone, as with its lost worker
-    tune.set_user_attr_of_trial(load_or_create(tmp_path), 0, "failure", "its worker was lost")
+    tuner_study.set_user_attr_of_trial(load_or_create(tmp_path), 0, "failure", "its worker was lost")
     load_or_create(tmp_path).tell(0, state=optuna.trial.TrialState.FAIL)
     [trial] = load_or_create(tmp_path).get_trials()
     assert trial.state == optuna.trial.TrialState.FAIL
