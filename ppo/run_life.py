@@ -210,8 +210,10 @@ class Run:
                 import wandb  # noqa: F401
             except ImportError:
                 fail(variant, "--track needs wandb: pip install wandb")
-        global compile_mode
-        compile_mode = "reduce-overhead" if args.cudagraphs else "default" if args.compile else None
+        # What --compile and --cudagraphs ask of the functions marked @compiled, for the agent
+        # `start` is given (`compile_with`).
+        self.compile_mode = ("reduce-overhead" if args.cudagraphs else "default" if args.compile
+                             else None)
         self.writer, self.interrupt, self.finished_earlier, self.last_save = None, None, False, 0.0
         self.all_ranks_stop: bool | None = None  # under torchrun: some rank was asked to stop
         self.all_ranks_save: bool | None = None  # under torchrun: some rank's save clock ran out
@@ -250,7 +252,7 @@ class Run:
         `envs`, gymnasium vector environments (None where they cannot be saved). Returns the
         environment steps so far."""
         self.agent, self.optimizer, self.envs, self.num_iterations = \
-            agent, optimizer, envs, num_iterations
+            compile_with(agent, self.compile_mode), optimizer, envs, num_iterations
         self.statistics = statistics or {}
         self.open_logs(num_iterations=num_iterations, **sizes)
         self.start_iteration, global_step = 0, 0
@@ -627,10 +629,14 @@ def device_of_rank(variant: str, cuda: bool, device_ids: list[int], backend: str
     return torch.device("cuda", device_ids[local_rank])
 
 
-# What --compile and --cudagraphs ask of the functions marked @compiled: None (call them as they
-# are), "default" (torch.compile) or "reduce-overhead" (compiled, and replayed as CUDA graphs). Each
-# run sets it from its flags (Run); an evaluation calls them as they are.
-compile_mode: str | None = None
+def compile_with(agent: torch.nn.Module, mode: str | None) -> torch.nn.Module:
+    """`agent`, its functions marked @compiled (its policy step, and the minibatch loss, which takes
+    it first) to be called in `mode`: None (as they are), "default" (torch.compile) or
+    "reduce-overhead" (compiled, and replayed as CUDA graphs). The run marks the agent it trains
+    with the mode of its --compile and --cudagraphs; an agent no run marked (an evaluation's, a
+    test's) is called as it is."""
+    agent.compile_mode = mode
+    return agent
 
 
 def compiled(function: Callable) -> Callable:
@@ -640,18 +646,20 @@ def compiled(function: Callable) -> Callable:
     --cudagraphs it is also replayed as CUDA graphs: a replay writes its outputs where the previous
     replay of the same graph wrote them, so each call is marked as a new step, and what a caller
     keeps past the next call it copies first. Without either option it is called as it is, and so
-    it is where a compiled function calls it (the minibatch loss calls the agent's policy)."""
-    versions = {}  # compile_mode -> the function compiled in that mode
+    it is where a compiled function calls it (the minibatch loss calls the agent's policy). The mode
+    is the agent's (`compile_with`)."""
+    versions = {}  # mode -> the function compiled in that mode
 
     @functools.wraps(function)
-    def call(*inputs, **options):
-        if compile_mode is None or torch.compiler.is_compiling():
-            return function(*inputs, **options)
-        if compile_mode not in versions:
-            versions[compile_mode] = torch.compile(function, mode=compile_mode)
-        if compile_mode == "reduce-overhead":
+    def call(agent, *inputs, **options):
+        mode = getattr(agent, "compile_mode", None)
+        if mode is None or torch.compiler.is_compiling():
+            return function(agent, *inputs, **options)
+        if mode not in versions:
+            versions[mode] = torch.compile(function, mode=mode)
+        if mode == "reduce-overhead":
             torch.compiler.cudagraph_mark_step_begin()
-        return versions[compile_mode](*inputs, **options)
+        return versions[mode](agent, *inputs, **options)
 
     return call
 
@@ -709,8 +717,6 @@ class Evaluation:
         if not checkpoints.all_finite(checkpoint["model"]):
             fail(variant, f"{args.evaluate!r} holds non-finite weights (NaN or infinite: the run "
                           "diverged): evaluate a checkpoint saved before it diverged")
-        global compile_mode
-        compile_mode = None
         self.args, self.checkpoint, self.scores = args, checkpoint, []
         self.device = choose_device(args, variant)
         self.video_folder = f"videos/{checkpoint['run_name']}-eval"
