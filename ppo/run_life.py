@@ -229,19 +229,20 @@ class Run:
         it."""
         return saved[self.rank] if self.world_size and saved is not None else saved
 
-    def resumed(self, *names: str) -> tuple | None:
-        """The checkpoint's `names` (this rank's), tensors on the run's device, when the run goes on
-        with the saved episodes; None for a new run, or one that starts new episodes (the script
-        then resets its environments)."""
+    def resumed(self, resumable: type[tuple]) -> tuple | None:
+        """Where the rollout stood when the checkpoint was written, as the script's `resumable`
+        NamedTuple (this rank's, tensors on the run's device), whose fields name what the
+        checkpoint holds: what `end_iteration` was given. None for a new run, or one that starts
+        new episodes (the script then resets its environments)."""
         if self.saved_envs is None:
             return None
 
         def on_device(value):
             return value.to(self.device) if torch.is_tensor(value) else value
 
-        values = [self.this_ranks(self.checkpoint[name]) for name in names]
-        return tuple(type(value)(map(on_device, value)) if isinstance(value, tuple)
-                     else on_device(value) for value in values)
+        values = [self.this_ranks(self.checkpoint[name]) for name in resumable._fields]
+        return resumable._make(tuple(map(on_device, value)) if isinstance(value, tuple)
+                               else on_device(value) for value in values)
 
     def start(self, agent: torch.nn.Module, optimizer: torch.optim.Optimizer, num_iterations: int,
               envs=None, statistics: dict | None = None, **sizes) -> int:
@@ -389,14 +390,14 @@ class Run:
               f"(last {len(returns)} episodes)", flush=True)
 
     def end_iteration(self, iteration: int, global_step: int, update_means: dict[str, float],
-                      values: np.ndarray, returns: np.ndarray, charts: dict | None = None,
-                      **rollout_state) -> None:
+                      values: np.ndarray, returns: np.ndarray, resumable: tuple | None = None,
+                      charts: dict | None = None) -> None:
         """After each update: stop the run if it diverged; log the update's `update_means` (the
         losses, the approximate KL, the clip fraction), the learning rate, the explained variance of
         the `values` the rollout recorded against their `returns`, the SPS, and the script's own
         `charts` (as charts/<name>); print the progress line; and, when due, write the checkpoint,
-        with `rollout_state` (where the environments stand, under the names a resumed run reads
-        back with `resumed`).
+        with `resumable` (where the rollout stands: the script's NamedTuple, each field under its
+        name, which `resumed` gives back).
 
         Under torchrun every rank sends rank 0 its figures and the episodes that ended, once an
         iteration: rank 0 logs the world's (the means of the ranks' means, the explained variance
@@ -434,7 +435,7 @@ class Run:
                 self.writer.add_scalar(f"charts/{name}", value, global_step)
             self.print_progress(global_step, iteration)
         if self.checkpoint_due(iteration):
-            self.save_checkpoint(iteration, global_step, rollout_state)
+            self.save_checkpoint(iteration, global_step, resumable._asdict() if resumable else {})
 
     def checkpoint_due(self, iteration: int) -> bool:
         """With --save-model: at the end, every --save-interval iterations, when --save-minutes have
