@@ -419,8 +419,8 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
                 break
 
         # [Core 12: Debug variables] averaged over this update's minibatches. run.end_iteration: a
-        # NaN stops the run; else it logs them, the explained variance of values against returns
-        # (the acted steps'), the progress line and, when due, a checkpoint (without the games).
+        # NaN stops the run; else it logs these means, the explained variance of the values against
+        # the returns (of the acted steps) and the progress line and, when due, writes a checkpoint.
         means = {key: torch.stack([s[key] for s in minibatch_stats]).mean().item()
                  for key in minibatch_stats[0]}
         run.end_iteration(iteration, global_step, means, host_values.reshape(-1)[acted_steps],

@@ -436,7 +436,7 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
     dones = np.zeros((args.num_steps, local_num_envs), dtype=np.float32)
 
     # The run starts: its logs open and, resumed, it takes back its weights, optimizer, random
-    # generators, step count and Resumable; else the environments reset on seeds not yet played.
+    # generators, step count and Resumable; otherwise the environments reset on unplayed seeds.
     Resumable = NamedTuple("Resumable", [("next_obs", np.ndarray), ("next_done", np.ndarray)])
     global_step = run.start(agent, optimizer, num_iterations, envs,
                             world_size=world_size, batch_size=batch_size,
@@ -518,8 +518,8 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
                     break
 
         # [Core 12: Debug variables] averaged over this update's minibatches. run.end_iteration: a
-        # NaN stops the run; else it logs them, the explained variance of values against returns,
-        # the progress line and, when due, a checkpoint with where the rollout stands (Resumable).
+        # NaN stops the run; else it logs these means, the explained variance of the values against
+        # the returns and the progress line and, when due, writes a checkpoint holding Resumable.
         # All ranks do this at once: a NaN or infinity on any rank stops them all, rank 0 logs the
         # world's figures, and the checkpoint holds every rank's own state.
         means = {key: torch.stack([s[key] for s in minibatch_stats]).mean().item()

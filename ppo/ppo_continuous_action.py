@@ -341,7 +341,7 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
     num_iterations = args.total_timesteps // batch_size
     # Python's, NumPy's and PyTorch's random generators start from --seed (the environments' below).
     run_life.seed_everything(args.seed, args.torch_deterministic)
-    # Networks this small run fastest on one thread: more cost more to hand work out than they save.
+    # Networks this small run fastest on one thread: more threads cost more than they save.
     torch.set_num_threads(1)
 
     envs = make_envs(args.env_id, args.num_envs, args.capture_video, run.video_folder,
@@ -366,7 +366,7 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
     dones = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
 
     # The run starts: its logs open and, resumed, it takes back its weights, optimizer, random
-    # generators, step count and Resumable; else the environments reset on seeds not yet played.
+    # generators, step count and Resumable; otherwise the environments reset on unplayed seeds.
     # The weights carry the observation statistics; the reward scaler's come back by name.
     Resumable = NamedTuple("Resumable", [("next_obs", np.ndarray),
         ("next_done", np.ndarray), ("discounted_return", np.ndarray)])
@@ -472,8 +472,8 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
                 break
 
         # [Core 12: Debug variables] averaged over this update's minibatches. run.end_iteration: a
-        # NaN stops the run; else it logs them, the explained variance of values against returns,
-        # the progress line and, when due, a checkpoint with where the rollout stands (Resumable).
+        # NaN stops the run; else it logs these means, the explained variance of the values against
+        # the returns and the progress line and, when due, writes a checkpoint holding Resumable.
         means = {key: torch.stack([s[key] for s in minibatch_stats]).mean().item()
                  for key in minibatch_stats[0]}
         run.end_iteration(iteration, global_step, means, host_values.reshape(-1),

@@ -378,8 +378,7 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
                             statistics={"reward_scaler": reward_scaler.return_rms},
                             batch_size=batch_size, minibatch_size=minibatch_size)
     next_obs, next_done = envs.reset(seed=args.seed + global_step)[0], np.zeros(args.num_envs, bool)
-    resumed = run.resumed(Resumable)
-    if resumed:
+    if resumed := run.resumed(Resumable):
         envs.games.set_state(resumed.envs)  # the games' full states, random generators included
         (next_obs, next_done, reward_scaler.discounted_return, _, envs.episode_return,
          envs.episode_length) = resumed
@@ -459,8 +458,8 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
                 break
 
         # [Core 12: Debug variables] averaged over this update's minibatches. run.end_iteration: a
-        # NaN stops the run; else it logs them, the explained variance of values against returns,
-        # the progress line and, when due, a checkpoint with where the rollout stands (Resumable).
+        # NaN stops the run; else it logs these means, the explained variance of the values against
+        # the returns and the progress line and, when due, writes a checkpoint holding Resumable.
         means = {key: torch.stack([s[key] for s in minibatch_stats]).mean().item()
                  for key in minibatch_stats[0]}
         run.end_iteration(iteration, global_step, means, host_values.reshape(-1),
