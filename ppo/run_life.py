@@ -5,7 +5,6 @@ scripts call beside it (the speed options, the evaluation, the episodes that end
 """
 
 import math
-import os
 import random
 import time
 from collections import deque
@@ -222,19 +221,9 @@ class Run:
         start_iteration, global_step = self.saved.restore(agent, optimizer, self.statistics,
                                                           self.device)
         self.finished_earlier = bool(self.checkpoint) and start_iteration >= num_iterations
-        total = f"{self.args.total_timesteps:,}"
-        if self.rank == 0 and self.finished_earlier:
-            print(f"{self.name} is already finished ({global_step:,} of {total} steps): evaluate "
-                  f"it with: python ppo/{self.variant}.py --evaluate {self.checkpoint_path}")
-        # the start line: what runs where, and where its logs and checkpoint go
-        elif self.rank == 0:
-            saved = (self.checkpoint_path if self.args.save_model
-                     else "none (--save-model keeps one)")
-            new_episodes = " (with new episodes)" if self.saved_envs is None else ""
-            print((f"resuming {self.name} at step {global_step:,} of {total}" + new_episodes
-                   if self.checkpoint else f"{self.name}: {total} steps")
-                  + f" on {self.device}\n  logs in {self.folder}/ (tensorboard --logdir "
-                  f"{os.path.dirname(self.folder) or '.'}), checkpoint: {saved}", flush=True)
+        if self.rank == 0:
+            self.logs.say_start(global_step, self.finished_earlier, self.checkpoint_path,
+                                self.saved_envs is None, self.device)
         self.loop.begin(start_iteration, num_iterations, global_step)
         return global_step
 
@@ -313,14 +302,6 @@ class Run:
             self.loop.interrupt.restore()
         stopping = self.loop.stopping
         if self.rank == 0 and not self.finished_earlier:  # start() said that it was finished
-            if stopping:
-                how = (f"resume with the same launch command and --resume {self.checkpoint_path}"
-                       if self.world_size else
-                       f"resume with: python ppo/{self.variant}.py --resume {self.checkpoint_path}")
-                print(f"stopped at step {global_step:,}; " + (how if self.args.save_model else
-                      "no checkpoint written (run with --save-model to be able to resume)"))
-            elif self.args.save_model:
-                print(f"checkpoint: {self.checkpoint_path}\nevaluate it with: python "
-                      f"ppo/{self.variant}.py --evaluate {self.checkpoint_path}")
+            self.logs.say_end(global_step, stopping, self.checkpoint_path, bool(self.world_size))
         return {"run_name": self.name, "global_step": global_step, "interrupted": stopping,
                 "recent_returns": list(self.loop.recent_returns), **summary}

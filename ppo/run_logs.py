@@ -131,6 +131,35 @@ class RunLogs:
         self.writer.add_text("versions",
                              text_table("package", "version", software_versions(self.env_package)))
 
+    def say_start(self, global_step: int, finished: bool, checkpoint_path: str,
+                  new_episodes: bool, device) -> None:
+        """The start line: what runs where, and where its logs and checkpoint go; or that a resumed
+        run is already `finished`."""
+        total = f"{self.args.total_timesteps:,}"
+        if finished:
+            print(f"{self.name} is already finished ({global_step:,} of {total} steps): evaluate "
+                  f"it with: python ppo/{self.variant}.py --evaluate {checkpoint_path}")
+            return
+        saved = checkpoint_path if self.args.save_model else "none (--save-model keeps one)"
+        new_episodes = " (with new episodes)" if new_episodes else ""
+        print((f"resuming {self.name} at step {global_step:,} of {total}" + new_episodes
+               if self.checkpoint else f"{self.name}: {total} steps")
+              + f" on {device}\n  logs in {self.folder}/ (tensorboard --logdir "
+              f"{os.path.dirname(self.folder) or '.'}), checkpoint: {saved}", flush=True)
+
+    def say_end(self, global_step: int, stopped: bool, checkpoint_path: str,
+                torchrun: bool) -> None:
+        """What comes next: how to resume a `stopped` run, or where its checkpoint is."""
+        if stopped:
+            how = (f"resume with the same launch command and --resume {checkpoint_path}"
+                   if torchrun else
+                   f"resume with: python ppo/{self.variant}.py --resume {checkpoint_path}")
+            print(f"stopped at step {global_step:,}; " + (how if self.args.save_model else
+                  "no checkpoint written (run with --save-model to be able to resume)"))
+        elif self.args.save_model:
+            print(f"checkpoint: {checkpoint_path}\nevaluate it with: python "
+                  f"ppo/{self.variant}.py --evaluate {checkpoint_path}")
+
     def log_episode(self, global_step: int, score: float, length: int) -> None:
         self.writer.add_scalar("charts/episodic_return", score, global_step)
         self.writer.add_scalar("charts/episodic_length", length, global_step)
