@@ -31,7 +31,7 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
 
 
 # Run folders this process claimed that hold nothing of a run yet: nothing, or the header of its
-# logs (the settings and releases), until its first iteration ends (run_life.claim_run_folder adds
+# logs (the settings and releases), until its first iteration ends (run_logs.claim_run_folder adds
 # them, Run.open_logs gives each the call that closes its logs, Run.end_iteration empties them).
 # Wrong input found after the claim, such as an environment that cannot be made or a first
 # observation or action mask the script refuses, closes the logs and removes the folders with what

@@ -419,9 +419,8 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
                 break
 
         # [Core 12: Debug variables] averaged over this update's minibatches. run.end_iteration: a
-        # NaN stops the run in one line; else it logs these means and the explained variance of the
-        # values against the returns, prints the progress line and, when due, writes a checkpoint
-        # (the values and returns of the acted steps only; no games, which cannot be saved).
+        # NaN stops the run; else it logs these means, the explained variance of the values against
+        # the returns (of the acted steps) and the progress line and, when due, writes a checkpoint.
         means = {key: torch.stack([s[key] for s in minibatch_stats]).mean().item()
                  for key in minibatch_stats[0]}
         run.end_iteration(iteration, global_step, means, host_values.reshape(-1)[acted_steps],

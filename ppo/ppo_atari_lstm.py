@@ -15,7 +15,7 @@ beside this file, written once for every script: copy them along with it.
 """
 
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, NamedTuple
 
 import gymnasium as gym
 import numpy as np
@@ -396,13 +396,12 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
     dones = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
 
     # The run starts: its logs open and, resumed, it takes back its weights, optimizer, random
-    # generators and step count. The environments go on where the checkpoint left them, or are
-    # reset on seeds that a resumed run has not played yet.
+    # generators, step count and Resumable; otherwise the environments reset on unplayed seeds.
+    Resumable = NamedTuple("Resumable", [("next_obs", np.ndarray), ("next_done", np.ndarray),
+                                         ("next_lstm_state", tuple)])  # the memory before next_obs
     global_step = run.start(agent, optimizer, num_iterations, envs,
                             batch_size=batch_size, minibatch_size=minibatch_size)
-    # with the LSTM state before the next observation: zeros at first, or the checkpoint's memory
-    next_obs, next_done, next_lstm_state = run.resumed("next_obs", "next_done",
-                                                       "next_lstm_state") or (
+    next_obs, next_done, next_lstm_state = run.resumed(Resumable) or (
         envs.reset(seed=args.seed + global_step)[0], np.zeros(args.num_envs, dtype=bool),
         agent.initial_state(args.num_envs, device))
 
@@ -494,14 +493,12 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
                 break
 
         # [Core 12: Debug variables] averaged over this update's minibatches. run.end_iteration: a
-        # NaN stops the run in one line; else it logs these means and the explained variance of the
-        # values against the returns, prints the progress line and, when due, writes a checkpoint
-        # with the rollout's state passed by name (what run.resumed reads back).
+        # NaN stops the run; else it logs these means, the explained variance of the values against
+        # the returns and the progress line and, when due, writes a checkpoint holding Resumable.
         means = {key: torch.stack([s[key] for s in minibatch_stats]).mean().item()
                  for key in minibatch_stats[0]}
         run.end_iteration(iteration, global_step, means, host_values.reshape(-1),
-                          returns.reshape(-1), next_obs=next_obs, next_done=next_done,
-                          next_lstm_state=next_lstm_state)
+                          returns.reshape(-1), Resumable(next_obs, next_done, next_lstm_state))
 
     envs.close()
     return run.finish(global_step, agent=agent)

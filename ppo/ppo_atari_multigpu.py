@@ -19,7 +19,7 @@ beside this file, written once for every script: copy them along with it.
 
 import os
 from dataclasses import dataclass, field
-from typing import Annotated, Literal
+from typing import Annotated, Literal, NamedTuple
 
 import gymnasium as gym
 import numpy as np
@@ -436,13 +436,13 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
     dones = np.zeros((args.num_steps, local_num_envs), dtype=np.float32)
 
     # The run starts: its logs open and, resumed, it takes back its weights, optimizer, random
-    # generators and step count. The environments go on where the checkpoint left them, or are
-    # reset on seeds that a resumed run has not played yet.
+    # generators, step count and Resumable; otherwise the environments reset on unplayed seeds.
+    Resumable = NamedTuple("Resumable", [("next_obs", np.ndarray), ("next_done", np.ndarray)])
     global_step = run.start(agent, optimizer, num_iterations, envs,
                             world_size=world_size, batch_size=batch_size,
                             local_batch_size=local_batch_size,
                             local_minibatch_size=local_minibatch_size)
-    next_obs, next_done = run.resumed("next_obs", "next_done") or (
+    next_obs, next_done = run.resumed(Resumable) or (
         envs.reset(seed=args.seed + rank * local_num_envs + global_step)[0],
         np.zeros(local_num_envs, dtype=bool))
 
@@ -518,15 +518,14 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
                     break
 
         # [Core 12: Debug variables] averaged over this update's minibatches. run.end_iteration: a
-        # NaN stops the run in one line; else it logs these means and the explained variance of the
-        # values against the returns, prints the progress line and, when due, writes a checkpoint
-        # with the rollout's state passed by name (what run.resumed reads back). All ranks do this
-        # at once: a NaN or infinity on any rank stops them all, rank 0 logs the world's figures,
-        # and the checkpoint holds every rank's own state.
+        # NaN stops the run; else it logs these means, the explained variance of the values against
+        # the returns and the progress line and, when due, writes a checkpoint holding Resumable.
+        # All ranks do this at once: a NaN or infinity on any rank stops them all, rank 0 logs the
+        # world's figures, and the checkpoint holds every rank's own state.
         means = {key: torch.stack([s[key] for s in minibatch_stats]).mean().item()
                  for key in minibatch_stats[0]}
         run.end_iteration(iteration, global_step, means, host_values.reshape(-1),
-                          returns.reshape(-1), next_obs=next_obs, next_done=next_done)
+                          returns.reshape(-1), Resumable(next_obs, next_done))
 
     envs.close()
     if world_size > 1:

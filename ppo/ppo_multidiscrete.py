@@ -22,6 +22,7 @@ beside this file, written once for every script: copy them along with it.
 import functools
 import sys
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import gymnasium as gym
 import numpy as np
@@ -449,8 +450,7 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
     num_iterations = args.total_timesteps // batch_size
     # Python's, NumPy's and PyTorch's random generators start from --seed (the environments' below).
     run_life.seed_everything(args.seed, args.torch_deterministic)
-    # Networks this small run fastest on one thread: more threads cost more in handing work out than
-    # they save.
+    # Networks this small run fastest on one thread: more threads cost more than they save.
     torch.set_num_threads(1)
 
     envs = make_envs(args.env_id, args.num_envs, args.capture_video, run.video_folder,
@@ -473,15 +473,15 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
     dones = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
 
     # The run starts: its logs open and, resumed, it takes back its weights, optimizer, random
-    # generators and step count. The environments go on where the checkpoint left them, or are
-    # reset on seeds that a resumed run has not played yet.
+    # generators, step count and Resumable; otherwise the environments reset on unplayed seeds.
+    Resumable = NamedTuple("Resumable", [("next_obs", np.ndarray),
+        ("next_mask", np.ndarray), ("next_done", np.ndarray)])
     global_step = run.start(agent, optimizer, num_iterations, envs,
                             batch_size=batch_size, minibatch_size=minibatch_size)
-    resumed = run.resumed("next_obs", "next_mask", "next_done")
-    if resumed is None:
+    next_obs, next_mask, next_done = run.resumed(Resumable) or (None, None, None)
+    if next_obs is None:
         next_obs, infos = envs.reset(seed=args.seed + global_step)
-        resumed = next_obs, infos["action_mask"], np.zeros(args.num_envs, dtype=bool)
-    next_obs, next_mask, next_done = resumed
+        next_mask, next_done = infos["action_mask"], np.zeros(args.num_envs, dtype=bool)
 
     for iteration in run.iterations():  # resumed: from the checkpoint's; a stop signal ends them
         # [Core 4: Adam learning rate annealing] linearly from learning_rate toward 0, reached at
@@ -502,9 +502,8 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
                 action = agent.get_action(torch.as_tensor(next_obs, dtype=torch.float32,
                                                           device=device),
                                           torch.as_tensor(next_mask, device=device))
-            # [Speed: one host transfer per step] the sampled action is the only thing the rollout
-            # brings back from the device; log-probabilities and values wait for the batched pass
-            # below.
+            # [Speed: one host transfer per step] the sampled action is all the rollout brings back
+            # from the device; log-probabilities and values wait for the batched pass below.
             actions[step] = action.cpu().numpy()
 
             next_obs, reward, terminations, truncations, infos = envs.step(actions[step])
@@ -569,15 +568,13 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
                 break
 
         # [Core 12: Debug variables] averaged over this update's minibatches. run.end_iteration: a
-        # NaN stops the run in one line; else it logs these means and the explained variance of the
-        # values against the returns, prints the progress line and, when due, writes a checkpoint
-        # with the rollout's state passed by name (what run.resumed reads back).
+        # NaN stops the run; else it logs these means, the explained variance of the values against
+        # the returns and the progress line and, when due, writes a checkpoint holding Resumable.
         means = {key: torch.stack([s[key] for s in minibatch_stats]).mean().item()
                  for key in minibatch_stats[0]}
         run.end_iteration(iteration, global_step, means, host_values.reshape(-1),
-                          returns.reshape(-1), charts={
-                              "invalid_action_rate": ruled_out_share(actions, masks, nvec)},
-                          next_obs=next_obs, next_mask=next_mask, next_done=next_done)
+                          returns.reshape(-1), Resumable(next_obs, next_mask, next_done), charts={
+                              "invalid_action_rate": ruled_out_share(actions, masks, nvec)})
 
     envs.close()
     return run.finish(global_step, agent=agent)

@@ -16,7 +16,7 @@ beside this file, written once for every script: copy them along with it.
 import contextlib
 import io
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, NamedTuple
 
 import gymnasium as gym
 import numpy as np
@@ -371,16 +371,17 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
     # The run starts: its logs open and, resumed, it takes back its weights, optimizer, random
     # generators, step count and reward statistics. Procgen builds its games anew at a reset (on
     # seeds a resumed run has not played); a resumed run then puts back the episodes it left.
+    Resumable = NamedTuple("Resumable", [("next_obs", np.ndarray), ("next_done", np.ndarray),
+        ("discounted_return", np.ndarray), ("envs", list), ("episode_return", np.ndarray),
+        ("episode_length", np.ndarray)])
     global_step = run.start(agent, optimizer, num_iterations,
                             statistics={"reward_scaler": reward_scaler.return_rms},
                             batch_size=batch_size, minibatch_size=minibatch_size)
     next_obs, next_done = envs.reset(seed=args.seed + global_step)[0], np.zeros(args.num_envs, bool)
-    resumed = run.resumed("next_obs", "next_done", "episode_return", "episode_length",
-                          "discounted_return")
-    if resumed:
-        envs.games.set_state(run.saved_envs)  # the games' full states, random generators included
-        (next_obs, next_done, envs.episode_return, envs.episode_length,
-         reward_scaler.discounted_return) = resumed
+    if resumed := run.resumed(Resumable):
+        envs.games.set_state(resumed.envs)  # the games' full states, random generators included
+        (next_obs, next_done, reward_scaler.discounted_return, _, envs.episode_return,
+         envs.episode_length) = resumed
 
     for iteration in run.iterations():  # resumed: from the checkpoint's; a stop signal ends them
         # [Core 4: Adam learning rate annealing] off by default here ([Procgen 1]); when on,
@@ -457,17 +458,15 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
                 break
 
         # [Core 12: Debug variables] averaged over this update's minibatches. run.end_iteration: a
-        # NaN stops the run in one line; else it logs these means and the explained variance of the
-        # values against the returns, prints the progress line and, when due, writes a checkpoint
-        # with the rollout's state passed by name (what run.resumed reads back).
+        # NaN stops the run; else it logs these means, the explained variance of the values against
+        # the returns and the progress line and, when due, writes a checkpoint holding Resumable.
         means = {key: torch.stack([s[key] for s in minibatch_stats]).mean().item()
                  for key in minibatch_stats[0]}
         run.end_iteration(iteration, global_step, means, host_values.reshape(-1),
-                          returns.reshape(-1), next_obs=next_obs, next_done=next_done,
-                          discounted_return=reward_scaler.discounted_return,
-                          # a recording run's games are not saved: a resumed one starts new ones
-                          envs=None if args.capture_video else envs.games.get_state(),
-                          episode_return=envs.episode_return, episode_length=envs.episode_length)
+                          returns.reshape(-1), Resumable(  # a recording run's games are not saved
+                              next_obs, next_done, reward_scaler.discounted_return,
+                              None if args.capture_video else envs.games.get_state(),
+                              envs.episode_return, envs.episode_length))
 
     envs.close()
     return run.finish(global_step, agent=agent, reward_scaler=reward_scaler)

@@ -259,13 +259,14 @@ def run_unbroken_and_interrupted_in_process(main, args, workdir: Path, env_class
 
 @contextlib.contextmanager
 def clock_of_the_steps(env_class: type, seconds_per_step: float = 1 / 1024, step_method: str = "step"):
-    """Within the block, the runs (ppo/run_life.py) read the time from a clock that stands still except in
+    """Within the block, the runs (ppo/run_life.py, ppo/run_logs.py) read the time from a clock that stands still except in
     `env_class.step` (or `step_method`), each call of which advances it by `seconds_per_step` (1/1024 s:
     a power of 2, the sums stay exact), so the steps per second that a run logs are a known figure, not
     a measurement."""
     import types
 
-    import run_life  # where the scripts' runs read the clock
+    import run_life  # where the scripts' runs read the clock (run_logs: for the run's name)
+    import run_logs
 
     original_step, now = getattr(env_class, step_method), 1_700_000_000.0
 
@@ -276,15 +277,16 @@ def clock_of_the_steps(env_class: type, seconds_per_step: float = 1 / 1024, step
 
     setattr(env_class, step_method, step_and_tick)
     original_time = run_life.time
-    run_life.time = types.SimpleNamespace(time=lambda: now, monotonic=original_time.monotonic)
+    run_life.time = run_logs.time = types.SimpleNamespace(time=lambda: now,
+                                                          monotonic=original_time.monotonic)
     try:
         yield
     finally:
         setattr(env_class, step_method, original_step)
-        run_life.time = original_time
+        run_life.time = run_logs.time = original_time
 
 
-# The progress line of ppo/run_life.py's Run.print_progress, and its numbers: step, total, SPS.
+# The progress line of ppo/run_life.py's Iterations.print_progress, and its numbers: step, total, SPS.
 PROGRESS_LINE = re.compile(r"^step +([\d,]+)/([\d,]+) \| +([\d,]+) SPS \| \d+:\d\d:\d\d elapsed, (?:\d+:\d\d:\d\d|\?) "
                            r"left \| mean return +(?:-?[\d.]+|n/a) \(last \d+ episodes\)$", re.MULTILINE)
 

@@ -244,13 +244,15 @@ def test_a_refusal_after_the_run_folder_is_made_leaves_nothing_behind(script, ca
 
     writers = []
 
-    class Writer(module.run_life.SummaryWriter):
+    import run_logs  # where the run opens its TensorBoard writer
+
+    class Writer(run_logs.SummaryWriter):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             writers.append(self)
 
     monkeypatch.setattr(module, "make_envs", refusing_the_first_reset)
-    monkeypatch.setattr(module.run_life, "SummaryWriter", Writer)
+    monkeypatch.setattr(run_logs, "SummaryWriter", Writer)
     expect_usage_error(capsys, lambda: run_command(module, ["--num-envs", "4", "--no-cuda"]), f"{script}.py",
                        "the first observation is refused")
     assert len(folders_at_the_refusal) == 1  # the run had started: its folder and its log were there

@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import ppo  # noqa: F401  (puts ppo/ on the path, for `import run_life`)
-import run_life  # the scripts' run machinery: how a run writes its text tables
+import ppo  # noqa: F401  (puts ppo/ on the path, for `import run_logs`)
+import run_logs  # the scripts' run logs: how a run writes its text tables
 from benchmark import report
 from benchmark import local, run_plan
 from conftest import (FAKE_SCRIPT, HUNG_AFTER, REPO, SLOW_PPO, SLOW_RUNS, assert_quick_runs_finished, assert_same_final_weights,
@@ -370,9 +370,9 @@ def write_run(runs_dir: Path, env_id: str, exp_name: str, seed: int, started: in
         writer = SummaryWriter(str(run_dir), purge_step=first_step + 1 if first_step else None)
     params = {"exp_name": exp_name, "seed": seed, "env_id": env_id, "total_timesteps": total_timesteps,
               "batch_size": batch_size}
-    writer.add_text("hyperparameters", run_life.text_table("param", "value", params), walltime=began)
+    writer.add_text("hyperparameters", run_logs.text_table("param", "value", params), walltime=began)
     if versions is not None:
-        writer.add_text("versions", run_life.text_table("package", "version", versions), walltime=began)
+        writer.add_text("versions", run_logs.text_table("package", "version", versions), walltime=began)
     for step, value in episodes:
         writer.add_scalar("charts/episodic_return", value, step, walltime=began + (step - first_step) * seconds_per_step)
     last_step = total_timesteps if last_step is None else last_step

@@ -1,7 +1,7 @@
 """The layout of ppo/: scripts that import the run machinery, never the other way round.
 
 Each script holds PPO and its variant's idea; the run machinery (command_line, checkpoints,
-run_life, videos, exits) holds what is not PPO, one concern a module, and knows no variant. Imports go one
+run_life and the parts of the run it puts together, videos, exits) holds what is not PPO, one concern a module, and knows no variant. Imports go one
 way: from a script to the modules, never from a module to a script, never from one script to
 another, and among the modules in one order (exits at the bottom), so that each can be read, and
 copied, with only what it stands on. Beside them, atari_wrappers holds the two Atari wrappers that
@@ -28,7 +28,13 @@ SCRIPTS = sorted(path.stem for path in PPO.glob("ppo*.py"))
 # The run machinery, each module above the ones it may import.
 MODULES = {"exits": set(), "videos": set(), "checkpoints": {"exits"},
            "command_line": {"exits", "checkpoints"},
-           "run_life": {"exits", "checkpoints", "command_line", "videos"},
+           "stop_signals": {"exits"}, "world": {"exits"},
+           "run_logs": {"exits", "stop_signals"},
+           "run_checkpoint": {"checkpoints", "world"},
+           "speed_options": {"exits", "checkpoints", "command_line"},
+           "evaluation": {"exits", "checkpoints", "command_line", "videos", "world"},
+           "run_life": {"exits", "checkpoints", "command_line", "videos", "stop_signals", "world",
+                        "run_logs", "run_checkpoint", "speed_options", "evaluation"},
            # not run machinery: what ale-py's games need and gymnasium lacks, as CleanRL's Atari
            # scripts import it from Stable-Baselines3
            "atari_wrappers": set(),

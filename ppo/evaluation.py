@@ -1,0 +1,96 @@
+"""--evaluate: a saved agent plays episodes, each score printed as its episode ends, then their
+mean; and the episodes that ended in a step of a vector environment, as training records them
+too."""
+
+from typing import Callable
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+import checkpoints
+import command_line
+import videos
+from exits import fail
+from world import choose_device
+
+
+def finished_episodes(infos: dict) -> list[tuple[float, int]]:
+    """(score, length) of every episode that ended in this step of a vector environment, as
+    gymnasium's RecordEpisodeStatistics reports it (at the real end: the Atari wrappers put it below
+    the lost-life and reward-clipping ones); the vector env files the report of a step that ended
+    an episode under `final_info`."""
+    final = infos.get("final_info", {})
+    if "episode" not in final:
+        return []
+    return [(float(final["episode"]["r"][i]), int(final["episode"]["l"][i]))
+            for i in np.flatnonzero(final["_episode"])]
+
+
+
+class Evaluation:
+    """--evaluate: the flags checked, the device, the videos' folder and the seeds of an evaluation,
+    the saved agent (`load`), and the episodes it plays (`play`), each score printed as the episode
+    ends and their mean and standard deviation at the end."""
+
+    def __init__(self, args, variant: str, checkpoint: dict):
+        command_line.check_args(args, variant)
+        if not checkpoints.all_finite(checkpoint["model"]):
+            fail(variant, f"{args.evaluate!r} holds non-finite weights (NaN or infinite: the run "
+                          "diverged): evaluate a checkpoint saved before it diverged")
+        self.args, self.checkpoint, self.scores = args, checkpoint, []
+        self.device = choose_device(args, variant)
+        self.video_folder = f"videos/{checkpoint['run_name']}-eval"
+        if args.capture_video:
+            videos.render_off_screen()
+        # Seeds unlike any training seed, so the scores come from episodes the agent never trained
+        # on.
+        self.seed = args.seed + 100_000
+
+    def load(self, agent: torch.nn.Module) -> torch.nn.Module:
+        """The agent with the checkpoint's weights (and whatever else its state_dict holds), on the
+        device, its actions drawn from --seed."""
+        agent.load_state_dict(self.checkpoint["model"])
+        agent.to(self.device).eval()
+        torch.manual_seed(self.args.seed)
+        return agent
+
+    def play(self, envs: gym.vector.VectorEnv, policy: Callable, state=None,
+             infos_too: bool = False) -> list[float]:
+        """Play --eval-episodes episodes in `envs` (one environment, reset on the evaluation's seed)
+        with `policy(obs, done)`, which returns the actions for an observation (`done`: whether the
+        step before it ended an episode, as training's next_done). A recurrent policy is given its
+        `state` too, from the one passed here, and returns its next state with the actions; a
+        policy that reads the environments' infos (an action mask), with `infos_too`, is given
+        them. Each episode's score is what RecordEpisodeStatistics reports (`finished_episodes`).
+        Returns the scores."""
+        obs, infos = envs.reset(seed=self.seed)
+        done = np.zeros(envs.num_envs, dtype=bool)
+        while self.playing:
+            with torch.inference_mode():
+                if state is not None:
+                    action, state = policy(obs, done, state)
+                else:
+                    action = policy(obs, done, infos) if infos_too else policy(obs, done)
+            obs, _, terminated, truncated, infos = envs.step(action)
+            done = terminated | truncated
+            for score, length in finished_episodes(infos):
+                self.episode_ended(score, length)
+        envs.close()
+        return self.report()
+
+    @property
+    def playing(self) -> bool:
+        return len(self.scores) < self.args.eval_episodes
+
+    def episode_ended(self, score: float, length: int | None = None) -> None:
+        self.scores.append(float(score))
+        print(f"episode {len(self.scores)}: return {score:.1f}"
+              + ("" if length is None else f" ({length} steps)"))
+
+    def report(self) -> list[float]:
+        print(f"{self.args.env_id}: mean return {np.mean(self.scores):.2f} +- "
+              f"{np.std(self.scores):.2f} over {len(self.scores)} episodes")
+        if self.args.capture_video:
+            print(f"videos in {self.video_folder}/")
+        return self.scores

@@ -1,0 +1,193 @@
+"""A run's name, folder and logs: runs/<name>/ claimed for it, TensorBoard's log there (and, with
+--track, a W&B run that mirrors it), opened with the settings and the software's releases as tables,
+what the run logs into it, and its closing."""
+
+import contextlib
+import os
+import sys
+import time
+from typing import NoReturn
+
+from torch.utils.tensorboard import SummaryWriter
+
+from exits import UNUSED_RUN_FOLDERS, fail
+from stop_signals import StopOnInterrupt
+
+
+def text_table(key_header: str, value_header: str, rows: dict) -> str:
+    """A two-column markdown table, as the run logs its settings and releases to TensorBoard's text
+    tab (benchmark/report.py reads them back)."""
+    rows_text = "\n".join(f"|{key}|{value}|" for key, value in rows.items())
+    return f"|{key_header}|{value_header}|\n|-|-|\n" + rows_text
+
+
+# The packages whose release can change what any run learns. A script names its environments' own
+# package too (Run's `env_package`): MuJoCo 3.5.0, for one, changed Hopper's contacts.
+CORE_PACKAGES = ("torch", "gymnasium", "numpy")
+
+
+def software_versions(env_package: str | None) -> dict[str, str]:
+    """{package: release} of Python, the CORE_PACKAGES and `env_package` (those installed), for the
+    run's `versions` text in TensorBoard (benchmark/report.py lists them beside the results)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    releases = {"python": sys.version.split()[0]}
+    for distribution in CORE_PACKAGES + ((env_package,) if env_package else ()):
+        with contextlib.suppress(PackageNotFoundError):
+            releases[distribution] = version(distribution)
+    return releases
+
+
+def claim_run_folder(name: str, variant: str) -> str:
+    """Make runs/<name> and return the name. os.mkdir is atomic: of two runs started in the same
+    second with the same settings (a tuner's workers, a shell loop), one makes the folder and the
+    other finds it taken, and takes <name>-2 (or -3, ...) instead, and says so: two runs never share
+    a folder. Until the run's first iteration ends, `fail` removes it (exits.UNUSED_RUN_FOLDERS)."""
+    def cannot_write(error: OSError) -> NoReturn:  # `runs` is a file, or a folder we may not write
+        fail(variant, f"cannot write the run's logs to {os.path.join('runs', name)!r} "
+                      f"({error.strerror}): start the run in a folder where it can create runs/, "
+                      "or remove what is in the way")
+
+    try:
+        os.makedirs("runs", exist_ok=True)
+    except OSError as error:
+        cannot_write(error)
+    for attempt in range(1, 1000):
+        candidate = name if attempt == 1 else f"{name}-{attempt}"
+        try:
+            os.mkdir(os.path.join("runs", candidate))
+        except FileExistsError:
+            continue
+        except OSError as error:
+            cannot_write(error)
+        UNUSED_RUN_FOLDERS[os.path.join("runs", candidate)] = None
+        if attempt > 1:
+            print(f"runs/{name} is another run's (started in the same second): this run is "
+                  f"{candidate}", flush=True)
+        return candidate
+    fail(variant, f"runs/{name} and its next 998 alternatives are all taken: clean up runs/")
+
+
+class RunLogs:
+    """The logs of one run, written by rank 0 only. A new run is named
+    `<env_id>__<exp_name>__<seed>__<unix time>` and keeps its TensorBoard log and checkpoint in
+    runs/<name>/. A resumed run (`checkpoint`) keeps its name and goes on in the folder of the
+    checkpoint it was given, from wherever it is started. `env_package` is the package the script's
+    environments come from, whose release the logs record with PyTorch's, gymnasium's and
+    NumPy's."""
+
+    def __init__(self, args, variant: str, checkpoint: dict | None, rank: int = 0,
+                 env_package: str | None = None):
+        self.args, self.variant, self.checkpoint, self.rank, self.env_package = \
+            args, variant, checkpoint, rank, env_package
+        if checkpoint:
+            self.name, self.folder = checkpoint["run_name"], os.path.dirname(args.resume) or "."
+        # ALE/Pong-v5 -> ALE-Pong-v5, mymodule:MyEnv-v0 -> mymodule-MyEnv-v0: the name is a folder's
+        else:
+            env_name = args.env_id.replace("/", "-").replace(":", "-")
+            self.name = f"{env_name}__{args.exp_name}__{args.seed}__{int(time.time())}"
+            if rank == 0:  # the process that writes the logs and checkpoints claims their folder
+                self.name = claim_run_folder(self.name, variant)
+            self.folder = f"runs/{self.name}"
+        self.writer = None
+
+    def check_track(self) -> None:
+        """With --track: refuse the run now, before anything is built, if wandb is missing (W&B
+        starts in `open`)."""
+        if self.args.track:
+            try:
+                import wandb  # noqa: F401
+            except ImportError:
+                fail(self.variant, "--track needs wandb: pip install wandb")
+
+    def open(self, settings: dict) -> None:
+        """The run's TensorBoard writer (and, with --track, a W&B run that mirrors it), with the
+        `settings` as a table; none on ranks other than 0. After a resume, TensorBoard drops
+        whatever the interrupted run logged past the checkpoint (purge_step)."""
+        if self.rank != 0:
+            return
+        if self.args.track:
+            import wandb
+
+            try:
+                wandb.init(project=self.args.wandb_project_name, entity=self.args.wandb_entity,
+                           sync_tensorboard=True, config=settings, name=self.name, id=self.name,
+                           resume="allow", save_code=True)
+            except wandb.errors.Error as error:  # no API key, no network
+                fail(self.variant, "--track could not start Weights & Biases "
+                                   f"({str(error).splitlines()[0]}): log in with `wandb login`, or "
+                                   "set WANDB_MODE=offline to keep the run on this machine")
+        try:
+            os.makedirs(self.folder, exist_ok=True)
+            purge_step = self.checkpoint["global_step"] + 1 if self.checkpoint else None
+            self.writer = SummaryWriter(self.folder, purge_step=purge_step)
+            if self.folder in UNUSED_RUN_FOLDERS:  # a new run's: a refusal closes it first
+                UNUSED_RUN_FOLDERS[self.folder] = self.writer.close
+        except OSError as error:  # `runs` is a file, or a folder this user may not write to
+            fail(self.variant, f"cannot write the run's logs to {self.folder!r} "
+                               f"({error.strerror}): start the run in a folder where it can create "
+                               "runs/, or remove what is in the way")
+        self.writer.add_text("hyperparameters", text_table("param", "value", settings))
+        self.writer.add_text("versions",
+                             text_table("package", "version", software_versions(self.env_package)))
+
+    def say_start(self, global_step: int, finished: bool, checkpoint_path: str,
+                  new_episodes: bool, device) -> None:
+        """The start line: what runs where, and where its logs and checkpoint go; or that a resumed
+        run is already `finished`."""
+        total = f"{self.args.total_timesteps:,}"
+        if finished:
+            print(f"{self.name} is already finished ({global_step:,} of {total} steps): evaluate "
+                  f"it with: python ppo/{self.variant}.py --evaluate {checkpoint_path}")
+            return
+        saved = checkpoint_path if self.args.save_model else "none (--save-model keeps one)"
+        new_episodes = " (with new episodes)" if new_episodes else ""
+        print((f"resuming {self.name} at step {global_step:,} of {total}" + new_episodes
+               if self.checkpoint else f"{self.name}: {total} steps")
+              + f" on {device}\n  logs in {self.folder}/ (tensorboard --logdir "
+              f"{os.path.dirname(self.folder) or '.'}), checkpoint: {saved}", flush=True)
+
+    def say_end(self, global_step: int, stopped: bool, checkpoint_path: str,
+                torchrun: bool) -> None:
+        """What comes next: how to resume a `stopped` run, or where its checkpoint is."""
+        if stopped:
+            how = (f"resume with the same launch command and --resume {checkpoint_path}"
+                   if torchrun else
+                   f"resume with: python ppo/{self.variant}.py --resume {checkpoint_path}")
+            print(f"stopped at step {global_step:,}; " + (how if self.args.save_model else
+                  "no checkpoint written (run with --save-model to be able to resume)"))
+        elif self.args.save_model:
+            print(f"checkpoint: {checkpoint_path}\nevaluate it with: python "
+                  f"ppo/{self.variant}.py --evaluate {checkpoint_path}")
+
+    def log_episode(self, global_step: int, score: float, length: int) -> None:
+        self.writer.add_scalar("charts/episodic_return", score, global_step)
+        self.writer.add_scalar("charts/episodic_length", length, global_step)
+
+    def log_update(self, global_step: int, learning_rate: float, update_means: dict[str, float],
+                   explained_variance: float, steps_per_second: int, charts: dict | None) -> None:
+        """An iteration's figures: the learning rate, the update's means (the losses, the
+        approximate KL, the clip fraction), the explained variance, the SPS and the script's own
+        `charts` (as charts/<name>)."""
+        self.writer.add_scalar("charts/learning_rate", learning_rate, global_step)
+        for key in ("value_loss", "policy_loss", "entropy", "old_approx_kl", "approx_kl",
+                    "clipfrac"):
+            self.writer.add_scalar(f"losses/{key}", update_means[key], global_step)
+        self.writer.add_scalar("losses/explained_variance", explained_variance, global_step)
+        self.writer.add_scalar("charts/SPS", steps_per_second, global_step)
+        for name, value in (charts or {}).items():
+            self.writer.add_scalar(f"charts/{name}", value, global_step)
+
+    def close(self) -> None:
+        """Flush and close TensorBoard's log and, with --track, the W&B run."""
+        self.writer.close()
+        if self.args.track:
+            import wandb
+
+            # wandb.finish() takes seconds, and a Ctrl-C inside it crashes W&B's service and loses
+            # the run's upload: a first Ctrl-C here only says so, a second one abandons the upload.
+            print("saving the W&B run...", flush=True)
+            still_saving = StopOnInterrupt("{signal}: W&B is still saving the run ({again} to "
+                                           "abandon it)")
+            wandb.finish()
+            still_saving.restore()
