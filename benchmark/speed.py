@@ -118,13 +118,13 @@ def raw_env_speed(script, env_id: str, num_envs: int, seconds: float) -> tuple[f
 def training_speed(script, args, warmup_iterations: int) -> tuple[float, float, int]:
     """(wall, CPU) environment steps per second of `script.main(args)` from the end of iteration
     `warmup_iterations` (0: the start of training) to the end of the run, and the number of steps
-    measured. The clocks are read when the script opens its writer (ppo/run_life.py's Run.open_logs) and
+    measured. The clocks are read when the script opens its writer (ppo/run_logs.py's RunLogs) and
     whenever it logs charts/SPS, which every script does once per iteration."""
-    import run_life  # the scripts' run machinery, importable once a script is
+    import run_logs  # the scripts' run machinery (their logs), importable once a script is
 
     marks = []  # (global_step, wall, CPU): at the start of training, then at the end of each iteration
 
-    class ClockedWriter(run_life.SummaryWriter):
+    class ClockedWriter(run_logs.SummaryWriter):
         def __init__(self, *options, **named_options):
             super().__init__(*options, **named_options)
             marks.append((0, time.perf_counter(), time.process_time()))
@@ -134,15 +134,15 @@ def training_speed(script, args, warmup_iterations: int) -> tuple[float, float, 
                 marks.append((global_step, time.perf_counter(), time.process_time()))
             return super().add_scalar(tag, value, global_step, *rest, **options)
 
-    previous_directory, previous_writer = os.getcwd(), run_life.SummaryWriter
+    previous_directory, previous_writer = os.getcwd(), run_logs.SummaryWriter
     with tempfile.TemporaryDirectory() as workdir:
         os.chdir(workdir)
         # Monkeypatched (put back below): ppo/ has no hook for reading the clocks where the run logs.
-        run_life.SummaryWriter = ClockedWriter
+        run_logs.SummaryWriter = ClockedWriter
         try:
             script.main(args)
         finally:
-            run_life.SummaryWriter = previous_writer
+            run_logs.SummaryWriter = previous_writer
             os.chdir(previous_directory)
     iterations = len(marks) - 1
     if iterations <= warmup_iterations:
@@ -232,7 +232,7 @@ def iteration_parts(script, run_args, warmup_iterations: int,
     the first `warmup_iterations`, which `profiler`, if given, leaves out too. The rollout ends at
     the iteration's last call of `Agent.get_value` (the last observations' value; a time limit's
     bootstrap calls it earlier), the update when the iteration logs charts/SPS."""
-    import run_life  # the scripts' run machinery, importable once a script is
+    import run_logs  # the scripts' run machinery (their logs), importable once a script is
 
     value_called = [0.0]  # wall clock of the latest Agent.get_value call
     iteration_ends = []  # (wall clock, global step) when training starts and each iteration ends
@@ -243,7 +243,7 @@ def iteration_parts(script, run_args, warmup_iterations: int,
         value_called[0] = time.perf_counter()
         return original_get_value(agent, *inputs, **options)
 
-    class ClockedWriter(run_life.SummaryWriter):
+    class ClockedWriter(run_logs.SummaryWriter):
         def __init__(self, *options, **named_options):
             super().__init__(*options, **named_options)
             iteration_ends.append((time.perf_counter(), 0))
@@ -257,9 +257,9 @@ def iteration_parts(script, run_args, warmup_iterations: int,
                     profiler.enable()
             return super().add_scalar(tag, value, global_step, *rest, **options)
 
-    previous_directory, previous_writer = os.getcwd(), run_life.SummaryWriter
+    previous_directory, previous_writer = os.getcwd(), run_logs.SummaryWriter
     # Monkeypatched (put back below): ppo/ has no hook for timing the rollout and the update apart.
-    script.Agent.get_value, run_life.SummaryWriter = get_value_noting_the_time, ClockedWriter
+    script.Agent.get_value, run_logs.SummaryWriter = get_value_noting_the_time, ClockedWriter
     try:
         with tempfile.TemporaryDirectory() as workdir:
             os.chdir(workdir)
@@ -268,7 +268,7 @@ def iteration_parts(script, run_args, warmup_iterations: int,
         if profiler:
             profiler.disable()
             print(f"steady state until {clock_time()}")
-        script.Agent.get_value, run_life.SummaryWriter = original_get_value, previous_writer
+        script.Agent.get_value, run_logs.SummaryWriter = original_get_value, previous_writer
         os.chdir(previous_directory)
     # iteration i (from 1) starts at iteration_ends[i - 1] and its rollout ends at rollout_ends[i - 1]
     return [(rollout_ends[i - 1] - iteration_ends[i - 1][0], iteration_ends[i][0] - rollout_ends[i - 1],

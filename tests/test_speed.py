@@ -69,9 +69,9 @@ def test_training_speed_is_measured_after_the_warmup_iterations(tmp_path, monkey
     assert wall > 0 and cpu > 0
     assert steps == 5 * 64  # the last 5 of the 6 iterations
     assert speed.training_speed(classic, args, warmup_iterations=0)[2] == 6 * 64
-    import run_life  # where the scripts open their writer
+    import run_logs  # where the scripts open their writer
 
-    assert run_life.SummaryWriter.__name__ == "SummaryWriter"  # restored
+    assert run_logs.SummaryWriter.__name__ == "SummaryWriter"  # restored
     assert not (tmp_path / "runs").exists()  # the run went to a temporary directory
     expect_usage_error(capsys, lambda: speed.training_speed(classic, args, warmup_iterations=6), "speed.py",
                        "too few to measure", "raise --total-timesteps")
@@ -146,7 +146,7 @@ def test_steady_state_splits_each_iteration_at_the_last_value_call_before_the_up
     last Agent.get_value call (the last observations' value), not at an earlier one (a time limit's
     bootstrap), and the update ends when charts/SPS is logged. A stand-in script advances a stand-in
     clock, so the split is exact."""
-    import run_life  # where the scripts open their writer
+    import run_logs  # where the scripts open their writer
 
     now = [0.0]
     monkeypatch.setattr(speed.time, "perf_counter", lambda: now[0])
@@ -156,7 +156,7 @@ def test_steady_state_splits_each_iteration_at_the_last_value_call_before_the_up
             return obs
 
     def main(args):
-        writer = run_life.SummaryWriter(args.log_dir)
+        writer = run_logs.SummaryWriter(args.log_dir)
         agent = Agent()
         for iteration in range(3):
             now[0] += 1.0
@@ -171,7 +171,7 @@ def test_steady_state_splits_each_iteration_at_the_last_value_call_before_the_up
     parts = speed.iteration_parts(script, types.SimpleNamespace(log_dir="runs/x"), warmup_iterations=1)
     assert parts == [(3.0, 0.5, 10), (3.0, 0.5, 10)]
     assert Agent.get_value.__name__ == "get_value"  # restored
-    assert run_life.SummaryWriter.__name__ == "SummaryWriter"
+    assert run_logs.SummaryWriter.__name__ == "SummaryWriter"
 
 
 def test_parts_replay_the_policy_step_and_the_minibatch_loss_of_a_real_run(tmp_path, monkeypatch):
