@@ -27,7 +27,6 @@ def finished_episodes(infos: dict) -> list[tuple[float, int]]:
             for i in np.flatnonzero(final["_episode"])]
 
 
-
 class Evaluation:
     """--evaluate: the flags checked, the device, the videos' folder and the seeds of an evaluation,
     the saved agent (`load`), and the episodes it plays (`play`), each score printed as the episode

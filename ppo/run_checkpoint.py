@@ -21,7 +21,6 @@ def kept(value):
     return tuple(map(kept, value)) if isinstance(value, tuple) else value
 
 
-
 class RunCheckpoint:
     """The checkpoint of one run: runs/<name>/checkpoint.pt, which rank 0 writes; the `checkpoint`
     a resumed run was given; and the newest good one on disk (`last_good`: its path and step), what

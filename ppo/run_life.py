@@ -146,7 +146,6 @@ class Iterations:
               f"{clock(now - self.start_time)} elapsed, {left} left | mean return {mean_return} "
               f"(last {len(returns)} episodes)", flush=True)
 
-
     def checkpoint_due(self, iteration: int) -> bool:
         """With --save-model: at the end, every --save-interval iterations, when --save-minutes have
         passed since the last save, and when the run stops."""

@@ -64,6 +64,7 @@ def vector_env(env_fns: list[Callable[[], gym.Env]], env_id: str, variant: str,
             return async_vector_env(env_fns)
         return gym.vector.SyncVectorEnv(env_fns, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
 
+
 def async_vector_env(env_fns: list[Callable[[], gym.Env]]) -> gym.vector.AsyncVectorEnv:
     """--async-envs: each environment in a worker process of its own, all stepping at once, the
     observations coming back through shared memory; SAME_STEP autoreset, as the scripts' sync envs.

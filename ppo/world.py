@@ -19,7 +19,6 @@ def choose_device(args, variant: str, device: torch.device | None = None) -> tor
     return device
 
 
-
 def all_gathered(item, world_size: int) -> list:
     """[item of rank 0, item of rank 1, ...] on every rank of a torchrun world (any picklable item).
     Used once per iteration, for what is logged and for the checkpoint, never per step."""
@@ -76,7 +75,6 @@ def device_of_rank(variant: str, cuda: bool, device_ids: list[int], backend: str
                       f"{' '.join(map(str, device_ids))}): use --backend gloo to share GPUs, or "
                       "one process per GPU")
     return torch.device("cuda", device_ids[local_rank])
-
 
 
 class World:
