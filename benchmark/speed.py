@@ -58,6 +58,7 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+from benchmark.common import make_scripts_importable  # noqa: E402
 
 # What each script is measured on by default: env id, number of environments (the script's default)
 # and number of iterations: 4 (1 to warm up, 3 measured), 40 for ppo.py, whose iterations are short.
@@ -376,6 +377,7 @@ def main(argv: list[str] | None = None) -> None:
     if "cuda" in devices and not torch.cuda.is_available():
         fail("--devices cuda, but PyTorch sees no CUDA device: measure on --devices cpu")
     device_name = torch.cuda.get_device_name() if "cuda" in devices else "no GPU"
+    make_scripts_importable()
     scripts = {name: importlib.import_module(f"ppo.{name.removesuffix('.py')}") for name in args.scripts}
     settings_of = {name: field_values(script, args.set) for name, script in scripts.items()}
     if args.options is not None:

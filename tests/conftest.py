@@ -10,7 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from benchmark.common import make_scripts_importable  # pytest puts the repository on the path
+
 REPO = Path(__file__).resolve().parents[1]
+make_scripts_importable()  # for the tests' `from ppo.ppo import Agent`, and the scripts' `import run_life`
+
 # How long a test waits for a process it started (a script's run, a tool, a Slurm job) before it calls
 # it hung. The limits are for hangs alone, not for speed: the longest wait of a quiet 2-core machine, a
 # two-rank torchrun group beside its twin, takes about 25 s, but a loaded machine (a second suite, a

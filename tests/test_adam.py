@@ -4,7 +4,6 @@ checkpoint format, both ways (checkpoints written before it existed resume); and
 not load torch._dynamo, which is why it exists."""
 
 import copy
-import importlib
 import subprocess
 import sys
 
@@ -13,8 +12,7 @@ import torch
 
 from conftest import HUNG_AFTER, REPO
 
-importlib.import_module("ppo")  # puts ppo/ on the path, where the scripts' modules are
-import adam  # noqa: E402
+import adam  # ppo/adam.py, on the path from conftest.py
 
 
 def twin_networks() -> tuple[torch.nn.Module, torch.nn.Module]:

@@ -11,7 +11,6 @@ import torch
 
 from conftest import parse_args  # noqa: E402
 
-importlib.import_module("ppo")  # puts ppo/ on the path, where the scripts' run machinery is
 import checkpoints  # noqa: E402
 import run_life  # noqa: E402
 

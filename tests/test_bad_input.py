@@ -18,7 +18,6 @@ import torch
 
 from conftest import expect_usage_error, parse_args
 
-importlib.import_module("ppo")  # puts ppo/ on the path, where the scripts' run machinery is
 import checkpoints  # noqa: E402
 import command_line  # noqa: E402
 import exits  # noqa: E402

@@ -16,7 +16,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import ppo  # noqa: F401  (puts ppo/ on the path, for `import run_logs`)
 import run_logs  # the scripts' run logs: how a run writes its text tables
 from benchmark import report
 from benchmark import local, run_plan

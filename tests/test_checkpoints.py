@@ -21,7 +21,6 @@ import torch
 
 from conftest import parse_args, assert_same_agent_state, expect_usage_error, only_run_dir, run_script
 
-importlib.import_module("ppo")  # puts ppo/ on the path, where the scripts' run machinery is
 import checkpoints  # noqa: E402
 import exits  # noqa: E402
 

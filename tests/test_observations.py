@@ -24,7 +24,6 @@ import numpy as np
 import pytest
 import torch
 
-importlib.import_module("ppo")  # puts ppo/ on the path, where the scripts' run machinery is
 from run_life import finished_episodes  # noqa: E402
 
 ALE_SCRIPTS = ["ppo_atari", "ppo_atari_lstm", "ppo_atari_multigpu"]

@@ -18,10 +18,6 @@ import torch
 
 from conftest import HUNG_AFTER, REPO, expect_usage_error, read_scalars, run_script, script_command
 
-# ppo/ goes on sys.path now, once: imported first inside a test, it would be taken off again with the
-# path that the test's monkeypatch restores, and the scripts' later imports of their modules would fail.
-importlib.import_module("ppo")
-
 MODULE = '''
 import gymnasium as gym
 import numpy as np

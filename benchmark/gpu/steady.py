@@ -47,6 +47,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--profile", help="write the steady state's cProfile here")
     args = parser.parse_args(argv)
 
+    speed.make_scripts_importable()
     script = importlib.import_module(f"ppo.{args.script.removesuffix('.py')}")
     default_env, default_num_envs, _ = speed.DEFAULTS[args.script]
     env_id = args.env_id or default_env
