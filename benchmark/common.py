@@ -1,11 +1,9 @@
-"""What the benchmark's commands share: the repository's path, the scripts imported in a tool's own
-process (`make_scripts_importable`), wrong input as one line (`fail`, raised as `WrongInput` and
-printed by the main of the command that was run, `refuse`), and the directories they make. Standard
-library only (with ppo/exits.py's exit codes), as run.py is."""
+"""What the benchmark's commands share: the repository's path, wrong input as one line (`fail`,
+raised as `WrongInput` and printed by the main of the command that was run, `refuse`), and the
+directories they make. Standard library only (with ppo/exits.py's exit codes), as run.py is."""
 
 from __future__ import annotations
 
-import importlib
 import sys
 from pathlib import Path
 from typing import NoReturn
@@ -13,19 +11,6 @@ from typing import NoReturn
 from ppo.exits import WRONG_INPUT
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def make_scripts_importable() -> None:
-    """Let `import ppo.<script>` work in this process (the tests, speed.py, the GPU checks).
-
-    ppo/ is a folder of scripts, not a package: a script imports the modules beside it by their file
-    names (`import run_life`), which Python finds because it puts the folder of the script it runs on
-    the path. A script imported from elsewhere finds them once ppo/ is on the path, so it goes there,
-    last; and before that the name `ppo` is bound to the folder (a namespace package), which
-    ppo/ppo.py, the CartPole script, would take once ppo/ is on the path."""
-    importlib.import_module("ppo")
-    if str(REPO / "ppo") not in sys.path:
-        sys.path.append(str(REPO / "ppo"))
 
 
 class WrongInput(Exception):

@@ -58,7 +58,7 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from benchmark.common import make_scripts_importable  # noqa: E402
+from benchmark.scripts_on_path import make_scripts_importable  # noqa: E402
 
 # What each script is measured on by default: env id, number of environments (the script's default)
 # and number of iterations: 4 (1 to warm up, 3 measured), 40 for ppo.py, whose iterations are short.

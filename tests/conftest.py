@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmark.common import make_scripts_importable  # pytest puts the repository on the path
+from benchmark.scripts_on_path import make_scripts_importable  # pytest puts the repository on the path
 
 REPO = Path(__file__).resolve().parents[1]
 make_scripts_importable()  # for the tests' `from ppo.ppo import Agent`, and the scripts' `import run_life`

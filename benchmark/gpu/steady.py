@@ -28,6 +28,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "benchmark"))
 sys.path.insert(0, str(REPO))
 
+from benchmark.scripts_on_path import make_scripts_importable  # noqa: E402
 import speed  # noqa: E402  (benchmark/speed.py: the raw rate, the --set parser, the script defaults,
 #               and the split of each iteration into its rollout and its update)
 
@@ -47,7 +48,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--profile", help="write the steady state's cProfile here")
     args = parser.parse_args(argv)
 
-    speed.make_scripts_importable()
+    make_scripts_importable()
     script = importlib.import_module(f"ppo.{args.script.removesuffix('.py')}")
     default_env, default_num_envs, _ = speed.DEFAULTS[args.script]
     env_id = args.env_id or default_env
