@@ -7,6 +7,7 @@ import contextlib
 import importlib
 import io
 import math
+import sys
 import typing
 from dataclasses import dataclass, fields, replace
 from typing import Annotated, Any, Callable, NamedTuple, NoReturn, TypeVar
@@ -15,7 +16,7 @@ import gymnasium as gym
 import tyro
 
 from checkpoints import load_checkpoint
-from exits import fail, run_and_exit
+from exits import STOPPED, exit_codes, fail
 
 T = TypeVar("T")
 
@@ -186,12 +187,15 @@ def parse_args(args_class: type, variant: str, argv: list[str] | None = None,
 
 def run_script(main: Callable, evaluate: Callable, args_class: type, variant: str, doc: str,
                pip_extra: str) -> NoReturn:
-    """`python ppo/<variant>.py ...`: read the command line, then train (`main`) or, with
-    --evaluate, play the saved agent (`evaluate`), and exit with the code of how that ended
-    (exits.run_and_exit). `pip_extra` is the script's extra in pyproject.toml, named when a package
-    is missing."""
+    """`python ppo/<variant>.py ...`, as `absl.app.run(main)` runs a program: read the command line,
+    then train (`main`) or, with --evaluate, play the saved agent (`evaluate`), and exit with 0, or
+    with STOPPED (130) when a stop signal ended the training after an iteration; exits.exit_codes
+    gives every other ending its code. `pip_extra` is the script's extra in pyproject.toml, named
+    when a package is missing."""
     args, checkpoint = parse_args(args_class, variant, doc=doc)
-    run_and_exit(evaluate if args.evaluate else main, args, checkpoint, variant, pip_extra)
+    with exit_codes(variant, pip_extra, args.capture_video):
+        result = (evaluate if args.evaluate else main)(args, checkpoint)
+    sys.exit(STOPPED if isinstance(result, dict) and result.get("interrupted") else 0)
 
 
 def check_args(args, variant: str) -> None:

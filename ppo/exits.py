@@ -1,5 +1,6 @@
 """How a script's run ends, and with which exit code: 0 when it finished, 2 on wrong input (`fail`),
-3 when it diverged, 130 when it was asked to stop; `run_and_exit` maps each ending to its code.
+3 when it diverged, 130 when it was asked to stop; `exit_codes`, around the run, maps each ending to
+its code.
 
 This module imports no other of this folder, and the others import it: a refusal anywhere in the
 run machinery is the same one line and the same exit code.
@@ -90,21 +91,23 @@ def stop_at_once(signum, frame):
     raise StoppedAtOnce(signal_name(signum))
 
 
-def run_and_exit(function: Callable, args, checkpoint: dict | None, variant: str,
-                 pip_extra: str) -> NoReturn:
-    """`python ppo/<variant>.py`: run `function` (the script's main, or its evaluate) and exit with
-    0, with STOPPED (130) after a Ctrl-C, SIGTERM or SIGUSR1, with DIVERGED (3) and one line when
-    the network became non-finite, or with 2 and one line when a package is missing (gymnasium
-    imports rendering and video packages only when they are first used: `pip_extra` is the script's
-    extra in pyproject.toml) or a checkpoint's environments cannot be rebuilt."""
+@contextlib.contextmanager
+def exit_codes(variant: str, pip_extra: str, capture_video: bool):
+    """Around a script's run or evaluation (command_line.run_script): each way it can end becomes
+    its exit code. With DIVERGED (3) and one line when the network became non-finite; with STOPPED
+    (130) after a Ctrl-C, SIGTERM or SIGUSR1 that stopped it at once; with 2 and one line when a
+    package is missing (gymnasium imports rendering and video packages only when they are first
+    used: `pip_extra` is the script's extra in pyproject.toml, `capture_video` adds the video extra)
+    or a checkpoint's environments cannot be rebuilt. The block is the script's own: this module
+    calls nothing of it."""
     import gymnasium as gym  # here: benchmark/run.py reads the exit codes without gymnasium
 
     signal.signal(signal.SIGTERM, stop_at_once)  # until training begins (Run.start)
     signal.signal(signal.SIGUSR1, stop_at_once)
     try:
-        result = function(args, checkpoint)
+        yield
     except gym.error.DependencyNotInstalled as error:
-        extras = f"{pip_extra},video" if args.capture_video else pip_extra
+        extras = f"{pip_extra},video" if capture_video else pip_extra
         # gymnasium's own advice names its extras ("run `pip install "gymnasium[mujoco]"`"): this
         # project's extra installs the same packages, at the versions it was tested with
         reason = re.sub(r",? run `pip install [^`]*`", "", str(error)).rstrip(". ")
@@ -124,4 +127,3 @@ def run_and_exit(function: Callable, args, checkpoint: dict | None, variant: str
     # The run is over: a late copy of its signal changes nothing.
     for signum in (signal.SIGTERM, signal.SIGUSR1):
         signal.signal(signum, signal.SIG_IGN)
-    sys.exit(STOPPED if isinstance(result, dict) and result.get("interrupted") else 0)

@@ -281,7 +281,7 @@ class Run:
                             self.loop.recent_returns, self.device)
 
     def diverged(self, global_step: int, what_happened: str) -> NoReturn:
-        """Flush and close the logs, then raise Diverged (which `exits.run_and_exit` turns into one
+        """Flush and close the logs, then raise Diverged (which `exits.exit_codes` turns into one
         line and exit code DIVERGED): going on would fill the logs with NaN and, at the next save,
         write over the last good checkpoint."""
         if self.rank == 0:

@@ -83,7 +83,7 @@ def script_environment(env: dict | None = None) -> dict:
 
 @pytest.fixture(autouse=True)
 def signal_handlers_put_back():
-    """A test that calls a script's machinery in this process (exits.run_and_exit, run_life.Run) may leave its handlers
+    """A test that calls a script's machinery in this process (exits.exit_codes, run_life.Run) may leave its handlers
     for Ctrl-C, SIGTERM and SIGUSR1 behind, as a script's process does at its end: put them back, so
     that no test sees another's, and a SIGTERM to pytest still ends it."""
     stop_signals = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)

@@ -273,5 +273,9 @@ def test_saved_environments_that_do_not_fit_are_refused_in_one_line(tiny, tmp_pa
     torch.save(checkpoint, tmp_path / "checkpoint.pt")
     monkeypatch.chdir(tmp_path)
     args, loaded = parse_args(script, ["--resume", str(tmp_path / "checkpoint.pt")])
-    expect_usage_error(capsys, lambda: exits.run_and_exit(script.main, args, loaded, script.VARIANT, "classic-control"),
-                       "ppo.py", "cannot resume the saved environments", "AnotherWrapper")
+
+    def resume():
+        with exits.exit_codes(script.VARIANT, "classic-control", capture_video=False):
+            script.main(args, loaded)
+
+    expect_usage_error(capsys, resume, "ppo.py", "cannot resume the saved environments", "AnotherWrapper")
