@@ -17,7 +17,6 @@ beside this file, written once for every script: copy them along with it.
 from dataclasses import dataclass
 from typing import Annotated
 
-import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn as nn
@@ -84,7 +83,7 @@ class Args:
 def make_envs(env_id: str, num_envs: int, capture_video: bool = False, video_folder: str = "videos",
               seed: int = 0, async_envs: bool = False) -> envpool_games.Games:
     """Build `num_envs` preprocessed games in one envpool (or two halves: async_envs), game i seeded
-    seed + i, refusing those whose spaces this script cannot train on.
+    seed + i; an id of another kind of task than Atari's games (Discrete actions) is refused.
 
     [Core 1: Vectorized architecture] One learner steps `num_envs` copies of the environment in lock
     step, so each rollout holds num_envs x num_steps transitions.
@@ -124,8 +123,6 @@ def make_envs(env_id: str, num_envs: int, capture_video: bool = False, video_fol
         max_episode_steps=27000,  # 108,000 frames, as ALE's v4 and v5 games
         **({"render_mode": "rgb_array"} if capture_video and first == 0 else {}),
     ) for first in range(0, num_envs, pool_size)]
-    command_line.check_spaces(pools[0], env_id, VARIANT, actions=(gym.spaces.Discrete,),
-                              vector_observations=False)
     return envpool_games.Games(pools, seed, video_folder if capture_video else None)
 
 
