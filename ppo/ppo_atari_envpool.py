@@ -24,6 +24,7 @@ from torch.distributions.categorical import Categorical
 
 import adam
 import command_line
+import environments
 import envpool_games
 import run_life
 
@@ -92,7 +93,7 @@ def make_envs(env_id: str, num_envs: int, capture_video: bool = False, video_fol
     (docs/ppo_atari_envpool.md lists the small ways in which they differ). The settings are spelled
     out, although most are envpool's defaults, to show which detail each one carries out. Its
     autoreset is described in main(); envpool_games reports the games' scores and films them."""
-    command_line.check_envpool_id(env_id, VARIANT, kinds=("AtariEnvSpec",), example="Breakout-v5")
+    environments.check_envpool_id(env_id, VARIANT, kinds=("AtariEnvSpec",), example="Breakout-v5")
     import envpool  # installed: the id was found in it
 
     # [Speed: asynchronous environments] async_envs: two envpools, one playing as the network works
@@ -346,7 +347,7 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
                         rewards[step - 1, games] += args.gamma * truncated_value(agent, infos,
                                                                                  cut_off, device)
                     # the games that ended, logged with their scores; and the progress line
-                    run.record_step(global_step, run_life.finished_episodes(infos))
+                    run.record_step(global_step, environments.finished_episodes(infos))
                 if step == args.num_steps:  # every pool has played the rollout's last step
                     continue
                 # non_blocking: the copy may overlap the network's start; it is done once

@@ -11,7 +11,7 @@ import gymnasium as gym
 import torch
 
 import checkpoints
-import command_line
+import environments
 from exits import STOP_SIGNALS
 
 
@@ -59,7 +59,7 @@ def vector_env(env_fns: list[Callable[[], gym.Env]], env_id: str, variant: str,
     in one line."""
     if saved_envs is not None:
         env_fns = checkpoints.restored_envs(env_fns, saved_envs)
-    with command_line.packages_checked(env_id, variant):
+    with environments.packages_checked(env_id, variant):
         if async_envs:
             return async_vector_env(env_fns)
         return gym.vector.SyncVectorEnv(env_fns, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)

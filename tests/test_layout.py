@@ -1,7 +1,7 @@
 """The layout of ppo/: scripts that import the run machinery, never the other way round.
 
 Each script holds PPO and its variant's idea; the run machinery (command_line, checkpoints,
-run_life and the parts of the run it puts together, videos, exits) holds what is not PPO, one concern a module, and knows no variant. Imports go one
+run_life and the parts of the run it puts together, environments, exits) holds what is not PPO, one concern a module, and knows no variant. Imports go one
 way: from a script to the modules, never from a module to a script, never from one script to
 another, and among the modules in one order (exits at the bottom), so that each can be read, and
 copied, with only what it stands on. Beside them, atari_wrappers holds the two Atari wrappers that
@@ -26,21 +26,21 @@ from conftest import REPO
 PPO = REPO / "ppo"
 SCRIPTS = sorted(path.stem for path in PPO.glob("ppo*.py"))
 # The run machinery, each module above the ones it may import.
-MODULES = {"exits": set(), "videos": set(), "checkpoints": {"exits"},
+MODULES = {"exits": set(), "environments": {"exits"}, "checkpoints": {"exits"},
            "command_line": {"exits", "checkpoints"},
            "stop_signals": {"exits"}, "world": {"exits"},
            "run_logs": {"exits", "stop_signals"},
            "run_checkpoint": {"checkpoints", "world"},
-           "speed_options": {"exits", "checkpoints", "command_line"},
-           "evaluation": {"exits", "checkpoints", "command_line", "videos", "world"},
-           "run_life": {"exits", "checkpoints", "command_line", "videos", "stop_signals", "world",
-                        "run_logs", "run_checkpoint", "speed_options", "evaluation"},
+           "speed_options": {"exits", "checkpoints", "environments"},
+           "evaluation": {"exits", "checkpoints", "command_line", "environments", "world"},
+           "run_life": {"exits", "checkpoints", "command_line", "environments", "stop_signals",
+                        "world", "run_logs", "run_checkpoint", "speed_options", "evaluation"},
            # not run machinery: what ale-py's games need and gymnasium lacks, as CleanRL's Atari
            # scripts import it from Stable-Baselines3
            "atari_wrappers": set(),
            # not run machinery: envpool's games with what RecordEpisodeStatistics and RecordVideo
            # add to the others, as CleanRL's envpool script writes its own wrapper
-           "envpool_games": {"videos"},
+           "envpool_games": {"environments"},
            # not run machinery: every script's optimizer, torch.optim.Adam's update without its
            # import of the compiler
            "adam": set(),
@@ -109,7 +109,7 @@ def test_ruff_finds_nothing_in_ppo():
 # signals inside it), and its run machinery stays within these many statements: what the run records
 # after each step (the episodes that ended, the progress line) and at the iteration's end (the
 # divergence guard, the logs, the checkpoint; under torchrun, the ranks' agreement too).
-MACHINERY = re.compile(r"\brun\.|\brun_life\.|\bvideos\.|\bcheckpoints\.|\bexits\.|cudagraph_mark_step_begin"
+MACHINERY = re.compile(r"\brun\.|\brun_life\.|\benvironments\.|\bcheckpoints\.|\bexits\.|cudagraph_mark_step_begin"
                        r"|args\.cudagraphs|writer\.|\ball_gather|dist\.all_gather")
 MOST_MACHINERY_IN_THE_LOOP = 3
 

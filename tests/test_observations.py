@@ -25,7 +25,7 @@ import pytest
 import torch
 
 importlib.import_module("ppo")  # puts ppo/ on the path, where the scripts' run machinery is
-from run_life import finished_episodes  # noqa: E402
+from environments import finished_episodes  # noqa: E402
 
 ALE_SCRIPTS = ["ppo_atari", "ppo_atari_lstm", "ppo_atari_multigpu"]
 ALE_IDS = ["BreakoutNoFrameskip-v4", "ALE/Breakout-v5"]
