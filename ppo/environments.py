@@ -1,10 +1,11 @@
 """The environments as the scripts use them, beyond what gymnasium gives: which ones each script
 trains on (the ids, before anything is built, and the spaces of what was built: a refusal is one
-line that names the script to use instead), the episodes that ended in a step, and --capture-video's
-filming of the first environment.
+line that names the script to use instead), their games saved for a checkpoint and put back where
+they run, the episodes that ended in a step, and --capture-video's filming of the first environment.
 """
 
 import contextlib
+import functools
 import importlib
 import io
 import os
@@ -15,7 +16,9 @@ from typing import Callable
 import gymnasium as gym
 import numpy as np
 
-from exits import fail
+from env_states import env_state, restore_env
+from exits import EnvStateMismatch, fail
+from old_checkpoints import TrustedOldPickle, unpickled_envs
 
 
 # Which script of the collection trains on which action space, and on which observations: named in
@@ -190,6 +193,51 @@ def packages_checked(env_id: str, variant: str):
         newest_id = gym.envs.registration.get_env_id(namespace, name, newest)
         hint = "" if newest in (None, version) else f" (try {newest_id})"
         fail(variant, f"{env_id} cannot be made with the packages installed: {error}{hint}")
+
+
+# A checkpoint holds each environment's state (env_states.py: one environment's, as data), saved and
+# put back where the environment runs: in this process, or in a worker process of --async-envs.
+
+
+class SavableGame(gym.Wrapper):
+    """The outermost wrapper of an ale-py game: it saves the game it wraps where the game runs. With
+    --async-envs that is a worker process, which `envs.call("save_game")` reaches (`save_envs`)."""
+
+    def save_game(self) -> list[dict] | None:
+        """The game's full state as data (`env_state`: the emulator's, the wrappers' and the random
+        generators'); None for the game whose video is being recorded: the recorder is not saved, so
+        a resumed run starts new games."""
+        return env_state(self)
+
+
+def save_envs(envs: gym.vector.VectorEnv) -> list[list[dict]] | None:
+    """Every environment's state (`env_state`), so a resumed run continues the very same episodes;
+    None where one cannot be saved as data (video recording, for one). The environments of an
+    AsyncVectorEnv live in worker processes, where each ale-py game saves itself (SavableGame); a
+    SyncVectorEnv's are saved here, and an ale-py game's state is the same either way, so a run
+    saved with --async-envs may resume without it, and the other way round."""
+    if isinstance(envs, gym.vector.SyncVectorEnv):
+        saved = [env_state(env) for env in envs.envs]
+    else:
+        saved = list(envs.call("save_game"))
+    return None if any(state is None for state in saved) else saved
+
+
+def restored_envs(env_fns: list[Callable[[], gym.Env]], saved: list) -> list[Callable[[], gym.Env]]:
+    """A function per environment that builds it with its function of `env_fns` and puts its state
+    of `saved` (`save_envs`) back: for a SyncVectorEnv, or for the worker processes of
+    an AsyncVectorEnv, where each game is then rebuilt. The environments of a checkpoint of the
+    older format, which the user trusts (TrustedOldPickle), are unpickled instead
+    (`unpickled_envs`)."""
+    if isinstance(saved, TrustedOldPickle) or (
+            isinstance(saved, list) and any(isinstance(s, TrustedOldPickle) for s in saved)):
+        return unpickled_envs(saved, SavableGame)
+    if not isinstance(saved, list) or len(saved) != len(env_fns):
+        raise EnvStateMismatch("the checkpoint holds "
+                               f"{len(saved) if isinstance(saved, list) else 'no list of'} "
+                               f"environments, not {len(env_fns)}")
+    return [functools.partial(restore_env, make_env, state) for make_env,
+            state in zip(env_fns, saved)]
 
 
 def finished_episodes(infos: dict) -> list[tuple[float, int]]:

@@ -25,7 +25,6 @@ from torch.distributions.categorical import Categorical
 
 import adam
 import atari_wrappers
-import checkpoints
 import command_line
 import environments
 import run_life
@@ -129,7 +128,7 @@ def make_env(env_id: str, idx: int, capture_video: bool, video_folder: str,
         # [Atari 7: FrameStack] with 1 frame: the LSTM remembers the earlier frames instead of a
         # stack of 4; the wrapper only adds the channel axis, (1, 84, 84).
         env = gym.wrappers.FrameStackObservation(env, stack_size=1)
-        return checkpoints.SavableGame(env)  # saves the game for a checkpoint, where the game runs
+        return environments.SavableGame(env)  # saves the game for a checkpoint, where the game runs
 
     return thunk
 

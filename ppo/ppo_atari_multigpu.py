@@ -30,7 +30,6 @@ from torch.distributions.categorical import Categorical
 
 import adam
 import atari_wrappers
-import checkpoints
 import command_line
 import environments
 import exits
@@ -138,7 +137,7 @@ def make_env(env_id: str, idx: int, capture_video: bool, video_folder: str,
         # [Atari 7: FrameStack] the last 4 frames as one (4, 84, 84) observation, so that motion is
         # visible; on reset the stack is filled with the first frame, as the original does.
         env = gym.wrappers.FrameStackObservation(env, stack_size=4)
-        return checkpoints.SavableGame(env)  # saves the game for a checkpoint, where the game runs
+        return environments.SavableGame(env)  # saves the game for a checkpoint, where the game runs
 
     return thunk
 

@@ -26,12 +26,13 @@ from conftest import REPO
 PPO = REPO / "ppo"
 SCRIPTS = sorted(path.stem for path in PPO.glob("ppo*.py"))
 # The run machinery, each module above the ones it may import.
-MODULES = {"exits": set(), "environments": {"exits"}, "checkpoints": {"exits"},
-           "command_line": {"exits", "checkpoints"},
+MODULES = {"exits": set(), "env_states": {"exits"}, "old_checkpoints": set(),
+           "checkpoints": {"exits", "old_checkpoints"}, "command_line": {"exits", "checkpoints"},
+           "environments": {"exits", "env_states", "old_checkpoints"},
            "stop_signals": {"exits"}, "world": {"exits"},
            "run_logs": {"exits", "stop_signals"},
-           "run_checkpoint": {"checkpoints", "world"},
-           "speed_options": {"exits", "checkpoints", "environments"},
+           "run_checkpoint": {"checkpoints", "environments", "world"},
+           "speed_options": {"exits", "environments"},
            "evaluation": {"exits", "checkpoints", "command_line", "environments", "world"},
            "run_life": {"exits", "checkpoints", "command_line", "environments", "stop_signals",
                         "world", "run_logs", "run_checkpoint", "speed_options", "evaluation"},
