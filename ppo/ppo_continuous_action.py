@@ -88,8 +88,8 @@ class Args:
 def make_env(env_id: str, idx: int, capture_video: bool, video_folder: str,
              video_episodes: int | None = None):
     """Return a function that builds one environment; video is recorded from the first one only.
-    RecordEpisodeStatistics reports each episode's return and length as it ends. The environments
-    stay raw (the agent normalizes, the loop scales rewards): logged returns are the task's own."""
+    It stays raw (the agent normalizes, the loop scales rewards): logged returns are the task's own.
+    RecordEpisodeStatistics reports each episode's return and length as it ends."""
 
     def thunk():
         if capture_video and idx == 0:
