@@ -6,13 +6,13 @@ and the episodes' final observations that a gymnasium vector environment reports
 An envpool ends an *episode* at every lost life (episodic_life) and clips its rewards; a *game* is
 over when envpool's info["terminated"] says so, or when the time limit cuts it off. The score that
 matters is the game's: the sum of the unclipped rewards, info["reward"], over all its lives. Like
-atari_wrappers, this is not run machinery; it imports only videos of this folder, and envpool is
-never imported: the pools are built by the script.
+atari_wrappers, this is not run machinery; it imports only environments of this folder, and envpool
+is never imported: the pools are built by the script.
 """
 
 import numpy as np
 
-import videos
+import environments
 
 
 class Games:
@@ -23,7 +23,7 @@ class Games:
 
     Each step's info reports the games that ended as a gymnasium vector env files
     RecordEpisodeStatistics' report, under info["final_info"]["episode"] (which
-    run_life.finished_episodes reads): score and length (envpool's info["elapsed_step"]); and,
+    environments.finished_episodes reads): score and length (envpool's info["elapsed_step"]); and,
     as info["final_obs"], the last observation of each episode that ended.
     `video_folder` films the first game."""
 
@@ -36,7 +36,7 @@ class Games:
         self.single_observation_space = pools[0].observation_space
         self.single_action_space = pools[0].action_space
         self.score = np.zeros(self.num_envs)  # of each game so far
-        self.recorder = videos.VideoRecorder(video_folder) if video_folder else None
+        self.recorder = environments.VideoRecorder(video_folder) if video_folder else None
 
     def reset(self, seed: int | None = None) -> tuple[np.ndarray, dict]:
         """The games' first observations. envpool seeds its games when it makes them: a `seed`

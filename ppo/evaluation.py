@@ -1,6 +1,5 @@
 """--evaluate: a saved agent plays episodes, each score printed as its episode ends, then their
-mean; and the episodes that ended in a step of a vector environment, as training records them
-too."""
+mean."""
 
 from typing import Callable
 
@@ -10,21 +9,9 @@ import torch
 
 import checkpoints
 import command_line
-import videos
+import environments
 from exits import fail
 from world import choose_device
-
-
-def finished_episodes(infos: dict) -> list[tuple[float, int]]:
-    """(score, length) of every episode that ended in this step of a vector environment, as
-    gymnasium's RecordEpisodeStatistics reports it (at the real end: the Atari wrappers put it below
-    the lost-life and reward-clipping ones); the vector env files the report of a step that ended
-    an episode under `final_info`."""
-    final = infos.get("final_info", {})
-    if "episode" not in final:
-        return []
-    return [(float(final["episode"]["r"][i]), int(final["episode"]["l"][i]))
-            for i in np.flatnonzero(final["_episode"])]
 
 
 class Evaluation:
@@ -41,7 +28,7 @@ class Evaluation:
         self.device = choose_device(args, variant)
         self.video_folder = f"videos/{checkpoint['run_name']}-eval"
         if args.capture_video:
-            videos.render_off_screen()
+            environments.render_off_screen()
         # Seeds unlike any training seed, so the scores come from episodes the agent never trained
         # on.
         self.seed = args.seed + 100_000
@@ -61,8 +48,8 @@ class Evaluation:
         step before it ended an episode, as training's next_done). A recurrent policy is given its
         `state` too, from the one passed here, and returns its next state with the actions; a
         policy that reads the environments' infos (an action mask), with `infos_too`, is given
-        them. Each episode's score is what RecordEpisodeStatistics reports (`finished_episodes`).
-        Returns the scores."""
+        them. Each episode's score is what RecordEpisodeStatistics reports
+        (`environments.finished_episodes`). Returns the scores."""
         obs, infos = envs.reset(seed=self.seed)
         done = np.zeros(envs.num_envs, dtype=bool)
         while self.playing:
@@ -73,7 +60,7 @@ class Evaluation:
                     action = policy(obs, done, infos) if infos_too else policy(obs, done)
             obs, _, terminated, truncated, infos = envs.step(action)
             done = terminated | truncated
-            for score, length in finished_episodes(infos):
+            for score, length in environments.finished_episodes(infos):
                 self.episode_ended(score, length)
         envs.close()
         return self.report()

@@ -17,7 +17,6 @@ beside this file, written once for every script: copy them along with it.
 from dataclasses import dataclass
 from typing import Annotated
 
-import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn as nn
@@ -25,6 +24,7 @@ from torch.distributions.categorical import Categorical
 
 import adam
 import command_line
+import environments
 import envpool_games
 import run_life
 
@@ -84,7 +84,7 @@ class Args:
 def make_envs(env_id: str, num_envs: int, capture_video: bool = False, video_folder: str = "videos",
               seed: int = 0, async_envs: bool = False) -> envpool_games.Games:
     """Build `num_envs` preprocessed games in one envpool (or two halves: async_envs), game i seeded
-    seed + i, refusing those whose spaces this script cannot train on.
+    seed + i; an id of another kind of task than Atari's games (Discrete actions) is refused.
 
     [Core 1: Vectorized architecture] One learner steps `num_envs` copies of the environment in lock
     step, so each rollout holds num_envs x num_steps transitions.
@@ -93,7 +93,7 @@ def make_envs(env_id: str, num_envs: int, capture_video: bool = False, video_fol
     (docs/ppo_atari_envpool.md lists the small ways in which they differ). The settings are spelled
     out, although most are envpool's defaults, to show which detail each one carries out. Its
     autoreset is described in main(); envpool_games reports the games' scores and films them."""
-    command_line.check_envpool_id(env_id, VARIANT, kinds=("AtariEnvSpec",), example="Breakout-v5")
+    environments.check_envpool_id(env_id, VARIANT, kinds=("AtariEnvSpec",), example="Breakout-v5")
     import envpool  # installed: the id was found in it
 
     # [Speed: asynchronous environments] async_envs: two envpools, one playing as the network works
@@ -124,8 +124,6 @@ def make_envs(env_id: str, num_envs: int, capture_video: bool = False, video_fol
         max_episode_steps=27000,  # 108,000 frames, as ALE's v4 and v5 games
         **({"render_mode": "rgb_array"} if capture_video and first == 0 else {}),
     ) for first in range(0, num_envs, pool_size)]
-    command_line.check_spaces(pools[0], env_id, VARIANT, actions=(gym.spaces.Discrete,),
-                              vector_observations=False)
     return envpool_games.Games(pools, seed, video_folder if capture_video else None)
 
 
@@ -349,7 +347,7 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
                         rewards[step - 1, games] += args.gamma * truncated_value(agent, infos,
                                                                                  cut_off, device)
                     # the games that ended, logged with their scores; and the progress line
-                    run.record_step(global_step, run_life.finished_episodes(infos))
+                    run.record_step(global_step, environments.finished_episodes(infos))
                 if step == args.num_steps:  # every pool has played the rollout's last step
                     continue
                 # non_blocking: the copy may overlap the network's start; it is done once

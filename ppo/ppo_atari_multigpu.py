@@ -30,11 +30,10 @@ from torch.distributions.categorical import Categorical
 
 import adam
 import atari_wrappers
-import checkpoints
 import command_line
+import environments
 import exits
 import run_life
-import videos
 
 # written into checkpoints, so another variant's checkpoint is refused
 VARIANT = "ppo_atari_multigpu"
@@ -108,7 +107,7 @@ def make_env(env_id: str, idx: int, capture_video: bool, video_folder: str,
         env = gym.make(env_id, frameskip=1,
                        render_mode="rgb_array" if capture_video and idx == 0 else None)
         if capture_video and idx == 0:
-            env = videos.record_video(env, video_folder, video_episodes)
+            env = environments.record_video(env, video_folder, video_episodes)
         # gymnasium's AtariPreprocessing carries out three details as the original wrappers do, but
         # it max-pools two grayscale frames where they max-pool two color ones and then convert:
         # Breakout's frames come out the same, 0.2% of Pong's pixels differ (docs/ppo_atari.md).
@@ -138,7 +137,7 @@ def make_env(env_id: str, idx: int, capture_video: bool, video_folder: str,
         # [Atari 7: FrameStack] the last 4 frames as one (4, 84, 84) observation, so that motion is
         # visible; on reset the stack is filled with the first frame, as the original does.
         env = gym.wrappers.FrameStackObservation(env, stack_size=4)
-        return checkpoints.SavableGame(env)  # saves the game for a checkpoint, where the game runs
+        return environments.SavableGame(env)  # saves the game for a checkpoint, where the game runs
 
     return thunk
 
@@ -157,11 +156,11 @@ def make_envs(env_id: str, num_envs: int, capture_video: bool = False, video_fol
     would teach an action that never happened. SAME_STEP mode resets within the step that ends the
     episode: every step() is a real transition, and the observation it returns for a finished
     environment is already the first of the next episode."""
-    command_line.check_gymnasium_id(env_id, VARIANT, atari=True)
+    environments.check_gymnasium_id(env_id, VARIANT, atari=True)
     # [Speed: asynchronous environments] async_envs: each game in a worker process, all at once
     envs = run_life.vector_env([make_env(env_id, i, capture_video, video_folder, video_episodes)
                                 for i in range(num_envs)], env_id, VARIANT, saved_envs, async_envs)
-    command_line.check_spaces(envs, env_id, VARIANT, actions=(gym.spaces.Discrete,),
+    environments.check_spaces(envs, env_id, VARIANT, actions=(gym.spaces.Discrete,),
                               vector_observations=False)
     return envs
 
@@ -475,7 +474,7 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
                 cut_off = truncations & ~terminations
                 rewards[step] += args.gamma * truncated_value(agent, infos, cut_off, device)
             # the episodes that ended, logged with their scores; and the progress line now and then
-            run.record_step(global_step, run_life.finished_episodes(infos))
+            run.record_step(global_step, environments.finished_episodes(infos))
 
         with torch.no_grad():
             next_value = agent.get_value(torch.as_tensor(next_obs, dtype=torch.float32,

@@ -28,9 +28,9 @@ from torch.distributions.normal import Normal
 import adam
 import checkpoints
 import command_line
+import environments
 import numpy_policy
 import run_life
-import videos
 
 # written into checkpoints, so another variant's checkpoint is refused
 VARIANT = "ppo_continuous_action"
@@ -88,13 +88,13 @@ class Args:
 def make_env(env_id: str, idx: int, capture_video: bool, video_folder: str,
              video_episodes: int | None = None):
     """Return a function that builds one environment; video is recorded from the first one only.
-    RecordEpisodeStatistics reports each episode's return and length as it ends. The environments
-    stay raw (the agent normalizes, the loop scales rewards): logged returns are the task's own."""
+    It stays raw (the agent normalizes, the loop scales rewards): logged returns are the task's own.
+    RecordEpisodeStatistics reports each episode's return and length as it ends."""
 
     def thunk():
         if capture_video and idx == 0:
-            env = videos.record_video(gym.make(env_id, render_mode="rgb_array"), video_folder,
-                                      video_episodes)
+            env = environments.record_video(gym.make(env_id, render_mode="rgb_array"),
+                                            video_folder, video_episodes)
         else:
             env = gym.make(env_id)
         return gym.wrappers.RecordEpisodeStatistics(env)
@@ -116,10 +116,10 @@ def make_envs(env_id: str, num_envs: int, capture_video: bool = False, video_fol
     would teach an action that never happened. SAME_STEP mode resets within the step that ends the
     episode: every step() is a real transition, and the observation it returns for a finished
     environment is already the first of the next episode."""
-    command_line.check_gymnasium_id(env_id, VARIANT)
+    environments.check_gymnasium_id(env_id, VARIANT)
     envs = run_life.vector_env([make_env(env_id, i, capture_video, video_folder, video_episodes)
                                 for i in range(num_envs)], env_id, VARIANT, saved_envs)
-    command_line.check_spaces(envs, env_id, VARIANT, actions=(gym.spaces.Box,))
+    environments.check_spaces(envs, env_id, VARIANT, actions=(gym.spaces.Box,))
     return envs
 
 
@@ -420,7 +420,7 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
                 cut_off = truncations & ~terminations
                 rewards[step] += args.gamma * truncated_value(agent, infos, cut_off, device)
             # the episodes that ended, logged with their scores; and the progress line now and then
-            run.record_step(global_step, run_life.finished_episodes(infos))
+            run.record_step(global_step, environments.finished_episodes(infos))
 
         # Flatten the rollout into one batch of num_envs x num_steps transitions.
         # b_ names an array of the whole batch, mb_ one of a minibatch.

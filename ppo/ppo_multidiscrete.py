@@ -32,9 +32,9 @@ from torch.distributions.categorical import Categorical
 
 import adam
 import command_line
+import environments
 import exits
 import run_life
-import videos
 
 # written into checkpoints, so another variant's checkpoint is refused
 VARIANT = "ppo_multidiscrete"
@@ -94,8 +94,8 @@ def make_env(env_id: str, idx: int, capture_video: bool, video_folder: str,
         if env_id.startswith("Jumanji/"):
             env = JumanjiGame(env_id)
         elif capture_video and idx == 0:
-            env = videos.record_video(gym.make(env_id, render_mode="rgb_array"), video_folder,
-                                      video_episodes)
+            env = environments.record_video(gym.make(env_id, render_mode="rgb_array"),
+                                            video_folder, video_episodes)
         else:
             env = gym.make(env_id)
         space = env.action_space  # other spaces are left for check_spaces to refuse
@@ -248,12 +248,12 @@ def make_envs(env_id: str, num_envs: int, capture_video: bool = False, video_fol
     that ends its episode: every step() is a real transition, and the observation and mask it
     returns for a finished environment are already the next episode's first."""
     if env_id.startswith("Jumanji/"):
-        command_line.check_envpool_id(env_id, VARIANT, None, "Jumanji/Cleaner-v0")
+        environments.check_envpool_id(env_id, VARIANT, None, "Jumanji/Cleaner-v0")
     else:
-        command_line.check_gymnasium_id(env_id, VARIANT, envpool_namespace="Jumanji")
+        environments.check_gymnasium_id(env_id, VARIANT, envpool_namespace="Jumanji")
     envs = run_life.vector_env([make_env(env_id, i, capture_video, video_folder, video_episodes)
                                 for i in range(num_envs)], env_id, VARIANT, saved_envs)
-    command_line.check_spaces(envs, env_id, VARIANT, actions=(gym.spaces.MultiDiscrete,))
+    environments.check_spaces(envs, env_id, VARIANT, actions=(gym.spaces.MultiDiscrete,))
     return envs
 
 
@@ -515,7 +515,7 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
                 cut_off = truncations & ~terminations
                 rewards[step] += args.gamma * truncated_value(agent, infos, cut_off, device)
             # the episodes that ended, logged with their scores; and the progress line now and then
-            run.record_step(global_step, run_life.finished_episodes(infos))
+            run.record_step(global_step, environments.finished_episodes(infos))
 
         # Flatten the rollout into one batch of num_envs x num_steps transitions.
         # b_ names an array of the whole batch, mb_ one of a minibatch.

@@ -27,15 +27,15 @@ from torch.distributions.categorical import Categorical
 
 import adam
 import command_line
+import environments
 import run_life
-import videos
 
 try:
     # procgen imports the retired `gym` package to register old-style environments, and gym prints
     # a notice about itself on import that concerns neither this script nor its user.
     with contextlib.redirect_stderr(io.StringIO()):
         from procgen import ProcgenGym3Env
-except ImportError:  # command_line.check_procgen_id says how to install it
+except ImportError:  # environments.check_procgen_id says how to install it
     ProcgenGym3Env = None
 
 # written into checkpoints, so another variant's checkpoint is refused
@@ -117,7 +117,7 @@ class ProcgenVectorEnv:
         if distribution_mode != "exploration":  # which sets its own level
             self.options.update(num_levels=num_levels, start_level=start_level)
         self.games, self.episode_return, self.episode_length = None, None, None
-        self.recorder = videos.VideoRecorder(video_folder) if video_folder else None
+        self.recorder = environments.VideoRecorder(video_folder) if video_folder else None
 
     def reset(self, seed: int | None = None) -> tuple[np.ndarray, dict]:
         if self.games is not None:
@@ -158,7 +158,7 @@ class ProcgenVectorEnv:
 def make_envs(env_id: str, num_envs: int, capture_video: bool = False, video_folder: str = "videos",
               distribution_mode: str = "easy", num_levels: int = 0, start_level: int = 0):
     """Build the vector of games, checking that this script can train on them."""
-    command_line.check_procgen_id(env_id, VARIANT, distribution_mode, num_levels, start_level,
+    environments.check_procgen_id(env_id, VARIANT, distribution_mode, num_levels, start_level,
                                   installed=ProcgenGym3Env is not None)
     return ProcgenVectorEnv(env_id, num_envs, distribution_mode, num_levels, start_level,
                             video_folder if capture_video else None)
@@ -410,7 +410,7 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
             rewards[step] = np.clip(reward_scaler.scale(reward, next_done), -args.reward_clip,
                                     args.reward_clip)
             # the episodes that ended, logged with their scores; and the progress line now and then
-            run.record_step(global_step, run_life.finished_episodes(infos))
+            run.record_step(global_step, environments.finished_episodes(infos))
 
         with torch.no_grad():
             next_value = agent.get_value(torch.as_tensor(next_obs, dtype=torch.float32,

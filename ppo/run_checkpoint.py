@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 import checkpoints
+import environments
 from world import World
 
 
@@ -74,7 +75,7 @@ class RunCheckpoint:
         `statistics` and its `rollout_state`, copied; under torchrun the ranks' own (their
         generators, environments and rollout state) gathered into lists, which rank 0 writes."""
         state = {"rng": checkpoints.rng_state(device),
-                 **({} if envs is None else {"envs": checkpoints.save_envs(envs)}),
+                 **({} if envs is None else {"envs": environments.save_envs(envs)}),
                  **{name: checkpoints.statistics_state(statistic)
                     for name, statistic in statistics.items()},
                  **{name: kept(value) for name, value in rollout_state.items()}}

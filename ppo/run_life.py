@@ -1,7 +1,7 @@
 """A run's life as a script sees it, from its first line to its last word: `Run`, the one front
 door to its logs (run_logs), its checkpoint (run_checkpoint), torchrun's ranks (world), and its
 iterations with the stop signals, the progress line and the divergence stop (here); and what the
-scripts call beside it (the speed options, the evaluation, the episodes that ended in a step).
+scripts call beside it (the speed options, the evaluation).
 """
 
 import math
@@ -16,8 +16,8 @@ import torch
 
 import checkpoints
 import command_line
-import videos
-from evaluation import Evaluation, finished_episodes  # noqa: F401  (the scripts' run_life.<name>)
+import environments
+from evaluation import Evaluation  # noqa: F401  (the scripts' run_life.<name>)
 from exits import UNUSED_RUN_FOLDERS, Diverged
 from run_checkpoint import RunCheckpoint
 from run_logs import RunLogs, claim_run_folder  # noqa: F401
@@ -188,7 +188,7 @@ class Run:
                                                      if checkpoint else "")
         records_video = args.capture_video and rank == 0  # the process that records
         if records_video:
-            videos.render_off_screen()
+            environments.render_off_screen()
         self.saved = RunCheckpoint(args, variant, checkpoint, self.world, self.folder, self.name,
                                    records_video)
         self.saved_envs, self.checkpoint_path = self.saved.saved_envs, self.saved.path

@@ -10,8 +10,7 @@ from typing import Callable
 import gymnasium as gym
 import torch
 
-import checkpoints
-import command_line
+import environments
 from exits import STOP_SIGNALS
 
 
@@ -58,8 +57,8 @@ def vector_env(env_fns: list[Callable[[], gym.Env]], env_id: str, variant: str,
     `saved_envs` left them. A registered id whose code needs a package that is missing is refused
     in one line."""
     if saved_envs is not None:
-        env_fns = checkpoints.restored_envs(env_fns, saved_envs)
-    with command_line.packages_checked(env_id, variant):
+        env_fns = environments.restored_envs(env_fns, saved_envs)
+    with environments.packages_checked(env_id, variant):
         if async_envs:
             return async_vector_env(env_fns)
         return gym.vector.SyncVectorEnv(env_fns, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)

@@ -23,6 +23,7 @@ from conftest import parse_args, assert_same_agent_state, expect_usage_error, on
 
 import checkpoints  # noqa: E402
 import exits  # noqa: E402
+import old_checkpoints  # noqa: E402
 
 ATARI = dict(total_timesteps=32, num_envs=2, num_steps=16, num_minibatches=2, update_epochs=1, cuda=False)
 # (script, what its tiny run needs installed, the settings of that run)
@@ -187,7 +188,7 @@ def test_an_old_checkpoint_resumes_only_with_the_flag(tiny, tmp_path, capsys):
                        f"{old_path!r} is a checkpoint of the older format", "--trust-old-checkpoint")
     _, old = parse_args(script, ["--resume", old_path, "--trust-old-checkpoint"])
     if script.VARIANT in PICKLED_ENVS:  # its pickles, marked for unpickling
-        assert all(isinstance(item, checkpoints.TrustedOldPickle) for item in leaves(old["envs"]))
+        assert all(isinstance(item, old_checkpoints.TrustedOldPickle) for item in leaves(old["envs"]))
 
 
 # One script per kind of pickle the older checkpoints held: classic control's environments, MuJoCo's

@@ -24,8 +24,7 @@ import ppo.ppo_atari as ppo_atari  # noqa: E402
 from conftest import parse_args as parse_args_of  # noqa: E402
 from ppo.ppo_atari import Agent, Args, main, make_env, make_envs, minibatch_loss  # noqa: E402
 import atari_wrappers  # noqa: E402  (importable once ppo is, as the run machinery)
-from checkpoints import save_envs  # noqa: E402  (the scripts' run machinery, importable once ppo is)
-from run_life import finished_episodes  # noqa: E402
+from environments import finished_episodes, save_envs  # noqa: E402  (the scripts' run machinery, importable once ppo is)
 
 
 def parse_args(argv: list[str]):  # what `python ppo/ppo_atari.py argv...` reads

@@ -266,13 +266,13 @@ def train_with_a_game_ending_every_step(rank: int, port: int, out_dir) -> None:
     import os
 
     import ppo.ppo_atari_multigpu as script
-    import run_life
+    import environments  # importable once ppo is: where the script reads the episodes that ended
 
     os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE="2",
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     os.chdir(out_dir)
     step_numbers = itertools.count(1)
-    run_life.finished_episodes = lambda infos: [(float(1000 * rank + next(step_numbers)), 7)]
+    environments.finished_episodes = lambda infos: [(float(1000 * rank + next(step_numbers)), 7)]
     script.main(Args(seed=1, num_envs=4, num_steps=4, num_minibatches=2, total_timesteps=64, cuda=False))
 
 

@@ -28,6 +28,7 @@ from ppo import ppo_continuous_action as script
 from conftest import parse_args as parse_args_of
 from ppo.ppo_continuous_action import Agent, Args, RewardScaler, RunningMeanStd, evaluate, main, minibatch_loss
 import checkpoints  # the scripts' run machinery, importable once ppo is
+import environments
 
 
 def parse_args(argv: list[str]):  # what `python ppo/ppo_continuous_action.py argv...` reads
@@ -464,7 +465,7 @@ def test_saved_mujoco_environments_continue_the_same_episodes(mujoco):
         actions = rng.uniform(-1, 1, size=(300,) + envs.action_space.shape).astype(np.float32)
         for action in actions[:30]:
             envs.step(action)
-        copy = script.make_envs(env_id, 1, saved_envs=checkpoints.save_envs(envs))
+        copy = script.make_envs(env_id, 1, saved_envs=environments.save_envs(envs))
         for action in actions[30:]:  # long enough to cross episode ends and their resets
             original, restored = envs.step(action), copy.step(action)
             for a, b in zip(original[:4], restored[:4]):

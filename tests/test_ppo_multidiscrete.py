@@ -20,7 +20,7 @@ from conftest import (METRICS, REPO, assert_details_marked, assert_evaluation_ou
                       assert_same_final_weights, expect_usage_error, only_run_dir, read_scalars, run_script,
                       run_unbroken_and_interrupted)
 import ppo.ppo_multidiscrete as script
-import run_life
+import environments
 from conftest import parse_args as parse_args_of
 from ppo.ppo_multidiscrete import ActionParts, Agent, Args, JumanjiGame, main, ruled_out_share
 
@@ -395,7 +395,7 @@ def test_a_jumanji_game_resets_within_the_step_that_ends_it():
     for _ in range(250):
         masks = infos["action_mask"].reshape(2, 3, 4)  # a random valid move for each of the 3 agents
         _, _, _, _, infos = envs.step(np.where(masks, rng.random(masks.shape), -1.0).argmax(-1))
-        lengths += [length for _, length in run_life.finished_episodes(infos)]
+        lengths += [length for _, length in environments.finished_episodes(infos)]
         elapsed.append(infos["elapsed_step"][0])
     assert lengths == [100] * 4
     assert elapsed[:101] == [*range(1, 100), 0, 1]  # step 100 ends the episode and starts the next
