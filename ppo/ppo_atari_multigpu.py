@@ -184,8 +184,7 @@ class Agent(nn.Module):
     def __init__(self, num_actions: int):
         super().__init__()
         self.network = nn.Sequential(
-            # 4 stacked 84x84 frames -> 20x20
-            layer_init(nn.Conv2d(4, 32, kernel_size=8, stride=4)),
+            layer_init(nn.Conv2d(4, 32, kernel_size=8, stride=4)),  # 4 frames of 84x84 -> 20x20
             nn.ReLU(),
             layer_init(nn.Conv2d(32, 64, kernel_size=4, stride=2)),  # -> 9x9
             nn.ReLU(),
