@@ -26,11 +26,9 @@ import numpy as np
 
 from benchmark.run_data import find_run_dirs, logged_times
 
-# How often the sampler reads the clocks: every 5 ms for the CPU time of a training measurement
-# (a read costs a few microseconds of this process's time), every 1 ms for the split into rollout and
-# update, whose iterations can be tens of milliseconds (CartPole's); docs/notes/speed.md has the
-# overheads measured.
-CPU_PERIOD, LINE_PERIOD = 0.005, 0.001
+# How often the sampler reads the clocks: every 50 ms for the CPU time of a training measurement, every
+# 1 ms for the split into rollout and update, whose iterations can be tens of milliseconds (CartPole's).
+CPU_PERIOD, LINE_PERIOD = 0.05, 0.001
 
 
 def fail(message: str) -> NoReturn:
@@ -43,13 +41,13 @@ class Sampler:
     """A thread that reads, every `period` seconds while it runs (a `with` block), the wall clock
     (time.time(), the clock of TensorBoard's events), this process's CPU time (its threads' included)
     and, with `watch` (a function's code), the line that the thread that started it is running in
-    that function's frame, or None where none is running. It observes, and changes nothing: it needs
-    the GIL only for the few microseconds of a read."""
+    that function's frame, or None where none is running. It observes, and changes nothing; a read
+    holds the GIL for about a microsecond, but the run may wait to have it back (docs/notes/speed.md
+    has the overheads measured)."""
 
     def __init__(self, period: float, watch=None):
         self.period, self.watch, self.samples = period, watch, []  # samples: (wall, CPU, line)
-        self.watched_thread, self.frame = threading.get_ident(), None
-        self.stopped = threading.Event()
+        self.watched_thread, self.frame, self.stopped = threading.get_ident(), None, False
         self.thread = threading.Thread(target=self.sample_until_stopped, name="speed.py sampler", daemon=True)
 
     def __enter__(self) -> Sampler:
@@ -58,12 +56,15 @@ class Sampler:
         return self
 
     def __exit__(self, *exception) -> None:
-        self.stopped.set()
+        self.stopped = True
         self.thread.join()
         self.sample()
 
     def sample_until_stopped(self) -> None:
-        while not self.stopped.wait(self.period):
+        # time.sleep, not an Event's wait: one call that lets go of the GIL, where a wait runs a few
+        # Python statements of threading's with it at each sample
+        while not self.stopped:
+            time.sleep(self.period)
             self.sample()
 
     def sample(self) -> None:
@@ -80,10 +81,18 @@ class Sampler:
             self.frame = frame
         return None if self.frame is None else self.frame.f_lineno
 
-    def cpu_at(self, walls: list[float]) -> np.ndarray:
-        """The CPU time at each wall time, interpolated between the samples around it."""
-        sampled = np.array([sample[:2] for sample in self.samples])
-        return np.interp(walls, sampled[:, 0], sampled[:, 1])
+    def cpu_seconds(self, start: float, end: float) -> float:
+        """The CPU time spent from wall time `start` to `end`: the CPU rate between the first and the
+        last sample within them, over the whole span. A steady loop keeps its rate up to the span's
+        edges, where a reading between the samples around an edge would take in a change of pace just
+        outside it (the run's end, which waits for its logs to close). Where fewer than two samples
+        fall within (a run of a few milliseconds), the CPU time is read between those around it."""
+        inside = [(wall, cpu) for wall, cpu, _ in self.samples if start <= wall <= end]
+        if len(inside) >= 2 and inside[-1][0] > inside[0][0]:
+            (first_wall, first_cpu), (last_wall, last_cpu) = inside[0], inside[-1]
+            return (last_cpu - first_cpu) / (last_wall - first_wall) * (end - start)
+        walls, cpus = zip(*[(wall, cpu) for wall, cpu, _ in self.samples])
+        return float(np.interp(end, walls, cpus) - np.interp(start, walls, cpus))
 
 
 def run_logged(script, args, *beside) -> list[tuple[float, int]]:
@@ -116,9 +125,8 @@ def training_speed(script, args, warmup_iterations: int) -> tuple[float, float, 
         fail(f"{iterations} iterations are too few to measure after {warmup_iterations} warm-up iterations: "
              "raise --total-timesteps")
     (first_wall, first_step), (last_wall, last_step) = ends[warmup_iterations], ends[-1]
-    first_cpu, last_cpu = sampler.cpu_at([first_wall, last_wall])
     steps = last_step - first_step
-    return steps / (last_wall - first_wall), steps / (last_cpu - first_cpu), steps
+    return steps / (last_wall - first_wall), steps / sampler.cpu_seconds(first_wall, last_wall), steps
 
 
 def value_call_line(script) -> int:

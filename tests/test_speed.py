@@ -80,11 +80,15 @@ def test_training_speed_is_measured_after_the_warmup_iterations(tmp_path, monkey
                        "too few to measure", "raise --total-timesteps")
 
 
-def test_the_cpu_time_is_read_between_the_samples_at_the_logs_times():
-    """The CPU time at an event's wall time is interpolated between the sampler's (wall, CPU) pairs."""
+def test_the_cpu_time_of_a_span_is_the_rate_of_the_samples_within_it():
+    """The CPU time from one of the log's times to another is the CPU rate between the first and the
+    last sample within them, over the span: not a reading between the samples around its end, which
+    would take in the slower pace after it (here 0.1 s of CPU in the last second, the run closing).
+    With fewer than two samples within, it is read between those around it."""
     sampler = speed_clocks.Sampler(speed_clocks.CPU_PERIOD)
-    sampler.samples = [(100.0, 5.0, None), (100.5, 5.2, None), (101.0, 5.8, None)]
-    assert list(sampler.cpu_at([100.0, 100.25, 100.75, 101.0])) == pytest.approx([5.0, 5.1, 5.5, 5.8])
+    sampler.samples = [(100.0, 5.0, None), (100.5, 5.2, None), (101.0, 5.8, None), (102.0, 5.9, None)]
+    assert sampler.cpu_seconds(100.2, 101.2) == pytest.approx(1.2)  # 0.6 s of CPU in 0.5 s, over 1 s
+    assert sampler.cpu_seconds(100.1, 100.4) == pytest.approx(5.16 - 5.04)
 
 
 def test_table_divides_training_by_raw_speed_and_leaves_out_the_cpu_time_of_worker_processes(monkeypatch, capsys):
