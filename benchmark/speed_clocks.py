@@ -1,10 +1,10 @@
 """A script's run timed from outside, for benchmark/speed.py: `script.main()` trains in this process,
 untouched, and the clocks are read where the run leaves them or beside it. The iterations' ends are
 its TensorBoard log's own times (the first event, written as its writer opens before the first
-iteration; then each charts/SPS point, logged as an iteration ends). The CPU time, and the line of
-`main` that the run is in, come from a thread that samples them every few milliseconds (`Sampler`):
-the CPU time is read between samples at the events' times, and each iteration's rollout ends where
-`main` reaches the value call after its rollout (`value_call_line`)."""
+iteration; then each charts/SPS point, logged as an iteration ends). A thread beside the run
+(`Sampler`) reads the CPU time every 50 ms, whose rate within the measured span gives the span's CPU
+time; or, for the split into rollout and update, where `main` is every millisecond: each
+iteration's rollout ends where `main` reaches the value call after it (`value_call_line`)."""
 
 from __future__ import annotations
 
@@ -39,14 +39,15 @@ def fail(message: str) -> NoReturn:
 
 class Sampler:
     """A thread that reads, every `period` seconds while it runs (a `with` block), the wall clock
-    (time.time(), the clock of TensorBoard's events), this process's CPU time (its threads' included)
-    and, with `watch` (a function's code), the line that the thread that started it is running in
-    that function's frame, or None where none is running. It observes, and changes nothing; a read
-    holds the GIL for about a microsecond, but the run may wait to have it back (docs/notes/speed.md
-    has the overheads measured)."""
+    (time.time(), the clock of TensorBoard's events) and either this process's CPU time (its threads'
+    included) or, with `watch` (a function's code), where the thread that started it is in that
+    function: its frame's last instruction, whose line `lines` finds after the run (reading the line
+    itself scans the function's line table, a microsecond or more, holding the GIL), or None where
+    the function is not running. It observes and changes nothing, but the run may wait for the GIL
+    while it reads: docs/notes/speed.md has the overheads measured."""
 
     def __init__(self, period: float, watch=None):
-        self.period, self.watch, self.samples = period, watch, []  # samples: (wall, CPU, line)
+        self.period, self.watch, self.samples = period, watch, []  # (wall, CPU time or instruction)
         self.watched_thread, self.frame, self.stopped = threading.get_ident(), None, False
         self.thread = threading.Thread(target=self.sample_until_stopped, name="speed.py sampler", daemon=True)
 
@@ -68,18 +69,22 @@ class Sampler:
             self.sample()
 
     def sample(self) -> None:
-        self.samples.append((time.time(), time.process_time(), self.line()))
+        self.samples.append((time.time(), time.process_time() if self.watch is None else self.instruction()))
 
-    def line(self) -> int | None:
-        """The line the watched function's frame is at (the call it is in, if it called one)."""
-        if self.watch is None:
-            return None
+    def instruction(self) -> int | None:
+        """The offset of the watched function's frame's last instruction (the call it is in, if it
+        called one)."""
         if self.frame is None:  # found once: the frame stays the run's while `main` runs
             frame = sys._current_frames().get(self.watched_thread)
             while frame is not None and frame.f_code is not self.watch:
                 frame = frame.f_back
             self.frame = frame
-        return None if self.frame is None else self.frame.f_lineno
+        return None if self.frame is None else self.frame.f_lasti
+
+    def lines(self) -> list[tuple[float, int | None]]:
+        """The samples of `watch` as (wall, the line the thread was at, or None)."""
+        line_of = {offset: line for start, end, line in self.watch.co_lines() for offset in range(start, end)}
+        return [(wall, None if offset is None else line_of.get(offset)) for wall, offset in self.samples]
 
     def cpu_seconds(self, start: float, end: float) -> float:
         """The CPU time spent from wall time `start` to `end`: the CPU rate between the first and the
@@ -87,11 +92,11 @@ class Sampler:
         edges, where a reading between the samples around an edge would take in a change of pace just
         outside it (the run's end, which waits for its logs to close). Where fewer than two samples
         fall within (a run of a few milliseconds), the CPU time is read between those around it."""
-        inside = [(wall, cpu) for wall, cpu, _ in self.samples if start <= wall <= end]
+        inside = [(wall, cpu) for wall, cpu in self.samples if start <= wall <= end]
         if len(inside) >= 2 and inside[-1][0] > inside[0][0]:
             (first_wall, first_cpu), (last_wall, last_cpu) = inside[0], inside[-1]
             return (last_cpu - first_cpu) / (last_wall - first_wall) * (end - start)
-        walls, cpus = zip(*[(wall, cpu) for wall, cpu, _ in self.samples])
+        walls, cpus = zip(*self.samples)
         return float(np.interp(end, walls, cpus) - np.interp(start, walls, cpus))
 
 
@@ -144,16 +149,18 @@ def value_call_line(script) -> int:
     return first - 1 + max(statement.lineno for statement in statements)
 
 
-def rollout_ends(samples: list[tuple], ends: list[tuple[float, int]], split_line: int) -> list[float]:
+def rollout_ends(lines: list[tuple[float, int | None]], ends: list[tuple[float, int]],
+                 split_line: int) -> list[float]:
     """When each iteration's rollout ended (iteration i, from 1, runs from ends[i - 1] to ends[i]),
-    from the samples' lines (in time order): halfway between the iteration's last sample before
-    `split_line` and the next sample (or the iteration's end), so off by half their gap at most."""
-    times = [wall for wall, _, _ in samples]
+    from the lines `main` was seen at (Sampler.lines, in time order): halfway between the iteration's
+    last sample before `split_line` and the next sample (or the iteration's end), so off by half
+    their gap at most."""
+    times = [wall for wall, _ in lines]
     found = []
     for (start, _), (end, _) in zip(ends, ends[1:]):
         first, last = bisect.bisect_right(times, start), bisect.bisect_left(times, end)
         before = next((index for index in range(last - 1, first - 1, -1)
-                       if samples[index][2] is not None and samples[index][2] < split_line), None)
+                       if lines[index][1] is not None and lines[index][1] < split_line), None)
         last_before, following = (start, first) if before is None else (times[before], before + 1)
         found.append((last_before + (times[following] if following < last else end)) / 2)
     return found
@@ -206,7 +213,7 @@ def iteration_parts(script, run_args, warmup_iterations: int, profiler=None) -> 
     sampler = Sampler(LINE_PERIOD, watch=script.main.__code__)
     beside = [sampler] + ([profiled_after_warmup(profiler, warmup_iterations)] if profiler else [])
     ends = run_logged(script, run_args, *beside)
-    rollouts = rollout_ends(sampler.samples, ends, split_line)
+    rollouts = rollout_ends(sampler.lines(), ends, split_line)
     # iteration i (from 1) runs from ends[i - 1] to ends[i], and its rollout ends at rollouts[i - 1]
     return [(rollouts[i - 1] - ends[i - 1][0], ends[i][0] - rollouts[i - 1], ends[i][1] - ends[i - 1][1])
             for i in range(warmup_iterations + 1, len(ends))]

@@ -86,7 +86,7 @@ def test_the_cpu_time_of_a_span_is_the_rate_of_the_samples_within_it():
     would take in the slower pace after it (here 0.1 s of CPU in the last second, the run closing).
     With fewer than two samples within, it is read between those around it."""
     sampler = speed_clocks.Sampler(speed_clocks.CPU_PERIOD)
-    sampler.samples = [(100.0, 5.0, None), (100.5, 5.2, None), (101.0, 5.8, None), (102.0, 5.9, None)]
+    sampler.samples = [(100.0, 5.0), (100.5, 5.2), (101.0, 5.8), (102.0, 5.9)]
     assert sampler.cpu_seconds(100.2, 101.2) == pytest.approx(1.2)  # 0.6 s of CPU in 0.5 s, over 1 s
     assert sampler.cpu_seconds(100.1, 100.4) == pytest.approx(5.16 - 5.04)
 
@@ -162,15 +162,15 @@ def test_each_rollout_ends_after_the_iterations_last_sample_before_the_value_cal
     in the line of run.end_iteration (the end of the previous iteration's call, past the value call),
     are not the rollout's end. Stand-in samples, one a second: the split is exact."""
     split, loop, rollout, end_iteration = 50, 30, 40, 70
-    samples, ends = [], [(0.0, 0)]
+    seen, ends = [], [(0.0, 0)]
     for iteration in range(3):
         start = 10.0 * iteration
         lines = [end_iteration, loop, rollout, rollout, rollout, rollout, split, 60, 60, end_iteration]
-        samples += [(start + 0.5 + second, 0.0, line) for second, line in enumerate(lines)]
+        seen += [(start + 0.5 + second, line) for second, line in enumerate(lines)]
         ends.append((start + 10.0, 10 * (iteration + 1)))
-    assert speed_clocks.rollout_ends(samples, ends, split) == [6.0, 16.0, 26.0]  # between x5.5 and x6.5
+    assert speed_clocks.rollout_ends(seen, ends, split) == [6.0, 16.0, 26.0]  # between x5.5 and x6.5
     # with no sample before the value call, halfway to the iteration's first sample
-    assert speed_clocks.rollout_ends([(1.0, 0.0, 60)], [(0.0, 0), (10.0, 10)], split) == [0.5]
+    assert speed_clocks.rollout_ends([(1.0, 60)], [(0.0, 0), (10.0, 10)], split) == [0.5]
 
 
 def test_the_split_is_the_value_call_of_every_scripts_iteration_loop():
@@ -183,8 +183,8 @@ def test_the_split_is_the_value_call_of_every_scripts_iteration_loop():
 
 
 def test_the_sampler_reads_the_line_the_watched_function_is_at():
-    """Sampler(watch=code) reads, from its own thread, the line the function is running in the thread
-    that started it (None before it runs). The function waits for samples, not for time."""
+    """Sampler(watch=code) reads, from its own thread, where the function is in the thread that started
+    it, and finds the lines after (None before it runs). The function waits for samples, not for time."""
     def watched(sampler):
         taken = len(sampler.samples)
         while len(sampler.samples) < taken + 3:
@@ -193,7 +193,7 @@ def test_the_sampler_reads_the_line_the_watched_function_is_at():
     sampler = speed_clocks.Sampler(0.001, watch=watched.__code__)
     with sampler:
         watched(sampler)
-    lines = [line for _, _, line in sampler.samples]
+    lines = [line for _, line in sampler.lines()]
     body = {watched.__code__.co_firstlineno + offset for offset in (1, 2, 3)}
     assert lines[0] is None
     assert {line for line in lines if line is not None} <= body and sum(line in body for line in lines) >= 3
