@@ -14,9 +14,10 @@ them), on the CPU and, when there is one, on the GPU. One table comes out at the
 Training speed is measured after the first `--warmup-iterations` iterations, which pay for
 torch.compile's compilation and for recording CUDA graphs, from the run's own TensorBoard log: the
 time of its first event, written as the writer opens just before the first iteration, and of each
-charts/SPS point, logged with its step at the end of every iteration. The CPU time at those moments
-is read between the samples that a thread takes every 5 ms beside the run; nothing in the script or
-its run machinery is replaced (benchmark/speed_clocks.py). The ratio of training to raw
+charts/SPS point, logged with its step at the end of every iteration. The CPU time of that span is
+the process's CPU rate between the first and the last reading within it of a thread that reads it
+every 50 ms beside the run; nothing in the script or its run machinery is replaced
+(benchmark/speed_clocks.py, docs/notes/speed.md for the checks). The ratio of training to raw
 throughput is what the training loop costs beyond the environments: 1.0 would mean learning for free.
 
 Wall-clock figures are what a user sees, but they drop whenever anything else runs on the machine;
@@ -35,8 +36,9 @@ that imports the script and builds its optimizer, as every run does before its f
 second splits a real run into its rollout and its update, each against its own floor, to show which
 of the two loses the time: the loop's own statements, and its parts running slower interleaved with
 each other than alone. The rollout ends where the script's `main` reaches its value call for the
-last observations, as a thread that reads `main`'s line every millisecond sees it (to within a
-millisecond or so), the update when the iteration logs charts/SPS.
+last observations: halfway between the last and the next of the readings of where `main` is, which a
+thread takes every millisecond (further apart where the run holds the GIL); the update ends when the
+iteration logs charts/SPS. That thread makes both halves a little slower (about 2% on CartPole).
 """
 
 from __future__ import annotations
