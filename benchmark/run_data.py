@@ -2,7 +2,8 @@
 seed and budget from the `hyperparameters` text, its episodes' returns with their steps and training
 time, its SPS, wall time and `versions`), whether it reached its budget and its final return, and the
 one complete run kept per (variant, env, seed). benchmark/report.py is the command; the tuner reads
-its objective through `load_run` and `RunData.final_return`."""
+its objective through `load_run` and `RunData.final_return`, benchmark/speed.py a run's times through
+`logged_times`."""
 
 from __future__ import annotations
 
@@ -104,6 +105,18 @@ def sittings(run_dir: Path) -> np.ndarray:
         if times:
             spans.append((min(times), max(times)))
     return np.array(spans, dtype=np.float64).reshape(-1, 2)
+
+
+def logged_times(run_dir: Path, tag: str) -> tuple[float, list[tuple[int, float]]]:
+    """When a run's TensorBoard log opened (its first event, which the writer writes as it opens) and
+    the (step, wall time) of each point of the scalar `tag`, in the order logged (benchmark/speed.py
+    times a run by them)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    accumulator = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
+    accumulator.Reload()
+    points = accumulator.Scalars(tag) if tag in accumulator.Tags()["scalars"] else []
+    return accumulator.FirstEventTimestamp(), [(point.step, point.wall_time) for point in points]
 
 
 def training_seconds(times: np.ndarray, spans: np.ndarray) -> np.ndarray:

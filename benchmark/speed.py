@@ -1,6 +1,3 @@
-# Over 400 lines, kept whole: one command whose measurements (the raw environments, the training, the
-# parts alone) share their clocks and their hooks into a script's run (the monkeypatches below, which
-# stand in for hooks ppo/ lacks); main names its steps (parse_args, measure_script, print_speeds).
 """Training speed of the scripts against the raw speed of their environments, measured in one run.
 
     python benchmark/speed.py                                   # every script, speed options off and on
@@ -15,9 +12,12 @@ combination of speed options (`--async-envs`, `--compile`, `--cudagraphs`, where
 them), on the CPU and, when there is one, on the GPU. One table comes out at the end.
 
 Training speed is measured after the first `--warmup-iterations` iterations, which pay for
-torch.compile's compilation and for recording CUDA graphs: the steps and the clocks are read when
-the script opens its TensorBoard writer, just before its first iteration, and each time it logs
-charts/SPS, at the end of every iteration. The ratio of training to raw
+torch.compile's compilation and for recording CUDA graphs, from the run's own TensorBoard log: the
+time of its first event, written as the writer opens just before the first iteration, and of each
+charts/SPS point, logged with its step at the end of every iteration. The CPU time of that span is
+the process's CPU rate between the first and the last reading within it of a thread that reads it
+every 50 ms beside the run; nothing in the script or its run machinery is replaced
+(benchmark/speed_clocks.py, docs/notes/speed.md for the checks). The ratio of training to raw
 throughput is what the training loop costs beyond the environments: 1.0 would mean learning for free.
 
 Wall-clock figures are what a user sees, but they drop whenever anything else runs on the machine;
@@ -25,40 +25,41 @@ CPU-time figures (the CPU time of this process, its environment threads included
 a shared machine compare those. A run whose games play in worker processes (`--async-envs` of the
 ale-py scripts) has no CPU-time figure: the workers' CPU time is not this process's.
 
-`--parts` measures what bounds each part of a run, on the plain settings, and prints two more tables.
-The first: the policy step alone (the agent's call of the rollout on one step's observations, the
-action back on the host) and one gradient step alone (the script's `minibatch_loss`, backward,
-gradient clipping and Adam on one minibatch), each replaying the arguments that a one-iteration run
-passed them; from those and the raw rate, the floor: the steps per second a run would reach if it did
-nothing but step the environments, take the policy steps and the gradient steps; and the start, a
-fresh Python process that imports the script and builds its optimizer, as every run does before its
-first step. The second splits a real run into its rollout and its update, each against its own
-floor, to show which of the two loses the time: the loop's own statements, and its parts running
-slower interleaved with each other than alone.
+`--parts` measures what bounds each part of a run, on the plain settings, and prints two more tables
+(benchmark/speed_parts.py). The first: the policy step alone (the agent's call of the rollout on one
+step's observations, the action back on the host) and one gradient step alone (the script's
+`minibatch_loss`, backward, gradient clipping and Adam on one minibatch), each replaying the arguments
+that a one-iteration run passed them (seen with sys.setprofile, in that untimed run only); from those
+and the raw rate, the floor: the steps per second a run would reach if it did nothing but step the
+environments, take the policy steps and the gradient steps; and the start, a fresh Python process
+that imports the script and builds its optimizer, as every run does before its first step. The
+second splits a real run into its rollout and its update, each against its own floor, to show which
+of the two loses the time: the loop's own statements, and its parts running slower interleaved with
+each other than alone. The rollout ends where the script's `main` reaches its value call for the
+last observations: halfway between the last and the next of the readings of where `main` is, which a
+thread takes every millisecond (further apart where the run holds the GIL); the update ends when the
+iteration logs charts/SPS. That thread makes both halves a little slower (about 2% on CartPole).
 """
 
 from __future__ import annotations
 
 import argparse
-import cProfile
 import dataclasses
 import importlib
 import os
-import statistics
-import subprocess
 import sys
-import tempfile
 import time
 import types
 import typing
 from pathlib import Path
 from typing import NoReturn
 
-import numpy as np
-
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from benchmark.scripts_on_path import make_scripts_importable  # noqa: E402
+
+from benchmark.speed_clocks import fail, loop_split, training_speed  # noqa: E402  (a run, timed)
+from benchmark.speed_parts import part_floors, raw_env_speed, start_seconds  # noqa: E402  (the parts alone)
 
 # What each script is measured on by default: env id, number of environments (the script's default)
 # and number of iterations: 4 (1 to warm up, 3 measured), 40 for ppo.py, whose iterations are short.
@@ -77,226 +78,6 @@ DEFAULTS = {
 # cannot see (envpool's pools step on threads of this process).
 ASYNC_IN_WORKER_PROCESSES = {"ppo_atari.py", "ppo_atari_lstm.py", "ppo_atari_multigpu.py"}
 SPEED_OPTIONS = ("async_envs", "numpy_policy", "compile", "cudagraphs")
-
-
-def fail(message: str) -> NoReturn:
-    """Wrong input: one line saying what to do, exit code 2."""
-    print(f"speed.py: error: {message}", file=sys.stderr, flush=True)
-    raise SystemExit(2)
-
-
-def timed(function) -> tuple[float, float]:
-    """Run `function()`; return the (wall, CPU) seconds it took."""
-    wall, cpu = time.perf_counter(), time.process_time()
-    function()
-    return time.perf_counter() - wall, time.process_time() - cpu
-
-
-def raw_env_speed(script, env_id: str, num_envs: int, seconds: float) -> tuple[float, float]:
-    """(wall, CPU) environment steps per second of the script's vector env under random actions."""
-    envs = script.make_envs(env_id, num_envs)
-    # Actions are drawn beforehand: they are not part of the env's cost. Every script's make_envs
-    # gives a gymnasium vector env or a class that steps like one (ppo_procgen.py's, envpool_games').
-    envs.reset(seed=0)
-    envs.single_action_space.seed(0)
-    actions = [np.stack([envs.single_action_space.sample() for _ in range(num_envs)])
-               for _ in range(256)]
-    steps = 0
-
-    def step_for_a_while():
-        nonlocal steps
-        start = time.perf_counter()
-        while time.perf_counter() - start < seconds:
-            for action in actions:
-                envs.step(action)
-            steps += len(actions) * num_envs
-
-    wall, cpu = timed(step_for_a_while)
-    envs.close()
-    return steps / wall, steps / cpu
-
-
-def training_speed(script, args, warmup_iterations: int) -> tuple[float, float, int]:
-    """(wall, CPU) environment steps per second of `script.main(args)` from the end of iteration
-    `warmup_iterations` (0: the start of training) to the end of the run, and the number of steps
-    measured. The clocks are read when the script opens its writer (ppo/run_logs.py's RunLogs) and
-    whenever it logs charts/SPS, which every script does once per iteration."""
-    import run_logs  # the scripts' run machinery (their logs), importable once a script is
-
-    marks = []  # (global_step, wall, CPU): at the start of training, then at the end of each iteration
-
-    class ClockedWriter(run_logs.SummaryWriter):
-        def __init__(self, *options, **named_options):
-            super().__init__(*options, **named_options)
-            marks.append((0, time.perf_counter(), time.process_time()))
-
-        def add_scalar(self, tag, value, global_step=None, *rest, **options):
-            if tag == "charts/SPS":
-                marks.append((global_step, time.perf_counter(), time.process_time()))
-            return super().add_scalar(tag, value, global_step, *rest, **options)
-
-    previous_directory, previous_writer = os.getcwd(), run_logs.SummaryWriter
-    with tempfile.TemporaryDirectory() as workdir:
-        os.chdir(workdir)
-        # Monkeypatched (put back below): ppo/ has no hook for reading the clocks where the run logs.
-        run_logs.SummaryWriter = ClockedWriter
-        try:
-            script.main(args)
-        finally:
-            run_logs.SummaryWriter = previous_writer
-            os.chdir(previous_directory)
-    iterations = len(marks) - 1
-    if iterations <= warmup_iterations:
-        fail(f"{iterations} iterations are too few to measure after {warmup_iterations} warm-up iterations: "
-             "raise --total-timesteps")
-    (first_step, first_wall, first_cpu), (last_step, last_wall, last_cpu) = marks[warmup_iterations], marks[-1]
-    steps = last_step - first_step
-    return steps / (last_wall - first_wall), steps / (last_cpu - first_cpu), steps
-
-
-def record_first_calls(script, run_args) -> dict:
-    """The arguments of the first policy step and of the first minibatch loss of a one-iteration
-    run of `script` with `run_args`: {"policy": (args, kwargs), "loss": (args, kwargs)}."""
-    recorded = {}
-
-    def recording(name, function):
-        def wrapper(*positional, **named):
-            recorded.setdefault(name, (positional, named))
-            return function(*positional, **named)
-        return wrapper
-
-    name = policy_step_name(script)
-    policy_step, loss = getattr(script.Agent, name), script.minibatch_loss
-    setattr(script.Agent, name, recording("policy", policy_step))
-    # Monkeypatched (put back below): to measure the loss alone, its real arguments are recorded.
-    script.minibatch_loss = recording("loss", loss)
-    try:
-        batch_size = run_args.num_envs * run_args.num_steps
-        training_speed(script, dataclasses.replace(run_args, total_timesteps=batch_size), 0)
-    finally:
-        setattr(script.Agent, name, policy_step)
-        script.minibatch_loss = loss
-    return recorded
-
-
-def policy_step_name(script) -> str:
-    """The agent's method that the rollout calls: get_action where the script has one (the MLP
-    scripts, which leave log-probabilities and values for after the rollout), else
-    get_action_and_value, whose first call in a run is the rollout's."""
-    return "get_action" if hasattr(script.Agent, "get_action") else "get_action_and_value"
-
-
-def seconds_per_call(function, calls: int) -> float:
-    """The median over 5 blocks of `calls` calls of the seconds one call of `function` takes, after
-    `calls` calls to warm up."""
-    for _ in range(calls):
-        function()
-    blocks = [timed(lambda: [function() for _ in range(calls)])[0] / calls for _ in range(5)]
-    return statistics.median(blocks)
-
-
-def part_floors(script, run_args) -> tuple[float, float]:
-    """(policy step, gradient step): the seconds each takes alone, replaying the arguments that a
-    one-iteration run passed them, as the script's loop runs them."""
-    import torch
-
-    recorded = record_first_calls(script, run_args)
-    (agent, *policy_args), policy_named = recorded["policy"]
-
-    def policy_step():
-        with torch.inference_mode():
-            action = getattr(script.Agent, policy_step_name(script))(agent, *policy_args, **policy_named)
-            (action[0] if isinstance(action, tuple) else action).cpu().numpy()
-
-    (agent, *loss_args), loss_named = recorded["loss"]
-    optimizer = script.adam.Adam(agent.parameters(), lr=1e-6, eps=1e-5, fused=True)  # the scripts' own
-
-    def gradient_step():
-        loss, _ = script.minibatch_loss(agent, *loss_args, **loss_named)
-        optimizer.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(agent.parameters(), run_args.max_grad_norm, foreach=True)
-        optimizer.step()
-
-    return seconds_per_call(policy_step, 200), seconds_per_call(gradient_step, 50)
-
-
-def clock_time() -> str:
-    """The local time as nvidia-smi's timestamps give it, to find the steady state in its samples."""
-    now = time.time()
-    return time.strftime("%Y/%m/%d %H:%M:%S", time.localtime(now)) + f".{int(now % 1 * 1000):03d}"
-
-
-def iteration_parts(script, run_args, warmup_iterations: int,
-                    profiler: cProfile.Profile | None = None) -> list[tuple[float, float, int]]:
-    """(rollout seconds, update seconds, steps) of each iteration of `script.main(run_args)` after
-    the first `warmup_iterations`, which `profiler`, if given, leaves out too. The rollout ends at
-    the iteration's last call of `Agent.get_value` (the last observations' value; a time limit's
-    bootstrap calls it earlier), the update when the iteration logs charts/SPS."""
-    import run_logs  # the scripts' run machinery (their logs), importable once a script is
-
-    value_called = [0.0]  # wall clock of the latest Agent.get_value call
-    iteration_ends = []  # (wall clock, global step) when training starts and each iteration ends
-    rollout_ends = []
-    original_get_value = script.Agent.get_value
-
-    def get_value_noting_the_time(agent, *inputs, **options):
-        value_called[0] = time.perf_counter()
-        return original_get_value(agent, *inputs, **options)
-
-    class ClockedWriter(run_logs.SummaryWriter):
-        def __init__(self, *options, **named_options):
-            super().__init__(*options, **named_options)
-            iteration_ends.append((time.perf_counter(), 0))
-
-        def add_scalar(self, tag, value, global_step=None, *rest, **options):
-            if tag == "charts/SPS":
-                iteration_ends.append((time.perf_counter(), global_step))
-                rollout_ends.append(value_called[0])
-                if profiler and len(iteration_ends) - 1 == warmup_iterations:
-                    print(f"steady state from {clock_time()}", flush=True)
-                    profiler.enable()
-            return super().add_scalar(tag, value, global_step, *rest, **options)
-
-    previous_directory, previous_writer = os.getcwd(), run_logs.SummaryWriter
-    # Monkeypatched (put back below): ppo/ has no hook for timing the rollout and the update apart.
-    script.Agent.get_value, run_logs.SummaryWriter = get_value_noting_the_time, ClockedWriter
-    try:
-        with tempfile.TemporaryDirectory() as workdir:
-            os.chdir(workdir)
-            script.main(run_args)
-    finally:
-        if profiler:
-            profiler.disable()
-            print(f"steady state until {clock_time()}")
-        script.Agent.get_value, run_logs.SummaryWriter = original_get_value, previous_writer
-        os.chdir(previous_directory)
-    # iteration i (from 1) starts at iteration_ends[i - 1] and its rollout ends at rollout_ends[i - 1]
-    return [(rollout_ends[i - 1] - iteration_ends[i - 1][0], iteration_ends[i][0] - rollout_ends[i - 1],
-             iteration_ends[i][1] - iteration_ends[i - 1][1])
-            for i in range(warmup_iterations + 1, len(iteration_ends))]
-
-
-def loop_split(script, run_args, warmup_iterations: int) -> tuple[float, float]:
-    """Seconds per environment step of the rollout and of the update in a real run (medians over
-    the iterations after the warm-up), split at the iteration's last value call as
-    `iteration_parts` splits them: the rollout then includes the batched pass over it."""
-    parts = iteration_parts(script, run_args, warmup_iterations)
-    return (statistics.median(rollout / steps for rollout, _, steps in parts),
-            statistics.median(update / steps for _, update, steps in parts))
-
-
-def start_seconds(script_file: str) -> float:
-    """The median wall time of 3 fresh Python processes that import the script and build its
-    optimizer: what every run pays before its first step, environments left out."""
-    module = f"ppo.{script_file.removesuffix('.py')}"
-    code = f"import torch, {module} as script; script.adam.Adam([torch.nn.Parameter(torch.zeros(1))], lr=1)"
-    times = []
-    for _ in range(3):
-        start = time.perf_counter()
-        subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def script_options(script) -> list[str]:

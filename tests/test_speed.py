@@ -1,6 +1,12 @@
-"""Tests of benchmark/speed.py's machinery: which option combinations it measures, how it reads
-settings, and that its training measurement skips the warm-up. No timing is checked."""
+"""Tests of benchmark/speed.py's machinery (with speed_clocks.py and speed_parts.py): which option
+combinations it measures, how it reads settings, that its training measurement skips the warm-up,
+and how it reads the clocks beside a run without replacing anything. No timing is checked."""
 
+import cProfile
+import importlib
+import pstats
+import sys
+import time
 import types
 
 import pytest
@@ -8,8 +14,8 @@ import torch
 
 import ppo.ppo as classic
 import ppo.ppo_atari_envpool as envpool_script
-from benchmark import speed
-from conftest import expect_usage_error, table_rows
+from benchmark import speed, speed_clocks, speed_parts
+from conftest import REPO, expect_usage_error, table_rows
 
 
 def test_option_sets_are_plain_each_option_and_all_together_where_the_script_has_them():
@@ -69,12 +75,20 @@ def test_training_speed_is_measured_after_the_warmup_iterations(tmp_path, monkey
     assert wall > 0 and cpu > 0
     assert steps == 5 * 64  # the last 5 of the 6 iterations
     assert speed.training_speed(classic, args, warmup_iterations=0)[2] == 6 * 64
-    import run_logs  # where the scripts open their writer
-
-    assert run_logs.SummaryWriter.__name__ == "SummaryWriter"  # restored
     assert not (tmp_path / "runs").exists()  # the run went to a temporary directory
     expect_usage_error(capsys, lambda: speed.training_speed(classic, args, warmup_iterations=6), "speed.py",
                        "too few to measure", "raise --total-timesteps")
+
+
+def test_the_cpu_time_of_a_span_is_the_rate_of_the_samples_within_it():
+    """The CPU time from one of the log's times to another is the CPU rate between the first and the
+    last sample within them, over the span: not a reading between the samples around its end, which
+    would take in the slower pace after it (here 0.1 s of CPU in the last second, the run closing).
+    With fewer than two samples within, it is read between those around it."""
+    sampler = speed_clocks.Sampler(speed_clocks.CPU_PERIOD)
+    sampler.samples = [(100.0, 5.0), (100.5, 5.2), (101.0, 5.8), (102.0, 5.9)]
+    assert sampler.cpu_seconds(100.2, 101.2) == pytest.approx(1.2)  # 0.6 s of CPU in 0.5 s, over 1 s
+    assert sampler.cpu_seconds(100.1, 100.4) == pytest.approx(5.16 - 5.04)
 
 
 def test_table_divides_training_by_raw_speed_and_leaves_out_the_cpu_time_of_worker_processes(monkeypatch, capsys):
@@ -121,8 +135,8 @@ def test_raw_speed_counts_the_steps_of_every_environment(monkeypatch):
         envs.step = counted_step
         return envs
 
-    monkeypatch.setattr(speed, "timed", lambda function: (function(), (2.0, 4.0))[1])
-    wall, cpu = speed.raw_env_speed(types.SimpleNamespace(make_envs=counted_envs), "CartPole-v1", 3, seconds=1e-3)
+    monkeypatch.setattr(speed_parts, "timed", lambda function: (function(), (2.0, 4.0))[1])
+    wall, cpu = speed_parts.raw_env_speed(types.SimpleNamespace(make_envs=counted_envs), "CartPole-v1", 3, seconds=1e-3)
     assert set(stepped) == {3} and len(stepped) % 256 == 0  # whole passes over the 256 actions drawn beforehand
     assert (wall, cpu) == (sum(stepped) / 2.0, sum(stepped) / 4.0)
 
@@ -141,53 +155,124 @@ def test_a_real_measurement_prints_a_row_whose_ratio_is_its_two_speeds_divided(c
     assert float(row["CPU-time ratio"]) > 0
 
 
-def test_steady_state_splits_each_iteration_at_the_last_value_call_before_the_update(monkeypatch):
-    """speed.iteration_parts (--parts, and benchmark/gpu/steady.py): the rollout ends at the iteration's
-    last Agent.get_value call (the last observations' value), not at an earlier one (a time limit's
-    bootstrap), and the update ends when charts/SPS is logged. A stand-in script advances a stand-in
-    clock, so the split is exact."""
-    import run_logs  # where the scripts open their writer
+def test_each_rollout_ends_after_the_iterations_last_sample_before_the_value_call():
+    """speed_clocks.rollout_ends (--parts, and benchmark/gpu/steady.py): an iteration runs from one
+    charts/SPS point to the next, and its rollout ends halfway between its last sample in a line of
+    `main` before the value call and the sample after it. The samples just after an iteration starts,
+    in the line of run.end_iteration (the end of the previous iteration's call, past the value call),
+    are not the rollout's end. Stand-in samples, one a second: the split is exact."""
+    split, loop, rollout, end_iteration = 50, 30, 40, 70
+    seen, ends = [], [(0.0, 0)]
+    for iteration in range(3):
+        start = 10.0 * iteration
+        lines = [end_iteration, loop, rollout, rollout, rollout, rollout, split, 60, 60, end_iteration]
+        seen += [(start + 0.5 + second, line) for second, line in enumerate(lines)]
+        ends.append((start + 10.0, 10 * (iteration + 1)))
+    assert speed_clocks.rollout_ends(seen, ends, split) == [6.0, 16.0, 26.0]  # between x5.5 and x6.5
+    # with no sample before the value call, halfway to the iteration's first sample
+    assert speed_clocks.rollout_ends([(1.0, 60)], [(0.0, 0), (10.0, 10)], split) == [0.5]
 
-    now = [0.0]
-    monkeypatch.setattr(speed.time, "perf_counter", lambda: now[0])
+
+def test_the_split_is_the_value_call_of_every_scripts_iteration_loop():
+    """Each script's rollout hands over to its update at `next_value = agent.get_value(...)`, the last
+    value call of main's iteration loop (a time limit's bootstrap values elsewhere)."""
+    for path in sorted((REPO / "ppo").glob("ppo*.py")):  # (a loop: a test named ppo_procgen is Procgen's)
+        script = importlib.import_module(f"ppo.{path.stem}")
+        line = path.read_text().splitlines()[speed_clocks.value_call_line(script) - 1]
+        assert line.strip().startswith("next_value = agent.get_value("), (path.name, line)
+
+
+def test_the_sampler_reads_the_line_the_watched_function_is_at():
+    """Sampler(watch=code) reads, from its own thread, where the function is in the thread that started
+    it, and finds the lines after (None before it runs). The function waits for samples, not for time."""
+    def watched(sampler):
+        taken = len(sampler.samples)
+        while len(sampler.samples) < taken + 3:
+            time.sleep(0.001)
+
+    sampler = speed_clocks.Sampler(0.001, watch=watched.__code__)
+    with sampler:
+        watched(sampler)
+    lines = [line for _, line in sampler.lines()]
+    body = {watched.__code__.co_firstlineno + offset for offset in (1, 2, 3)}
+    assert lines[0] is None
+    assert {line for line in lines if line is not None} <= body and sum(line in body for line in lines) >= 3
+
+
+def stand_in_script(iterations: int):
+    """A script's shape: main opens a SummaryWriter, and each iteration takes the value of the last
+    observations, then logs charts/SPS with its step."""
+    from torch.utils.tensorboard import SummaryWriter
 
     class Agent:
-        def get_value(self, obs, *lstm_state):
+        def get_value(self, obs):
             return obs
 
+    def work():
+        return sum(range(1000))
+
     def main(args):
-        writer = run_logs.SummaryWriter(args.log_dir)
+        writer = SummaryWriter("runs/stand-in")
         agent = Agent()
-        for iteration in range(3):
-            now[0] += 1.0
-            agent.get_value(0, "a bootstrap mid-rollout")
-            now[0] += 2.0
-            agent.get_value(0)  # the last observations': the rollout ends here
-            now[0] += 0.5  # the update
+        for iteration in range(iterations):
+            work()
+            agent.get_value(0)
+            work()
             writer.add_scalar("charts/SPS", 1.0, 10 * (iteration + 1))
         writer.close()
 
-    script = types.SimpleNamespace(Agent=Agent, main=main)
-    parts = speed.iteration_parts(script, types.SimpleNamespace(log_dir="runs/x"), warmup_iterations=1)
-    assert parts == [(3.0, 0.5, 10), (3.0, 0.5, 10)]
-    assert Agent.get_value.__name__ == "get_value"  # restored
-    assert run_logs.SummaryWriter.__name__ == "SummaryWriter"
+    return types.SimpleNamespace(Agent=Agent, main=main, work=work)
+
+
+def test_the_parts_of_a_run_come_from_its_log_and_the_samples(tmp_path, monkeypatch, capsys):
+    """iteration_parts on a stand-in script: one (rollout, update, steps) per iteration after the
+    warm-up, with the steps of its charts/SPS points; with a profiler (steady.py --profile), the
+    profile holds the iterations after the warm-up and no other, and nothing is left watching."""
+    monkeypatch.chdir(tmp_path)
+    script = stand_in_script(4)
+    parts = speed_clocks.iteration_parts(script, None, warmup_iterations=1)
+    assert [steps for _, _, steps in parts] == [10, 10, 10]
+    assert all(rollout > 0 and update > 0 for rollout, update, _ in parts)
+    profiler = cProfile.Profile()
+    assert len(speed_clocks.iteration_parts(script, None, warmup_iterations=2, profiler=profiler)) == 2
+    calls = {function[2]: count for function, (_, count, *_) in pstats.Stats(profiler).stats.items()}
+    assert calls["work"] == 2 * 2  # twice in each of the last two iterations
+    assert sys.getprofile() is None
+
+    def profile_of_a_debugger(frame, event, argument):
+        pass
+
+    # a profile function set before (a debugger's, a tool's) is there again after, warm-up over or not
+    for warmup_iterations in (1, 3):
+        sys.setprofile(profile_of_a_debugger)
+        try:
+            speed_clocks.iteration_parts(stand_in_script(2), None, warmup_iterations, profiler=cProfile.Profile())
+            assert sys.getprofile() is profile_of_a_debugger
+        finally:
+            sys.setprofile(None)
+    assert "steady state from" in capsys.readouterr().out
+    assert not (tmp_path / "runs").exists()
 
 
 def test_parts_replay_the_policy_step_and_the_minibatch_loss_of_a_real_run(tmp_path, monkeypatch):
     """--parts times the script's own calls: the arguments recorded are those of one iteration's first
-    policy step (one observation per environment) and first minibatch (minibatch_size of them), and the
-    script is left as it was."""
+    policy step (one observation per environment) and first minibatch (minibatch_size of them), seen
+    with sys.setprofile through the decorator around both (run_life.compiled), and the script is left
+    as it was."""
     monkeypatch.chdir(tmp_path)
     args = classic.Args(num_envs=2, num_steps=32, num_minibatches=4, cuda=False)
     policy_step, loss = classic.Agent.get_action, classic.minibatch_loss
-    recorded = speed.record_first_calls(classic, args)
+    recorded = speed_parts.record_first_calls(classic, args)
     (agent, obs), _ = recorded["policy"]
     assert isinstance(agent, classic.Agent) and tuple(obs.shape) == (2, 4)
     (loss_agent, minibatch_obs, minibatch_actions, *_), _ = recorded["loss"]
     assert loss_agent is agent and tuple(minibatch_obs.shape) == (16, 4) and tuple(minibatch_actions.shape) == (16,)
-    assert (classic.Agent.get_action, classic.minibatch_loss) == (policy_step, loss)  # restored
-    policy_seconds, gradient_seconds = speed.part_floors(classic, args)
+    assert (classic.Agent.get_action, classic.minibatch_loss) == (policy_step, loss)  # nothing replaced
+    assert sys.getprofile() is None  # nothing left watching
+    with speed_parts.first_calls_noted({"loss": classic.minibatch_loss}, {}):
+        pass  # a function never called: the watcher goes when the run ends
+    assert sys.getprofile() is None
+    policy_seconds, gradient_seconds = speed_parts.part_floors(classic, args)
     assert 0 < policy_seconds < gradient_seconds  # a gradient step is forward, backward and Adam
 
 
@@ -218,3 +303,10 @@ def test_parts_table_turns_each_part_into_steps_per_second_and_adds_their_times(
         "gradient SPS": "32,000",
         "floor SPS": f"{1 / (1 / 8000 + 1 / 40000 + 1 / 32000):,.0f}", "training SPS (plain)": "2,000",
         "of the floor": f"{2000 * (1 / 8000 + 1 / 40000 + 1 / 32000):.2f}", "start": "3.25 s"}
+
+
+def test_the_start_is_timed_in_processes_that_import_the_script_as_a_run_does():
+    """`--parts`' start column: fresh processes import the script by its file name from ppo/, as
+    `python ppo/ppo.py` finds the modules beside it (ppo/ is no package: imported as `ppo.ppo` from
+    the repository, the script's `import adam` would not be found)."""
+    assert 0 < speed_parts.start_seconds("ppo.py") < 60

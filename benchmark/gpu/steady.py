@@ -5,14 +5,16 @@ by the wall clock, and a cProfile of the steady-state iterations alone.
         --set clip_coef=0.2 num_minibatches=8 update_epochs=3 --options async_envs compile cudagraphs \\
         --warmup-iterations 20 --iterations 100 --profile pong.prof
 
-The script's `main()` trains in this process (in a temporary folder), as benchmark/speed.py runs it.
-Two clocks are read in every iteration, at points where the host waits for the GPU anyway, so that
-reading them adds no synchronisation: when the rollout ends (the call of `Agent.get_value` for the
-last observations, after every game has answered and the last actions came back to the host) and
-when the iteration is logged (charts/SPS, after the update's statistics came back). The iterations
-from `--warmup-iterations` on, which neither compile nor record CUDA graphs, give the split; the
-cProfile (optional) covers the same iterations and nothing else. Alongside, the script's own raw
-environment rate, as speed.py measures it, says how close the rollout comes to the games' speed.
+The script's `main()` trains in this process (in a temporary folder), as benchmark/speed.py runs it,
+untouched (benchmark/speed_clocks.py). Each iteration ends at the time of its charts/SPS point in the
+run's TensorBoard log, logged after the update's statistics came back to the host; its rollout ends
+where `main` reaches the value call for the last observations, after every game has answered and the
+last actions came back, as a thread that reads `main`'s line every millisecond sees it. Neither adds
+a synchronisation with the GPU. The iterations from `--warmup-iterations` on, which neither compile
+nor record CUDA graphs, give the split; the cProfile (optional) covers the same iterations and
+nothing else (sys.setprofile watches the warm-up's calls for its last charts/SPS log, then hands
+over to cProfile). Alongside, the script's own raw environment rate, as speed.py measures it, says
+how close the rollout comes to the games' speed.
 """
 
 from __future__ import annotations
@@ -25,12 +27,11 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "benchmark"))
 sys.path.insert(0, str(REPO))
 
+from benchmark import speed  # noqa: E402  (the raw rate, the --set parser, the script defaults)
 from benchmark.scripts_on_path import make_scripts_importable  # noqa: E402
-import speed  # noqa: E402  (benchmark/speed.py: the raw rate, the --set parser, the script defaults,
-#               and the split of each iteration into its rollout and its update)
+from benchmark.speed_clocks import iteration_parts  # noqa: E402  (each iteration's rollout and update)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -61,7 +62,7 @@ def main(argv: list[str] | None = None) -> None:
                            **{name: True for name in args.options})
     raw_wall, _ = speed.raw_env_speed(script, env_id, num_envs, args.raw_seconds)
     profiler = cProfile.Profile() if args.profile else None
-    parts = speed.iteration_parts(script, run_args, args.warmup_iterations, profiler)
+    parts = iteration_parts(script, run_args, args.warmup_iterations, profiler)
 
     rollout = [part[0] for part in parts]
     update = [part[1] for part in parts]
