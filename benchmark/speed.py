@@ -58,6 +58,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from benchmark.scripts_on_path import make_scripts_importable  # noqa: E402
 
+# Before anything imports ppo.exits: the worker processes of --async-envs run this file's top again,
+# with this process's path, the scripts' folder on it, where ppo/ppo.py would take the name `ppo`.
+make_scripts_importable()
 from benchmark.speed_clocks import fail, loop_split, training_speed  # noqa: E402  (a run, timed)
 from benchmark.speed_parts import part_floors, raw_env_speed, start_seconds  # noqa: E402  (the parts alone)
 
@@ -158,7 +161,6 @@ def main(argv: list[str] | None = None) -> None:
     if "cuda" in devices and not torch.cuda.is_available():
         fail("--devices cuda, but PyTorch sees no CUDA device: measure on --devices cpu")
     device_name = torch.cuda.get_device_name() if "cuda" in devices else "no GPU"
-    make_scripts_importable()
     scripts = {name: importlib.import_module(f"ppo.{name.removesuffix('.py')}") for name in args.scripts}
     settings_of = {name: field_values(script, args.set) for name, script in scripts.items()}
     if args.options is not None:

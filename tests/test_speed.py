@@ -4,7 +4,9 @@ and how it reads the clocks beside a run without replacing anything. No timing i
 
 import cProfile
 import importlib
+import os
 import pstats
+import subprocess
 import sys
 import time
 import types
@@ -15,7 +17,7 @@ import torch
 import ppo.ppo as classic
 import ppo.ppo_atari_envpool as envpool_script
 from benchmark import speed, speed_clocks, speed_parts
-from conftest import REPO, expect_usage_error, table_rows
+from conftest import HUNG_AFTER, REPO, expect_usage_error, table_rows
 
 
 def test_option_sets_are_plain_each_option_and_all_together_where_the_script_has_them():
@@ -310,3 +312,18 @@ def test_the_start_is_timed_in_processes_that_import_the_script_as_a_run_does():
     `python ppo/ppo.py` finds the modules beside it (ppo/ is no package: imported as `ppo.ppo` from
     the repository, the script's `import adam` would not be found)."""
     assert 0 < speed_parts.start_seconds("ppo.py") < 60
+
+
+def test_speed_py_measures_a_script_whose_games_play_in_worker_processes(tmp_path):
+    """As a user runs it: `--async-envs` of ppo_atari.py plays in processes that multiprocessing's
+    forkserver starts, and each runs speed.py's top again with this process's path, ppo/ on it. The
+    name `ppo` must be bound to the folder there before anything imports `ppo.exits`, or ppo/ppo.py
+    takes it and the workers die at their first import."""
+    result = subprocess.run([sys.executable, str(REPO / "benchmark" / "speed.py"), "--scripts", "ppo_atari.py",
+                             "--options", "async_envs", "--devices", "cpu", "--num-envs", "2",
+                             "--total-timesteps", "512", "--set", "num_steps=64", "--raw-seconds", "0.2"],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=HUNG_AFTER,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    [row] = [row for row in table_rows(result.stdout, "script") if row["options"] == "async_envs"]
+    assert row["script"] == "ppo_atari.py"
