@@ -4,6 +4,7 @@ environments' state is env_states.py's; checkpoints of earlier formats are broug
 they are read, by old_checkpoints.py.
 """
 
+import contextlib
 import os
 import random
 
@@ -112,11 +113,42 @@ def load_checkpoint(path: str, variant: str, resuming: bool = False,
 
 
 def save_checkpoint(path: str, state: dict) -> None:
-    """Write atomically: a crash or a second Ctrl-C while writing leaves the previous file
-    intact."""
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    torch.save(state, path + ".tmp")
-    os.replace(path + ".tmp", path)
+    """Replace the file at `path` atomically: a process killed while writing, or stopped by a second
+    Ctrl-C, leaves the previous checkpoint whole and nothing beside it. The new one is written to a
+    file without a name (Linux's O_TMPFILE), which vanishes with a process that dies, and is named
+    only once complete; where the file system has no such files, to `<path>.tmp`, removed if the
+    write fails."""
+    folder = os.path.dirname(path) or "."
+    os.makedirs(folder, exist_ok=True)
+    temporary = f"{path}.tmp"
+    try:
+        descriptor, unnamed = os.open(folder, os.O_TMPFILE | os.O_WRONLY, 0o666), True
+    except (AttributeError, OSError):  # not Linux, or a file system without unnamed files
+        flags = os.O_CREAT | os.O_WRONLY | os.O_TRUNC
+        descriptor, unnamed = os.open(temporary, flags, 0o666), False
+    try:
+        with open(descriptor, "wb") as file:
+            torch.save(state, file)
+            file.flush()
+            os.fsync(file.fileno())
+            if unnamed:
+                name_file(file.fileno(), temporary)
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(temporary)
+        raise
+
+
+def name_file(descriptor: int, path: str) -> None:
+    """Give the unnamed file open at `descriptor` the name `path`, through /proc's link to it."""
+    with contextlib.suppress(FileNotFoundError):  # left by a save killed just here
+        os.remove(path)
+    descriptors = os.open("/proc/self/fd", os.O_RDONLY | os.O_DIRECTORY)
+    try:  # linkat, following /proc's link to the file (link() would link the link)
+        os.link(str(descriptor), path, src_dir_fd=descriptors, follow_symlinks=True)
+    finally:
+        os.close(descriptors)
 
 
 def all_finite(state: dict) -> bool:

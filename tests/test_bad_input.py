@@ -152,7 +152,7 @@ def test_flags_given_with_resume_or_evaluate_are_checked_too(script, capsys, wor
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_a_resume_refuses_a_changed_hyperparameter_and_takes_run_time_options(script, capsys, workdir):
     """A resumed run must end where the unbroken one ends: a changed hyperparameter (--gamma,
-    --update-epochs) is refused by name, while what only changes how the run is carried out
+    --update-epochs, --total-timesteps) is refused by name, while what only changes how the run is carried out
     (--compile, --save-interval, --no-cuda) is taken. An evaluation starts from the run-time defaults,
     not from the training run's: a run trained with --capture-video and --cudagraphs is evaluated
     without video and, on a machine without CUDA, at all."""
@@ -160,7 +160,8 @@ def test_a_resume_refuses_a_changed_hyperparameter_and_takes_run_time_options(sc
     path = str(workdir / "checkpoint.pt")
     trained = asdict(module.Args(capture_video=True, cudagraphs=True, save_interval=5))
     torch.save({"format": checkpoints.CHECKPOINT_FORMAT, "variant": module.VARIANT, "args": trained}, path)
-    for name, value in (("gamma", "0.5"), ("update_epochs", "7")):
+    # --total-timesteps too: the learning rate falls to 0 at the end it sets, so another end is another run
+    for name, value in (("gamma", "0.5"), ("update_epochs", "7"), ("total_timesteps", "999")):
         expect_usage_error(capsys, lambda: parse_args(module, ["--resume", path, flag(name), value]), f"{script}.py",
                            f"made with {flag(name)}", f"drop {flag(name)}")
     resumed, _ = parse_args(module, ["--resume", path, "--compile", "--save-interval", "3", "--no-cuda"])

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import parse_args, assert_same_agent_state, expect_usage_error, only_run_dir, run_script
+from conftest import REPO, parse_args, assert_same_agent_state, expect_usage_error, only_run_dir, run_script
 
 import checkpoints  # noqa: E402
 import exits  # noqa: E402
@@ -280,3 +280,69 @@ def test_saved_environments_that_do_not_fit_are_refused_in_one_line(tiny, tmp_pa
             script.main(args, loaded)
 
     expect_usage_error(capsys, resume, "ppo.py", "cannot resume the saved environments", "AnotherWrapper")
+
+
+# ---------------------------------------------------------------------------------------------------
+# A checkpoint is replaced atomically
+# ---------------------------------------------------------------------------------------------------
+
+# A process that saves a checkpoint over an earlier one and, halfway through writing it (while its state
+# is being pickled, the new file already opened), says so in a file and waits to be killed.
+SAVE_UNTIL_KILLED = """\
+import sys, time
+from pathlib import Path
+import torch
+import checkpoints
+
+class Halfway:
+    def __reduce__(self):
+        Path(sys.argv[2]).touch()
+        time.sleep(600)
+        return int, ()
+
+checkpoints.save_checkpoint(sys.argv[1], {"model": {"weight": torch.zeros(1000)}, "halfway": Halfway()})
+"""
+
+
+def saved_over(tmp_path: Path) -> tuple[Path, bytes]:
+    """A folder holding one good checkpoint, its path and its bytes."""
+    path = tmp_path / "run" / "checkpoint.pt"
+    checkpoints.save_checkpoint(str(path), {"model": {"weight": torch.ones(1000)}, "global_step": 128})
+    return path, path.read_bytes()
+
+
+def test_a_save_killed_halfway_leaves_the_previous_checkpoint_and_nothing_else(tmp_path):
+    """SIGKILL (the out-of-memory killer, a cluster's hard limit) while a checkpoint is written: the
+    previous checkpoint is still there, whole, and no partial file lies beside it."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    path, before = saved_over(tmp_path)
+    halfway = tmp_path / "halfway"
+    saving = subprocess.Popen([sys.executable, "-c", SAVE_UNTIL_KILLED, str(path), str(halfway)],
+                              env={**os.environ, "PYTHONPATH": str(REPO / "ppo")})
+    deadline = time.monotonic() + 120
+    while not halfway.exists() and saving.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert halfway.exists(), "the save never got halfway"
+    saving.send_signal(signal.SIGKILL)
+    saving.wait()
+    assert sorted(path.parent.iterdir()) == [path]
+    assert path.read_bytes() == before
+
+
+def test_a_save_stopped_by_a_second_ctrl_c_leaves_the_previous_checkpoint_and_nothing_else(tmp_path):
+    """A second Ctrl-C during the save (the first one asked the run to stop and save) raises in the
+    middle of the write: the previous checkpoint is kept, and the unfinished file goes."""
+    path, before = saved_over(tmp_path)
+
+    class SecondCtrlC:
+        def __reduce__(self):
+            raise exits.StoppedAtOnce("Ctrl-C")
+
+    with pytest.raises(exits.StoppedAtOnce):
+        checkpoints.save_checkpoint(str(path), {"model": {"weight": torch.zeros(1000)}, "halfway": SecondCtrlC()})
+    assert sorted(path.parent.iterdir()) == [path]
+    assert path.read_bytes() == before
