@@ -333,10 +333,15 @@ def test_a_save_killed_halfway_leaves_the_previous_checkpoint_and_nothing_else(t
     assert path.read_bytes() == before
 
 
-def test_a_save_stopped_by_a_second_ctrl_c_leaves_the_previous_checkpoint_and_nothing_else(tmp_path):
+@pytest.mark.parametrize("unnamed_files", [True, False], ids=["O_TMPFILE", "without"])
+def test_a_save_stopped_by_a_second_ctrl_c_leaves_the_previous_checkpoint_and_nothing_else(
+        tmp_path, monkeypatch, unnamed_files):
     """A second Ctrl-C during the save (the first one asked the run to stop and save) raises in the
-    middle of the write: the previous checkpoint is kept, and the unfinished file goes."""
+    middle of the write: the previous checkpoint is kept, and the unfinished file goes; also where the
+    file system has no unnamed files, and the save writes <path>.tmp."""
     path, before = saved_over(tmp_path)
+    if not unnamed_files:
+        monkeypatch.delattr(os, "O_TMPFILE")
 
     class SecondCtrlC:
         def __reduce__(self):
