@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import (METRICS, assert_compiled_loss_matches_plain, assert_run_with_option_resumes_exactly,
+from conftest import (METRICS, REPO, assert_compiled_loss_matches_plain, assert_run_with_option_resumes_exactly,
                       assert_every_evaluated_episode_returns,
                       assert_compiles_whole, assert_details_marked, assert_evaluation_output,
                       assert_first_minibatch_replays_the_rollout, assert_logs_every_metric, assert_same_final_weights,
@@ -245,6 +245,57 @@ def test_interrupted_and_resumed_run_ends_with_the_same_weights(tmp_path, stop_s
 
     evaluation = run_script("ppo.py", "--evaluate", str(checkpoint_path), "--eval-episodes", "3", cwd=interrupted)
     assert_evaluation_output(evaluation.stdout, "CartPole-v1", 3)
+
+
+# `python ppo/ppo.py ...` killed by SIGKILL (the out-of-memory killer, a node that dies) at the
+# KILL_AT_STEP-th step of its CartPole games, once TensorBoard's writer has written out what it holds: a
+# run whose log has iterations past its last checkpoint, which it cannot clean up.
+KILLED_AT_A_STEP = """\
+import os, runpy, signal, sys
+import gymnasium.envs.classic_control.cartpole as cartpole
+from torch.utils.tensorboard import SummaryWriter
+writers, steps, kill_at = [], [0], int(os.environ["KILL_AT_STEP"])
+open_writer, step = SummaryWriter.__init__, cartpole.CartPoleEnv.step
+def recorded(self, *args, **kwargs):
+    open_writer(self, *args, **kwargs)
+    writers.append(self)
+def step_or_die(self, action):
+    steps[0] += 1
+    if steps[0] == kill_at:
+        for writer in writers:
+            writer.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
+    return step(self, action)
+SummaryWriter.__init__, cartpole.CartPoleEnv.step = recorded, step_or_die
+sys.argv = sys.argv[1:]
+sys.path.insert(0, os.path.dirname(sys.argv[0]))  # as `python ppo/ppo.py` puts it
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def test_a_run_killed_past_its_checkpoint_resumes_to_the_unbroken_runs_log(tmp_path):
+    """SIGKILL gives a run no chance to save: its log holds iterations after its last checkpoint (every
+    3rd iteration of 2 x 16 steps here, killed in the 8th, the 7th logged). Resumed from the checkpoint,
+    the log holds each step once, as an unbroken run's does: no doubled points, no zig-zag back."""
+    import subprocess
+    import sys
+
+    flags = ["--seed", "4", "--num-envs", "2", "--num-steps", "16", "--total-timesteps", "320", "--save-model",
+             "--save-interval", "3", "--no-cuda"]
+    (tmp_path / "unbroken").mkdir()
+    run_script("ppo.py", *flags, cwd=tmp_path / "unbroken")
+    (tmp_path / "killed").mkdir()
+    killed = subprocess.run([sys.executable, "-c", KILLED_AT_A_STEP, str(REPO / "ppo" / "ppo.py"), *flags],
+                            cwd=tmp_path / "killed", capture_output=True, text=True, env={
+                                **os.environ, "KILL_AT_STEP": str(7 * 32 + 5), "OMP_NUM_THREADS": "1"})
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    checkpoint_path = only_run_dir(tmp_path / "killed") / "checkpoint.pt"
+    saved_at = torch.load(checkpoint_path, weights_only=False)["global_step"]
+    logged = [step for step, _ in read_scalars(checkpoint_path.parent)["charts/SPS"]]
+    assert saved_at == 6 * 32 and logged[-1] == 7 * 32, (saved_at, logged)  # one iteration past the checkpoint
+
+    run_script("ppo.py", "--resume", str(checkpoint_path), cwd=tmp_path / "killed")
+    assert_same_final_weights(tmp_path / "unbroken", checkpoint_path, 320)  # and the same log, step for step
 
 
 def test_a_signal_delivered_twice_is_one_request_and_a_second_one_stops_at_once(capsys, monkeypatch):
