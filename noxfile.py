@@ -47,7 +47,8 @@ STACKS = {
     "main": ("test", "not procgen", []),
     "procgen": ("test-procgen", "procgen", ["tests/test_ppo_procgen.py", "tests/test_algorithm.py",
                                             "tests/test_bad_input.py", "tests/test_checkpoints.py",
-                                            "tests/test_observations.py", "tests/test_own_environment.py"]),
+                                            "tests/test_evaluation.py", "tests/test_observations.py",
+                                            "tests/test_own_environment.py"]),
 }
 
 nox.options.default_venv_backend = "uv"

@@ -1,6 +1,7 @@
 """Helpers shared by the tests: running a script as a user would, and reading what it logged."""
 
 import contextlib
+import importlib.util
 import os
 import re
 import signal
@@ -288,6 +289,55 @@ def clock_of_the_steps(env_class: type, seconds_per_step: float = 1 / 1024, step
     finally:
         setattr(env_class, step_method, original_step)
         run_life.time = run_logs.time = original_time
+
+
+# A finished tiny run of each script, its checkpoint shared by the tests of a process (test_checkpoints.py,
+# test_evaluation.py).
+ATARI = dict(total_timesteps=32, num_envs=2, num_steps=16, num_minibatches=2, update_epochs=1, cuda=False)
+# (script: what its tiny run needs installed, the settings of that run), for the `tiny` fixture
+TINY_RUNS = {
+    "ppo": ((), dict(env_id="CartPole-v1", total_timesteps=64, num_envs=2, num_steps=32, num_minibatches=2,
+                     cuda=False)),
+    "ppo_atari": (("ale_py", "cv2"), ATARI),
+    "ppo_atari_lstm": (("ale_py", "cv2"), ATARI),
+    "ppo_atari_multigpu": (("ale_py", "cv2"), ATARI),
+    "ppo_atari_envpool": (("envpool",), ATARI),
+    "ppo_continuous_action": ((), dict(env_id="Hopper-v4" if importlib.util.find_spec("mujoco") else "Pendulum-v1",
+                                       total_timesteps=64, num_steps=64, num_minibatches=2, update_epochs=2,
+                                       cuda=False)),
+    "ppo_procgen": (("procgen",), dict(total_timesteps=64, num_envs=4, num_steps=16, num_minibatches=2, update_epochs=1,
+                                       cuda=False)),
+    "ppo_multidiscrete": ((), dict(env_id="CartPole-v1", total_timesteps=64, num_envs=2, num_steps=32,
+                                   num_minibatches=2, cuda=False)),
+}
+
+TRAINED: dict[str, Path] = {}  # script -> the checkpoint of its tiny run, made once per test process
+
+
+@pytest.fixture(params=list(TINY_RUNS))
+def tiny(request, tmp_path_factory):
+    """(script module, path of the checkpoint of its tiny finished run)."""
+    needs, settings = TINY_RUNS[request.param]
+    for package in needs:
+        pytest.importorskip(package)
+    import importlib
+
+    import torch
+
+    script = importlib.import_module(f"ppo.{request.param}")
+    if request.param == "ppo_procgen" and script.ProcgenGym3Env is None:
+        pytest.skip("procgen is not installed")
+    if request.param not in TRAINED:
+        directory, previous, threads = tmp_path_factory.mktemp(request.param), Path.cwd(), torch.get_num_threads()
+        os.chdir(directory)
+        torch.set_num_threads(1)  # the tiny networks' fastest, and immune to a busy second core
+        try:
+            script.main(script.Args(save_model=True, **settings))
+        finally:
+            os.chdir(previous)
+            torch.set_num_threads(threads)
+        TRAINED[request.param] = only_run_dir(directory) / "checkpoint.pt"
+    return script, TRAINED[request.param]
 
 
 # The progress line of ppo/run_life.py's Iterations.print_progress, and its numbers: step, total, SPS.

@@ -5,7 +5,7 @@ in the environments' state) is refused by --evaluate and by --resume: exit code 
 what was found, and the command never runs. A checkpoint of the older format, whose environments
 were pickled, evaluates as it is (its weights and settings are data) and resumes only with
 --trust-old-checkpoint, then exactly as its new-format twin does. Each script's checkpoint comes from
-one tiny run of its own, shared by the tests of this file.
+one tiny run of its own (conftest's `tiny`), shared by the tests of a file.
 """
 
 import importlib.util
@@ -25,23 +25,6 @@ import checkpoints  # noqa: E402
 import exits  # noqa: E402
 import old_checkpoints  # noqa: E402
 
-ATARI = dict(total_timesteps=32, num_envs=2, num_steps=16, num_minibatches=2, update_epochs=1, cuda=False)
-# (script, what its tiny run needs installed, the settings of that run)
-SCRIPTS = {
-    "ppo": ((), dict(env_id="CartPole-v1", total_timesteps=64, num_envs=2, num_steps=32, num_minibatches=2,
-                     cuda=False)),
-    "ppo_atari": (("ale_py", "cv2"), ATARI),
-    "ppo_atari_lstm": (("ale_py", "cv2"), ATARI),
-    "ppo_atari_multigpu": (("ale_py", "cv2"), ATARI),
-    "ppo_atari_envpool": (("envpool",), ATARI),
-    "ppo_continuous_action": ((), dict(env_id="Hopper-v4" if importlib.util.find_spec("mujoco") else "Pendulum-v1",
-                                       total_timesteps=64, num_steps=64, num_minibatches=2, update_epochs=2,
-                                       cuda=False)),
-    "ppo_procgen": (("procgen",), dict(total_timesteps=64, num_envs=4, num_steps=16, num_minibatches=2, update_epochs=1,
-                                       cuda=False)),
-    "ppo_multidiscrete": ((), dict(env_id="CartPole-v1", total_timesteps=64, num_envs=2, num_steps=32,
-                                   num_minibatches=2, cuda=False)),
-}
 # The scripts whose older checkpoints held pickled environments (envpool saves no games; Procgen's
 # were already its own state bytes).
 PICKLED_ENVS = ["ppo", "ppo_atari", "ppo_atari_lstm", "ppo_atari_multigpu", "ppo_continuous_action"]
@@ -55,31 +38,6 @@ class RunsACommand:
 
     def __reduce__(self):
         return os.system, (f"touch {shlex.quote(str(self.marker))}",)
-
-
-TRAINED: dict[str, Path] = {}  # script -> the checkpoint of its tiny run, made once for this file
-
-
-@pytest.fixture(params=list(SCRIPTS))
-def tiny(request, tmp_path_factory):
-    """(script module, path of the checkpoint of its tiny finished run)."""
-    needs, settings = SCRIPTS[request.param]
-    for package in needs:
-        pytest.importorskip(package)
-    script = importlib.import_module(f"ppo.{request.param}")
-    if request.param == "ppo_procgen" and script.ProcgenGym3Env is None:
-        pytest.skip("procgen is not installed")
-    if request.param not in TRAINED:
-        directory, previous, threads = tmp_path_factory.mktemp(request.param), Path.cwd(), torch.get_num_threads()
-        os.chdir(directory)
-        torch.set_num_threads(1)  # the tiny networks' fastest, and immune to a busy second core
-        try:
-            script.main(script.Args(save_model=True, **settings))
-        finally:
-            os.chdir(previous)
-            torch.set_num_threads(threads)
-        TRAINED[request.param] = only_run_dir(directory) / "checkpoint.pt"
-    return script, TRAINED[request.param]
 
 
 def read(path: Path) -> dict:
