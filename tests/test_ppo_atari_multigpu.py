@@ -7,6 +7,7 @@ import re
 import signal
 import socket
 import subprocess
+import time
 
 import numpy as np
 import pytest
@@ -17,7 +18,7 @@ import torch.multiprocessing as mp
 pytest.importorskip("ale_py")
 pytest.importorskip("cv2")
 
-from conftest import (HUNG_AFTER, REPO, assert_details_marked, assert_evaluation_output, assert_logs_every_metric,  # noqa: E402
+from conftest import (HUNG_AFTER, REPO, UNBROKEN_RUNS, script_command, script_environment, assert_details_marked, assert_evaluation_output, assert_logs_every_metric,  # noqa: E402
                       assert_one_copy_to_the_host_per_step, assert_resume_keeps_the_latest_scores,
                       assert_same_final_weights, expect_usage_error, only_run_dir, read_scalars, run_script,
                       run_unbroken_and_interrupted, torchrun, assert_first_minibatch_replays_the_rollout,
@@ -206,6 +207,55 @@ def test_an_interrupted_group_resumes_to_the_same_weights_and_evaluates_in_one_p
     assert "written by 2 processes, not 1" in other_world.stderr
 
 
+def test_a_stop_signal_to_one_rank_stops_the_group_after_that_iteration(tmp_path):
+    """A stop signal that reaches one rank only (a `kill` of its process id; torchrun's own is passed on
+    to all) stops every rank after the iteration it came in: the ranks agree at the iteration's end, and
+    no rank is left waiting for another. One checkpoint, both ranks' exit code 130, and the resumed
+    group ends bit-identical to an unbroken one. The two ranks are launched by hand, with the variables
+    torchrun gives them, so that each one's exit code and process id are the test's to read."""
+    flags = ["--seed", "3", "--total-timesteps", "320", "--save-model", "--save-minutes", "0.0001", *TINY]
+    unbroken = UNBROKEN_RUNS.get(("ppo_atari_multigpu.py", tuple(flags), tuple(TWO_PROCESSES)))
+    if unbroken is None:
+        unbroken = tmp_path / "unbroken"
+        unbroken.mkdir()
+        run_script("ppo_atari_multigpu.py", *flags, cwd=unbroken, launcher=TWO_PROCESSES)
+    interrupted = tmp_path / "interrupted"
+    interrupted.mkdir()
+    port, world_batch = free_port(), 2 * 16
+    logs = [(interrupted / f"rank{rank}.log").open("w") for rank in range(2)]
+    ranks = [subprocess.Popen(script_command("ppo_atari_multigpu.py", flags), cwd=interrupted, text=True,
+                              stdout=logs[rank], stderr=subprocess.STDOUT, env=script_environment({
+                                  "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2",
+                                  "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}))
+             for rank in range(2)]
+    try:
+        deadline = time.monotonic() + HUNG_AFTER
+        # Rank 0 prints the progress line; one at an iteration's end means that both ranks passed that
+        # iteration's agreement, their stop handlers long in place.
+        while not [step for step in map(int, re.findall(r"^step +(\d+)/", (interrupted / "rank0.log").read_text(),
+                                                         re.MULTILINE)) if step % world_batch == 0]:
+            assert ranks[0].poll() is None and time.monotonic() < deadline, (interrupted / "rank0.log").read_text()
+            time.sleep(0.05)
+        ranks[1].send_signal(signal.SIGINT)
+        codes = [rank.wait(timeout=HUNG_AFTER) for rank in ranks]
+    finally:
+        for rank in ranks:
+            rank.kill()
+        for log in logs:
+            log.close()
+    output = (interrupted / "rank0.log").read_text()
+    assert codes == [130, 130], output + (interrupted / "rank1.log").read_text()
+    run_dir = only_run_dir(interrupted)
+    assert [path.name for path in run_dir.iterdir() if "checkpoint" in path.name] == ["checkpoint.pt"]
+    stopped_at = assert_stopped_with_its_logs_flushed(run_dir / "checkpoint.pt")
+    assert 0 < stopped_at < 320 and stopped_at % world_batch == 0
+    assert f"stopped at step {stopped_at:,}; resume with the same launch command" in output
+
+    run_script("ppo_atari_multigpu.py", "--resume", str(run_dir / "checkpoint.pt"), cwd=interrupted,
+               launcher=TWO_PROCESSES)
+    assert_same_final_weights(unbroken, run_dir / "checkpoint.pt", 320)
+
+
 def test_two_processes_train_with_async_envs(tmp_path):
     """--async-envs under torchrun: each rank steps its games in its own worker processes."""
     result = run_script("ppo_atari_multigpu.py", "--total-timesteps", "128", "--async-envs", *TINY, cwd=tmp_path,
@@ -256,6 +306,48 @@ def test_the_ranks_play_the_games_one_process_would_play_with_all_the_environmen
     envs.close()
     assert np.array_equal(world, one_process)
     assert not np.array_equal(world[:2], world[2:]), "the ranks start the same games"
+
+
+def record_draws_on_a_blank_frame(rank: int, port: int, out_dir) -> None:
+    """Rank `rank` of a 2-process world of ppo_atari_multigpu.py, in this process, for 2 iterations, its
+    policy shown a blank frame at every step of the rollouts, as the other rank's is: the actions it
+    drew and the orders its minibatches took go to out_dir/rank<rank>.npz."""
+    import os
+
+    import ppo.ppo_atari_multigpu as script
+
+    os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE="2",
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.chdir(out_dir)
+    drawn, orders = [], []
+    act, shuffle = script.Agent.get_action_and_value, np.random.shuffle
+
+    def on_a_blank_frame(self, obs, action=None):
+        if action is not None:  # the update's scoring of the batch
+            return act(self, obs, action)
+        decided = act(self, torch.zeros_like(obs))
+        drawn.append(decided[0].numpy())
+        return decided
+
+    def recording_shuffle(indices):
+        shuffle(indices)
+        orders.append(indices.copy())
+
+    script.Agent.get_action_and_value, np.random.shuffle = on_a_blank_frame, recording_shuffle
+    script.main(Args(seed=1, num_envs=4, num_steps=8, num_minibatches=2, total_timesteps=64, cuda=False))
+    np.savez(out_dir / f"rank{rank}.npz", drawn=np.concatenate(drawn), orders=np.stack(orders))
+
+
+def test_each_rank_draws_from_a_random_stream_of_its_own(tmp_path):
+    """[Multi-GPU 2] The ranks hold the same weights, always: shown the same frame, only their random
+    streams can make them act differently, and they must, or the world would collect one rank's
+    experience N times over. So must their minibatch orders differ."""
+    port = free_port()
+    run_as_two_ranks(record_draws_on_a_blank_frame, lambda rank: (rank, port, tmp_path))
+    ranks = [np.load(tmp_path / f"rank{rank}.npz") for rank in range(2)]
+    assert ranks[0]["drawn"].shape == ranks[1]["drawn"].shape == (2 * 8 * 2,)  # iterations x steps x games
+    assert not np.array_equal(ranks[0]["drawn"], ranks[1]["drawn"])
+    assert not np.array_equal(ranks[0]["orders"], ranks[1]["orders"])
 
 
 def train_with_a_game_ending_every_step(rank: int, port: int, out_dir) -> None:
