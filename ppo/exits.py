@@ -12,6 +12,7 @@ import re
 import shutil
 import signal
 import sys
+import time
 from typing import Callable, NoReturn
 
 # The exit code of wrong input: a flag, a checkpoint or an environment the script refuses (`fail`).
@@ -47,7 +48,17 @@ def fail(variant: str, message: str) -> NoReturn:
     if int(os.environ.get("LOCAL_RANK", "0")) == 0:
         print(f"{variant}.py: error: {message}", file=sys.stderr)
     release_unused_run_folders()
+    if int(os.environ.get("LOCAL_RANK", "0")) > 0 and "TORCHELASTIC_RUN_ID" in os.environ:
+        leave_the_line_to_local_rank_0()
     raise SystemExit(WRONG_INPUT)
+
+
+def leave_the_line_to_local_rank_0(seconds: float = 30.0) -> None:
+    """Under torchrun, the first process of the node finds the same mistake and says it. Were this one
+    to exit first, torchrun would end that one before it could (its SIGTERM): this one waits instead,
+    until torchrun ends it, with exit code 2, once the first has exited, or for `seconds` at most."""
+    signal.signal(signal.SIGTERM, lambda signum, frame: os._exit(WRONG_INPUT))
+    time.sleep(seconds)
 
 
 def release_unused_run_folders() -> None:

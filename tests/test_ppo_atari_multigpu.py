@@ -515,9 +515,19 @@ def test_only_the_first_process_of_each_node_prints_the_error(capsys, monkeypatc
                        "no checkpoint at 'missing.pt'", "every node needs it")
 
 
-def test_under_torchrun_the_error_is_one_line_from_rank_0_and_the_workers_exit_2(tmp_path):
+@pytest.mark.parametrize("rank_0_late", [False, True], ids=["together", "rank-0-late"])
+def test_under_torchrun_the_error_is_one_line_from_rank_0_and_the_workers_exit_2(tmp_path, rank_0_late):
+    """Every process finds the mistake; the first of the node says it. On a loaded machine that one
+    may come last (`rank-0-late`: it starts 3 s after the other, by a sitecustomize): the other then
+    waits for it, so that torchrun, which ends every worker once one has failed, cannot end it first."""
+    env = None
+    if rank_0_late:
+        (tmp_path / "late").mkdir()
+        (tmp_path / "late" / "sitecustomize.py").write_text(
+            "import os, time\nif os.environ.get('LOCAL_RANK') == '0':\n    time.sleep(3)\n")
+        env = {"PYTHONPATH": str(tmp_path / "late")}
     result = run_script("ppo_atari_multigpu.py", "--num-envs", "3", "--no-cuda", cwd=tmp_path,
-                        launcher=TWO_PROCESSES, check=False)
+                        launcher=TWO_PROCESSES, check=False, env=env)
     assert result.returncode != 0
     ours = [line for line in result.stderr.splitlines() if "ppo_atari_multigpu.py: error:" in line]
     assert ours == ["ppo_atari_multigpu.py: error: --num-envs 3 does not split evenly between 2 processes: "
