@@ -309,3 +309,62 @@ def test_a_save_stopped_by_a_second_ctrl_c_leaves_the_previous_checkpoint_and_no
         checkpoints.save_checkpoint(str(path), {"model": {"weight": torch.zeros(1000)}, "halfway": SecondCtrlC()})
     assert sorted(path.parent.iterdir()) == [path]
     assert path.read_bytes() == before
+
+
+# ---------------------------------------------------------------------------------------------------
+# A migration of an earlier layout keeps every field
+# ---------------------------------------------------------------------------------------------------
+
+
+def same_data(first, second) -> bool:
+    """Whether two checkpoints' entries hold the same data: containers item by item, arrays and tensors
+    element by element (and of the same type and shape)."""
+    if isinstance(first, dict) and isinstance(second, dict):
+        return first.keys() == second.keys() and all(same_data(first[key], second[key]) for key in first)
+    if isinstance(first, (list, tuple)) and isinstance(second, (list, tuple)):
+        return type(first) is type(second) and len(first) == len(second) and all(map(same_data, first, second))
+    if torch.is_tensor(first) or torch.is_tensor(second):
+        return torch.is_tensor(first) and torch.is_tensor(second) and torch.equal(first, second)
+    if isinstance(first, (np.ndarray, np.generic)) or isinstance(second, (np.ndarray, np.generic)):
+        return type(first) is type(second) and np.shape(first) == np.shape(second) and np.array_equal(first, second)
+    return type(first) is type(second) and first == second
+
+
+def migrated(old: dict, tmp_path: Path, script) -> dict:
+    """`old` as a resumed run reads it, its earlier layout brought to today's."""
+    torch.save(old, tmp_path / "old.pt")
+    return checkpoints.load_checkpoint(str(tmp_path / "old.pt"), script.VARIANT, resuming=True)
+
+
+@pytest.mark.parametrize("tiny", ["ppo", "ppo_continuous_action"], indirect=True)
+def test_the_episode_figures_kept_beside_the_environments_come_back_in_them(tiny, tmp_path):
+    """Until 2026-11-27 the running return and length of each environment's episode stood beside the
+    environments; read, they go into the RecordEpisodeStatistics layer, and every other entry is as in
+    the twin of today's layout."""
+    script, path = tiny
+    new = one_batch_more(read(path))
+    for i, layers in enumerate(new["envs"]):  # figures no fresh environment has
+        layers[0]["data"].update(episode_returns=12.5 + i, episode_lengths=7 + i)
+    old = {**{key: value for key, value in new.items() if key != "envs"},
+           "envs": [layers[1:] for layers in new["envs"]],
+           "episode_return": np.array([layers[0]["data"]["episode_returns"] for layers in new["envs"]]),
+           "episode_length": np.array([layers[0]["data"]["episode_lengths"] for layers in new["envs"]])}
+    now = migrated(old, tmp_path, script)
+    assert same_data({key: value for key, value in now.items() if key != "envs"},
+                     {key: value for key, value in new.items() if key != "envs"})
+    for layers, twin in zip(now["envs"], new["envs"], strict=True):
+        assert same_data(layers[1:], twin[1:])
+        assert layers[0]["class"] == twin[0]["class"] == "RecordEpisodeStatistics"
+        assert layers[0]["data"] == {name: twin[0]["data"][name] for name in ("episode_returns", "episode_lengths")}
+
+
+@pytest.mark.parametrize("tiny", ["ppo_continuous_action", "ppo_procgen"], indirect=True)
+def test_a_reward_scaler_of_an_earlier_layout_reads_as_its_twin_field_for_field(tiny, tmp_path):
+    script, path = tiny
+    new = one_batch_more(read(path))
+    new["discounted_return"] = np.linspace(0.5, 2.0, len(new["discounted_return"]))
+    statistics_inside = {**new, "reward_scaler": {"return_rms": new["reward_scaler"]}}
+    returns_inside = {key: value for key, value in new.items() if key != "discounted_return"}
+    returns_inside["reward_scaler"] = {"return_rms": new["reward_scaler"], "discounted_return": new["discounted_return"]}
+    for old in (statistics_inside, returns_inside):
+        assert same_data(migrated(old, tmp_path, script), new)
