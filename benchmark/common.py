@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
-from ppo.exits import WRONG_INPUT
+from ppo_utils.exits import WRONG_INPUT
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from benchmark.run_plan import Run
-from ppo.exits import DIVERGED, STOPPED
+from ppo_utils.exits import DIVERGED, STOPPED
 
 
 def attempt(run: Run, workdir: Path, force: bool) -> tuple[list[str], Path | None]:

@@ -37,8 +37,6 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-if str(HERE.parent) not in sys.path:  # `python benchmark/report.py` puts only benchmark/ on the path
-    sys.path.append(str(HERE.parent))
 # The report's parts, one concern a module: run_data.py (a run's TensorBoard logs, the runs kept),
 # results.py (the baselines, each environment's row against them), plots.py (the learning curves),
 # pages.py (the markdown). This file is the command: build_report, its options and main. Imports go one

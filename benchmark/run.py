@@ -44,8 +44,6 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:  # `python benchmark/run.py` puts only benchmark/ on the path
-    sys.path.append(str(REPO))
 # The runner's parts, one concern a module (standard library only, as this command is): common.py
 # (wrong input, directories), run_plan.py (the runs and the benchmark's plan), local.py (running them
 # here), slurm.py (the job array). This file is the command: its options and main. Imports go one way:
@@ -58,7 +56,7 @@ from benchmark.run_plan import QUICK_ARGS, QUICK_ENV_IDS, QUICK_SEEDS, Benchmark
 # end: the same command continues it; DIVERGED (3), a run whose network became non-finite. Such a run
 # is over: its checkpoint is the last good one, and continuing from it with the same settings would
 # diverge again, so it gets a marker as a finished run does and is not started again.
-from ppo.exits import STOPPED  # noqa: E402
+from ppo_utils.exits import STOPPED  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchmark.common import REPO, fail, make_directory
-from ppo.exits import DIVERGED
+from ppo_utils.exits import DIVERGED
 
 REPORT = REPO / "benchmark" / "report.py"
 

@@ -55,14 +55,9 @@ from pathlib import Path
 from typing import NoReturn
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-from benchmark.scripts_on_path import make_scripts_importable  # noqa: E402
 
-# Before anything imports ppo.exits: the worker processes of --async-envs run this file's top again,
-# with this process's path, the scripts' folder on it, where ppo/ppo.py would take the name `ppo`.
-make_scripts_importable()
-from benchmark.speed_clocks import fail, loop_split, training_speed  # noqa: E402  (a run, timed)
-from benchmark.speed_parts import part_floors, raw_env_speed, start_seconds  # noqa: E402  (the parts alone)
+from benchmark.speed_clocks import fail, loop_split, training_speed  # (a run, timed)
+from benchmark.speed_parts import part_floors, raw_env_speed, start_seconds  # (the parts alone)
 
 # What each script is measured on by default: env id, number of environments (the script's default)
 # and number of iterations: 4 (1 to warm up, 3 measured), 40 for ppo.py, whose iterations are short.

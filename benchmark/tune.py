@@ -64,7 +64,6 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 # The tuner's parts, one concern a module, in benchmark/tuner/: the search space, the study (its
 # storage, lock, heartbeats and retries), the runner of a trial's runs, the workers (here or on Slurm)

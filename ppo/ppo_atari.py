@@ -22,11 +22,8 @@ import torch
 import torch.nn as nn
 from torch.distributions.categorical import Categorical
 
-import adam
-import atari_wrappers
-import command_line
-import environments
-import run_life
+from ppo_utils import adam, atari_wrappers, command_line, environments, speed, training
+from ppo_utils.evaluation import Evaluation
 
 # written into checkpoints, so another variant's checkpoint is refused
 VARIANT = "ppo_atari"
@@ -137,14 +134,14 @@ def make_envs(env_id: str, num_envs: int, capture_video: bool = False, video_fol
     [Core 1: Vectorized architecture] One learner steps `num_envs` copies of the environment in lock
     step, so each rollout holds num_envs x num_steps transitions.
 
-    Autoreset (run_life.vector_env): gymnasium's default resets a finished environment on the *next*
+    Autoreset: gymnasium's default resets a finished environment on the *next*
     step(), which then returns the reset observation with reward 0, ignoring its action: stored, it
     would teach an action that never happened. SAME_STEP mode resets within the step that ends the
     episode: every step() is a real transition, and the observation it returns for a finished
     environment is already the first of the next episode."""
     environments.check_gymnasium_id(env_id, VARIANT, atari=True)
     # [Speed: asynchronous environments] async_envs: each game in a worker process, all at once
-    envs = run_life.vector_env([make_env(env_id, i, capture_video, video_folder, video_episodes)
+    envs = environments.vector_env([make_env(env_id, i, capture_video, video_folder, video_episodes)
                                 for i in range(num_envs)], env_id, VARIANT, saved_envs, async_envs)
     environments.check_spaces(envs, env_id, VARIANT, actions=(gym.spaces.Discrete,),
                               vector_observations=False)
@@ -194,7 +191,7 @@ class Agent(nn.Module):
     def get_value(self, obs: torch.Tensor) -> torch.Tensor:
         return self.critic(self.features(obs))
 
-    @run_life.compiled  # with --compile the rollout's step is compiled too; else it runs as written
+    @speed.compiled  # with --compile the rollout's step is compiled too; else it runs as written
     def get_action_and_value(self, obs: torch.Tensor, action: torch.Tensor | None = None):
         """Sample an action (or score a given one): returns action, log-prob, entropy and value."""
         hidden = self.features(obs)
@@ -271,7 +268,7 @@ def ppo_loss(new_logprob: torch.Tensor, entropy: torch.Tensor, new_value: torch.
     return loss, stats
 
 
-@run_life.compiled  # [Speed: torch.compile] with --compile, fused into a few kernels
+@speed.compiled  # [Speed: torch.compile] with --compile, fused into a few kernels
 def minibatch_loss(agent: Agent, obs: torch.Tensor, actions: torch.Tensor,
                    old_logprob: torch.Tensor, old_value: torch.Tensor, advantages: torch.Tensor,
                    returns: torch.Tensor, clip_coef: float,
@@ -300,14 +297,14 @@ def truncated_value(agent: Agent, infos: dict, truncated: np.ndarray,
 
 def main(args: Args, checkpoint: dict | None = None) -> dict:
     """Train as `args` says (resumed: from `checkpoint`); returns a summary for callers (tests)."""
-    # The run: its flags checked, its name and folder, its device (run_life.Run).
-    run = run_life.Run(args, VARIANT, checkpoint, env_package="ale-py")
+    # The run: its flags checked, its name and folder, its device (training.Run).
+    run = training.Run(args, VARIANT, checkpoint, env_package="ale-py")
     device = run.device
     batch_size = args.num_envs * args.num_steps
     minibatch_size = batch_size // args.num_minibatches
     num_iterations = args.total_timesteps // batch_size
     # Python's, NumPy's and PyTorch's random generators start from --seed (the environments' below).
-    run_life.seed_everything(args.seed, args.torch_deterministic)
+    training.seed_everything(args.seed, args.torch_deterministic)
 
     envs = make_envs(args.env_id, args.num_envs, args.capture_video, run.video_folder,
                      saved_envs=run.saved_envs, async_envs=args.async_envs)
@@ -427,7 +424,7 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
 def evaluate(args: Args, checkpoint: dict) -> list[float]:
     """--evaluate: play episodes with the saved agent, its actions sampled as in training. An
     episode is a whole game, scored with the game's own rewards (RecordEpisodeStatistics)."""
-    evaluation = run_life.Evaluation(args, VARIANT, checkpoint)  # the device and seeds
+    evaluation = Evaluation(args, VARIANT, checkpoint)  # the device and seeds
     envs = make_envs(args.env_id, 1, args.capture_video, evaluation.video_folder,
                      video_episodes=args.eval_episodes)
     agent = evaluation.load(Agent(envs.single_action_space.n))

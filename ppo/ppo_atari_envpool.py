@@ -22,11 +22,8 @@ import torch
 import torch.nn as nn
 from torch.distributions.categorical import Categorical
 
-import adam
-import command_line
-import environments
-import envpool_games
-import run_life
+from ppo_utils import adam, command_line, environments, envpool_games, speed, training
+from ppo_utils.evaluation import Evaluation
 
 # written into checkpoints, so another variant's checkpoint is refused
 VARIANT = "ppo_atari_envpool"
@@ -170,7 +167,7 @@ class Agent(nn.Module):
     def get_value(self, obs: torch.Tensor) -> torch.Tensor:
         return self.critic(self.features(obs))
 
-    @run_life.compiled  # with --compile the rollout's step is compiled too; else it runs as written
+    @speed.compiled  # with --compile the rollout's step is compiled too; else it runs as written
     def get_action_and_value(self, obs: torch.Tensor, action: torch.Tensor | None = None):
         """Sample an action (or score a given one): returns action, log-prob, entropy and value."""
         hidden = self.features(obs)
@@ -248,7 +245,7 @@ def ppo_loss(new_logprob: torch.Tensor, entropy: torch.Tensor, new_value: torch.
     return loss, stats
 
 
-@run_life.compiled  # [Speed: torch.compile] with --compile, fused into a few kernels
+@speed.compiled  # [Speed: torch.compile] with --compile, fused into a few kernels
 def minibatch_loss(agent: Agent, obs: torch.Tensor, actions: torch.Tensor,
                    old_logprob: torch.Tensor, old_value: torch.Tensor, advantages: torch.Tensor,
                    returns: torch.Tensor, clip_coef: float,
@@ -277,14 +274,14 @@ def truncated_value(agent: Agent, infos: dict, truncated: np.ndarray,
 
 def main(args: Args, checkpoint: dict | None = None) -> dict:
     """Train as `args` says (resumed: from `checkpoint`); returns a summary for callers (tests)."""
-    # The run: its flags checked, its name and folder, its device (run_life.Run).
-    run = run_life.Run(args, VARIANT, checkpoint, env_package="envpool")
+    # The run: its flags checked, its name and folder, its device (training.Run).
+    run = training.Run(args, VARIANT, checkpoint, env_package="envpool")
     device = run.device
     batch_size = args.num_envs * args.num_steps
     minibatch_size = batch_size // args.num_minibatches
     num_iterations = args.total_timesteps // batch_size
     # Python's, NumPy's and PyTorch's random generators start from --seed (the environments' below).
-    run_life.seed_everything(args.seed, args.torch_deterministic)
+    training.seed_everything(args.seed, args.torch_deterministic)
 
     # envpool is seeded when it is made and cannot save its games: a resumed run plays new ones,
     # seeded by where it resumes so that it does not replay the games it began with.
@@ -430,7 +427,7 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
 def evaluate(args: Args, checkpoint: dict) -> list[float]:
     """--evaluate: play episodes with the saved agent, its actions sampled as in training. An
     episode is a whole game, scored with the sum of envpool's unclipped rewards over its lives."""
-    evaluation = run_life.Evaluation(args, VARIANT, checkpoint)  # the device and seeds
+    evaluation = Evaluation(args, VARIANT, checkpoint)  # the device and seeds
     envs = make_envs(args.env_id, 1, args.capture_video, evaluation.video_folder,
                      seed=evaluation.seed)
     agent = evaluation.load(Agent(envs.single_action_space.n))

@@ -28,12 +28,9 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.distributions.categorical import Categorical
 
-import adam
-import atari_wrappers
-import command_line
-import environments
-import exits
-import run_life
+from ppo_utils import (adam, atari_wrappers, command_line, environments, exits,
+                       ranks, speed, training)
+from ppo_utils.evaluation import Evaluation
 
 # written into checkpoints, so another variant's checkpoint is refused
 VARIANT = "ppo_atari_multigpu"
@@ -151,14 +148,14 @@ def make_envs(env_id: str, num_envs: int, capture_video: bool = False, video_fol
     [Core 1: Vectorized architecture] Each process steps `num_envs` copies of the environment in
     lock step, its share of the world's, so its rollout holds num_envs x num_steps transitions.
 
-    Autoreset (run_life.vector_env): gymnasium's default resets a finished environment on the *next*
+    Autoreset: gymnasium's default resets a finished environment on the *next*
     step(), which then returns the reset observation with reward 0, ignoring its action: stored, it
     would teach an action that never happened. SAME_STEP mode resets within the step that ends the
     episode: every step() is a real transition, and the observation it returns for a finished
     environment is already the first of the next episode."""
     environments.check_gymnasium_id(env_id, VARIANT, atari=True)
     # [Speed: asynchronous environments] async_envs: each game in a worker process, all at once
-    envs = run_life.vector_env([make_env(env_id, i, capture_video, video_folder, video_episodes)
+    envs = environments.vector_env([make_env(env_id, i, capture_video, video_folder, video_episodes)
                                 for i in range(num_envs)], env_id, VARIANT, saved_envs, async_envs)
     environments.check_spaces(envs, env_id, VARIANT, actions=(gym.spaces.Discrete,),
                               vector_observations=False)
@@ -208,7 +205,7 @@ class Agent(nn.Module):
     def get_value(self, obs: torch.Tensor) -> torch.Tensor:
         return self.critic(self.features(obs))
 
-    @run_life.compiled  # with --compile the rollout's step is compiled too; else it runs as written
+    @speed.compiled  # with --compile the rollout's step is compiled too; else it runs as written
     def get_action_and_value(self, obs: torch.Tensor, action: torch.Tensor | None = None):
         """Sample an action (or score a given one): returns action, log-prob, entropy and value."""
         hidden = self.features(obs)
@@ -299,7 +296,7 @@ def ppo_loss(new_logprob: torch.Tensor, entropy: torch.Tensor, new_value: torch.
     return loss, stats
 
 
-@run_life.compiled  # [Speed: torch.compile] with --compile, fused into a few kernels
+@speed.compiled  # [Speed: torch.compile] with --compile, fused into a few kernels
 def minibatch_loss(agent: Agent, obs: torch.Tensor, actions: torch.Tensor,
                    old_logprob: torch.Tensor, old_value: torch.Tensor, advantages: torch.Tensor,
                    returns: torch.Tensor, clip_coef: float,
@@ -378,14 +375,14 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
     """Train as `args` says, from `checkpoint` (read by command_line.parse_args) with --resume;
     returns a summary of the run for callers such as tests."""
     # Who this process is under torchrun: its rank among all, their number, its rank on its node.
-    rank, world_size, local_rank, local_world_size = run_life.torchrun_process()
+    rank, world_size, local_rank, local_world_size = ranks.torchrun_process()
     # The run: its flags checked, its name and folder (rank 0 logs, prints and saves for the world),
     # its device (a GPU of its node from --device-ids, or the CPU).
-    device = run_life.device_of_rank(VARIANT, args.cuda, args.device_ids, args.backend, local_rank,
+    device = ranks.device_of_rank(VARIANT, args.cuda, args.device_ids, args.backend, local_rank,
                                      local_world_size)
-    run = run_life.Run(args, VARIANT, checkpoint, device, rank, world_size, env_package="ale-py")
+    run = training.Run(args, VARIANT, checkpoint, device, rank, world_size, env_package="ale-py")
     # [Multi-GPU 1: Shard the environments] The world's num_envs environments are split evenly
-    # between the ranks (run_life.Run refuses sizes that do not split). Each rank collects and
+    # between the ranks (training.Run refuses sizes that do not split). Each rank collects and
     # learns from its share, so its batch and minibatches are 1/world_size of those of ppo_atari.py
     # with the same settings; the iterations and the global step count the world's steps.
     local_num_envs = args.num_envs // world_size
@@ -402,7 +399,7 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
     # get the seeds seed + r x local_num_envs + i, so the world plays the same games as ppo_atari.py
     # with all the environments in one process. The weights, though, must start identical on every
     # rank, so torch is seeded with the shared seed until the agent is built.
-    run_life.seed_everything(args.seed + rank, args.torch_deterministic)
+    training.seed_everything(args.seed + rank, args.torch_deterministic)
     torch.manual_seed(args.seed)
 
     envs = make_envs(args.env_id, local_num_envs, args.capture_video and rank == 0,
@@ -538,7 +535,7 @@ def evaluate(args: Args, checkpoint: dict) -> list[float]:
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         exits.fail(VARIANT, f"--evaluate plays in one process: run python ppo/{VARIANT}.py "
                             f"--evaluate {args.evaluate}")
-    evaluation = run_life.Evaluation(args, VARIANT, checkpoint)  # the device and seeds
+    evaluation = Evaluation(args, VARIANT, checkpoint)  # the device and seeds
     envs = make_envs(args.env_id, 1, args.capture_video, evaluation.video_folder,
                      video_episodes=args.eval_episodes)
     agent = evaluation.load(Agent(envs.single_action_space.n))

@@ -25,12 +25,9 @@ import torch.nn as nn
 from gymnasium.wrappers.utils import RunningMeanStd
 from torch.distributions.normal import Normal
 
-import adam
-import checkpoints
-import command_line
-import environments
-import numpy_policy
-import run_life
+from ppo_utils import adam, command_line, environments, numpy_policy, speed, training
+from ppo_utils.checkpoint import restore_statistics, statistics_state
+from ppo_utils.evaluation import Evaluation
 
 # written into checkpoints, so another variant's checkpoint is refused
 VARIANT = "ppo_continuous_action"
@@ -111,13 +108,13 @@ def make_envs(env_id: str, num_envs: int, capture_video: bool = False, video_fol
     [Core 1: Vectorized architecture] One learner steps `num_envs` copies of the environment in lock
     step, so each rollout holds num_envs x num_steps transitions.
 
-    Autoreset (run_life.vector_env): gymnasium's default resets a finished environment on the *next*
+    Autoreset: gymnasium's default resets a finished environment on the *next*
     step(), which then returns the reset observation with reward 0, ignoring its action: stored, it
     would teach an action that never happened. SAME_STEP mode resets within the step that ends the
     episode: every step() is a real transition, and the observation it returns for a finished
     environment is already the first of the next episode."""
     environments.check_gymnasium_id(env_id, VARIANT)
-    envs = run_life.vector_env([make_env(env_id, i, capture_video, video_folder, video_episodes)
+    envs = environments.vector_env([make_env(env_id, i, capture_video, video_folder, video_episodes)
                                 for i in range(num_envs)], env_id, VARIANT, saved_envs)
     environments.check_spaces(envs, env_id, VARIANT, actions=(gym.spaces.Box,))
     return envs
@@ -167,10 +164,10 @@ class Agent(nn.Module):
     # back to set_extra_state: the observation statistics travel with the weights into every
     # checkpoint, and a loaded agent sees observations exactly as it did in training.
     def get_extra_state(self) -> dict:
-        return checkpoints.statistics_state(self.obs_rms)
+        return statistics_state(self.obs_rms)
 
     def set_extra_state(self, state: dict) -> None:
-        checkpoints.restore_statistics(self.obs_rms, state)
+        restore_statistics(self.obs_rms, state)
 
     def normalize_obs(self, obs: np.ndarray, update: bool) -> np.ndarray:
         """[Continuous 6: Normalization of observations] Each observation dimension is shifted and
@@ -188,7 +185,7 @@ class Agent(nn.Module):
     def get_value(self, obs: torch.Tensor) -> torch.Tensor:
         return self.critic(obs)
 
-    @run_life.compiled  # with --compile the rollout's step is compiled too; else it runs as written
+    @speed.compiled  # with --compile the rollout's step is compiled too; else it runs as written
     def get_action(self, obs: torch.Tensor) -> torch.Tensor:
         """The rollout's policy step: sample actions, and nothing else. The rollout needs only the
         actions at each step; their log-probabilities and values come after it, in one batched pass
@@ -303,7 +300,7 @@ def ppo_loss(new_logprob: torch.Tensor, entropy: torch.Tensor, new_value: torch.
     return loss, stats
 
 
-@run_life.compiled  # [Speed: torch.compile] with --compile, fused into a few kernels
+@speed.compiled  # [Speed: torch.compile] with --compile, fused into a few kernels
 def minibatch_loss(agent: Agent, obs: torch.Tensor, actions: torch.Tensor,
                    old_logprob: torch.Tensor, old_value: torch.Tensor, advantages: torch.Tensor,
                    returns: torch.Tensor, clip_coef: float,
@@ -333,14 +330,14 @@ def truncated_value(agent: Agent, infos: dict, truncated: np.ndarray,
 
 def main(args: Args, checkpoint: dict | None = None) -> dict:
     """Train as `args` says (resumed: from `checkpoint`); returns a summary for callers (tests)."""
-    # The run: its flags checked, its name and folder, its device (run_life.Run).
-    run = run_life.Run(args, VARIANT, checkpoint, env_package="mujoco")
+    # The run: its flags checked, its name and folder, its device (training.Run).
+    run = training.Run(args, VARIANT, checkpoint, env_package="mujoco")
     device = run.device
     batch_size = args.num_envs * args.num_steps
     minibatch_size = batch_size // args.num_minibatches
     num_iterations = args.total_timesteps // batch_size
     # Python's, NumPy's and PyTorch's random generators start from --seed (the environments' below).
-    run_life.seed_everything(args.seed, args.torch_deterministic)
+    training.seed_everything(args.seed, args.torch_deterministic)
     # Networks this small run fastest on one thread: more threads cost more than they save.
     torch.set_num_threads(1)
 
@@ -487,7 +484,7 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
 def evaluate(args: Args, checkpoint: dict) -> list[float]:
     """--evaluate: play episodes with the saved agent and its saved observation statistics, its
     actions sampled and clipped as in training. Playing leaves the statistics as they were saved."""
-    evaluation = run_life.Evaluation(args, VARIANT, checkpoint)  # the device and seeds
+    evaluation = Evaluation(args, VARIANT, checkpoint)  # the device and seeds
     envs = make_envs(args.env_id, 1, args.capture_video, evaluation.video_folder,
                      video_episodes=args.eval_episodes)
     agent = evaluation.load(Agent(envs.single_observation_space.shape[0],

@@ -30,11 +30,8 @@ import torch
 import torch.nn as nn
 from torch.distributions.categorical import Categorical
 
-import adam
-import command_line
-import environments
-import exits
-import run_life
+from ppo_utils import adam, command_line, environments, exits, speed, training
+from ppo_utils.evaluation import Evaluation
 
 # written into checkpoints, so another variant's checkpoint is refused
 VARIANT = "ppo_multidiscrete"
@@ -244,14 +241,14 @@ def make_envs(env_id: str, num_envs: int, capture_video: bool = False, video_fol
     [Core 1: Vectorized architecture] One learner steps `num_envs` copies of the environment in lock
     step, so each rollout holds num_envs x num_steps transitions.
 
-    Autoreset (run_life.vector_env): SAME_STEP mode resets a finished environment within the step
+    Autoreset: SAME_STEP mode resets a finished environment within the step
     that ends its episode: every step() is a real transition, and the observation and mask it
     returns for a finished environment are already the next episode's first."""
     if env_id.startswith("Jumanji/"):
         environments.check_envpool_id(env_id, VARIANT, None, "Jumanji/Cleaner-v0")
     else:
         environments.check_gymnasium_id(env_id, VARIANT, envpool_namespace="Jumanji")
-    envs = run_life.vector_env([make_env(env_id, i, capture_video, video_folder, video_episodes)
+    envs = environments.vector_env([make_env(env_id, i, capture_video, video_folder, video_episodes)
                                 for i in range(num_envs)], env_id, VARIANT, saved_envs)
     environments.check_spaces(envs, env_id, VARIANT, actions=(gym.spaces.MultiDiscrete,))
     return envs
@@ -308,7 +305,7 @@ class Agent(nn.Module):
             logits = logits.masked_fill(~mask, torch.finfo(logits.dtype).min)
         return logits.split(self.nvec, dim=-1)
 
-    @run_life.compiled  # with --compile the rollout's step is compiled too; else it runs as written
+    @speed.compiled  # with --compile the rollout's step is compiled too; else it runs as written
     def get_action(self, obs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """The rollout's policy step: sample each part's choice, and nothing else. Log-probabilities
         and values come after the rollout, in one batched pass (main). [Speed: one draw in three
@@ -402,7 +399,7 @@ def ppo_loss(new_logprob: torch.Tensor, entropy: torch.Tensor, new_value: torch.
     return loss, stats
 
 
-@run_life.compiled  # [Speed: torch.compile] with --compile, fused into a few kernels
+@speed.compiled  # [Speed: torch.compile] with --compile, fused into a few kernels
 def minibatch_loss(agent: Agent, obs: torch.Tensor, masks: torch.Tensor,
                    actions: torch.Tensor, old_logprob: torch.Tensor, old_value: torch.Tensor,
                    advantages: torch.Tensor, returns: torch.Tensor, clip_coef: float,
@@ -441,15 +438,15 @@ def ruled_out_share(actions: np.ndarray, masks: np.ndarray, nvec: list[int]) -> 
 
 def main(args: Args, checkpoint: dict | None = None) -> dict:
     """Train as `args` says (resumed: from `checkpoint`); returns a summary for callers (tests)."""
-    # The run: its flags checked, its name and folder, its device (run_life.Run).
-    run = run_life.Run(args, VARIANT, checkpoint,
+    # The run: its flags checked, its name and folder, its device (training.Run).
+    run = training.Run(args, VARIANT, checkpoint,
                        env_package="envpool" if args.env_id.startswith("Jumanji/") else None)
     device = run.device
     batch_size = args.num_envs * args.num_steps
     minibatch_size = batch_size // args.num_minibatches
     num_iterations = args.total_timesteps // batch_size
     # Python's, NumPy's and PyTorch's random generators start from --seed (the environments' below).
-    run_life.seed_everything(args.seed, args.torch_deterministic)
+    training.seed_everything(args.seed, args.torch_deterministic)
     # Networks this small run fastest on one thread: more threads cost more than they save.
     torch.set_num_threads(1)
 
@@ -582,7 +579,7 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
 
 def evaluate(args: Args, checkpoint: dict) -> list[float]:
     """--evaluate: play episodes with the saved agent, its actions sampled as in training."""
-    evaluation = run_life.Evaluation(args, VARIANT, checkpoint)  # the device and seeds
+    evaluation = Evaluation(args, VARIANT, checkpoint)  # the device and seeds
     envs = make_envs(args.env_id, 1, args.capture_video, evaluation.video_folder,
                      video_episodes=args.eval_episodes)
     agent = evaluation.load(Agent(envs.single_observation_space.shape[0],

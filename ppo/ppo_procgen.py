@@ -25,10 +25,8 @@ import torch.nn as nn
 from gymnasium.wrappers.utils import RunningMeanStd
 from torch.distributions.categorical import Categorical
 
-import adam
-import command_line
-import environments
-import run_life
+from ppo_utils import adam, command_line, environments, speed, training
+from ppo_utils.evaluation import Evaluation
 
 try:
     # procgen imports the retired `gym` package to register old-style environments, and gym prints
@@ -228,7 +226,7 @@ class Agent(nn.Module):
     def get_value(self, obs: torch.Tensor) -> torch.Tensor:
         return self.critic(self.features(obs))
 
-    @run_life.compiled  # with --compile the rollout's step is compiled too; else it runs as written
+    @speed.compiled  # with --compile the rollout's step is compiled too; else it runs as written
     def get_action_and_value(self, obs: torch.Tensor, action: torch.Tensor | None = None):
         """Sample an action (or score a given one): returns action, log-prob, entropy and value."""
         hidden = self.features(obs)
@@ -325,7 +323,7 @@ def ppo_loss(new_logprob: torch.Tensor, entropy: torch.Tensor, new_value: torch.
     return loss, stats
 
 
-@run_life.compiled  # [Speed: torch.compile] with --compile, fused into a few kernels
+@speed.compiled  # [Speed: torch.compile] with --compile, fused into a few kernels
 def minibatch_loss(agent: Agent, obs: torch.Tensor, actions: torch.Tensor,
                    old_logprob: torch.Tensor, old_value: torch.Tensor, advantages: torch.Tensor,
                    returns: torch.Tensor, clip_coef: float,
@@ -338,14 +336,14 @@ def minibatch_loss(agent: Agent, obs: torch.Tensor, actions: torch.Tensor,
 
 def main(args: Args, checkpoint: dict | None = None) -> dict:
     """Train as `args` says (resumed: from `checkpoint`); returns a summary for callers (tests)."""
-    # The run: its flags checked, its name and folder, its device (run_life.Run).
-    run = run_life.Run(args, VARIANT, checkpoint, env_package="procgen-mirror", recent_episodes=100)
+    # The run: its flags checked, its name and folder, its device (training.Run).
+    run = training.Run(args, VARIANT, checkpoint, env_package="procgen-mirror", recent_episodes=100)
     device = run.device
     batch_size = args.num_envs * args.num_steps
     minibatch_size = batch_size // args.num_minibatches
     num_iterations = args.total_timesteps // batch_size
     # Python's, NumPy's and PyTorch's random generators start from --seed (the environments' below).
-    run_life.seed_everything(args.seed, args.torch_deterministic)
+    training.seed_everything(args.seed, args.torch_deterministic)
     # PyTorch keeps a thread per core for the IMPALA CNN (on a shared machine: OMP_NUM_THREADS=1).
 
     envs = make_envs(args.env_id, args.num_envs, args.capture_video, run.video_folder,
@@ -475,7 +473,7 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
 def evaluate(args: Args, checkpoint: dict) -> list[float]:
     """--evaluate: play episodes with the saved agent, its actions sampled as in training. With
     unlimited levels, the evaluation's seeds draw levels the agent most likely never saw."""
-    evaluation = run_life.Evaluation(args, VARIANT, checkpoint)  # the device and seeds
+    evaluation = Evaluation(args, VARIANT, checkpoint)  # the device and seeds
     envs = make_envs(args.env_id, 1, args.capture_video, evaluation.video_folder,
                      args.distribution_mode, args.num_levels, args.start_level)
     agent = evaluation.load(Agent(envs.single_action_space.n))

@@ -11,10 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmark.scripts_on_path import make_scripts_importable  # pytest puts the repository on the path
-
 REPO = Path(__file__).resolve().parents[1]
-make_scripts_importable()  # for the tests' `from ppo.ppo import Agent`, and the scripts' `import run_life`
 
 # How long a test waits for a process it started (a script's run, a tool, a Slurm job) before it calls
 # it hung. The limits are for hangs alone, not for speed: the longest wait of a quiet 2-core machine, a
@@ -71,7 +68,7 @@ def one_torch_thread():
 def parse_args(script, argv: list[str]):
     """What `python ppo/<script>.py argv...` reads before it runs (command_line.parse_args): the
     settings and the checkpoint that --resume or --evaluate names."""
-    import command_line
+    from ppo_utils import command_line
 
     return command_line.parse_args(script.Args, script.VARIANT, argv, doc=script.__doc__)
 
@@ -84,7 +81,7 @@ def script_environment(env: dict | None = None) -> dict:
 
 @pytest.fixture(autouse=True)
 def signal_handlers_put_back():
-    """A test that calls a script's machinery in this process (exits.exit_codes, run_life.Run) may leave its handlers
+    """A test that calls a script's machinery in this process (exits.exit_codes, training.Run) may leave its handlers
     for Ctrl-C, SIGTERM and SIGUSR1 behind, as a script's process does at its end: put them back, so
     that no test sees another's, and a SIGTERM to pytest still ends it."""
     stop_signals = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
@@ -264,14 +261,14 @@ def run_unbroken_and_interrupted_in_process(main, args, workdir: Path, env_class
 
 @contextlib.contextmanager
 def clock_of_the_steps(env_class: type, seconds_per_step: float = 1 / 1024, step_method: str = "step"):
-    """Within the block, the runs (ppo/run_life.py, ppo/run_logs.py) read the time from a clock that stands still except in
+    """Within the block, the runs (ppo/training.py, ppo/run_logs.py) read the time from a clock that stands still except in
     `env_class.step` (or `step_method`), each call of which advances it by `seconds_per_step` (1/1024 s:
     a power of 2, the sums stay exact), so the steps per second that a run logs are a known figure, not
     a measurement."""
     import types
 
-    import run_life  # where the scripts' runs read the clock (run_logs: for the run's name)
-    import run_logs
+    from ppo_utils import training  # where the scripts' runs read the clock (run_logs: for the run's name)
+    from ppo_utils import run_logs
 
     original_step, now = getattr(env_class, step_method), 1_700_000_000.0
 
@@ -281,14 +278,14 @@ def clock_of_the_steps(env_class: type, seconds_per_step: float = 1 / 1024, step
         return original_step(self, *inputs, **options)
 
     setattr(env_class, step_method, step_and_tick)
-    original_time = run_life.time
-    run_life.time = run_logs.time = types.SimpleNamespace(time=lambda: now,
+    original_time = training.time
+    training.time = run_logs.time = types.SimpleNamespace(time=lambda: now,
                                                           monotonic=original_time.monotonic)
     try:
         yield
     finally:
         setattr(env_class, step_method, original_step)
-        run_life.time = run_logs.time = original_time
+        training.time = run_logs.time = original_time
 
 
 # A finished tiny run of each script, its checkpoint shared by the tests of a process (test_checkpoints.py,
@@ -340,7 +337,7 @@ def tiny(request, tmp_path_factory):
     return script, TRAINED[request.param]
 
 
-# The progress line of ppo/run_life.py's Iterations.print_progress, and its numbers: step, total, SPS.
+# The progress line of ppo/training.py's Iterations.print_progress, and its numbers: step, total, SPS.
 PROGRESS_LINE = re.compile(r"^step +([\d,]+)/([\d,]+) \| +([\d,]+) SPS \| \d+:\d\d:\d\d elapsed, (?:\d+:\d\d:\d\d|\?) "
                            r"left \| mean return +(?:-?[\d.]+|n/a) \(last \d+ episodes\)$", re.MULTILINE)
 
@@ -549,7 +546,7 @@ def assert_logged_losses_are_the_updates_own(script, args, monkeypatch, reset_st
     import numpy as np
     import pytest
 
-    import run_life  # where the run computes the explained variance it logs
+    from ppo_utils import training  # where the run computes the explained variance it logs
 
     compute_gae, ppo_loss = script.compute_gae, script.ppo_loss
     updates = []  # per iteration: (values, dones, returns, [each minibatch's statistics])
@@ -574,7 +571,7 @@ def assert_logged_losses_are_the_updates_own(script, args, monkeypatch, reset_st
         assert logged[f"losses/{key}"] == pytest.approx(expected, rel=1e-5, abs=1e-7), key
     for (values, dones, returns, _), explained in zip(updates, logged["losses/explained_variance"]):
         trained = dones.reshape(-1) == 0 if reset_steps_left_out else slice(None)
-        assert explained == pytest.approx(run_life.explained_variance(values.reshape(-1)[trained],
+        assert explained == pytest.approx(training.explained_variance(values.reshape(-1)[trained],
                                                                       returns.reshape(-1)[trained]), rel=1e-5)
 
 

@@ -12,7 +12,7 @@ import torch
 
 from conftest import HUNG_AFTER, REPO
 
-import adam  # ppo/adam.py, on the path from conftest.py
+from ppo_utils import adam
 
 
 def twin_networks() -> tuple[torch.nn.Module, torch.nn.Module]:

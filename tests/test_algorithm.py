@@ -11,8 +11,8 @@ import torch
 
 from conftest import parse_args  # noqa: E402
 
-import checkpoints  # noqa: E402
-import run_life  # noqa: E402
+from ppo_utils import checkpoint as checkpoints  # noqa: E402
+from ppo_utils import training  # noqa: E402
 
 SCRIPTS = ["ppo", "ppo_atari", "ppo_atari_lstm", "ppo_atari_envpool", "ppo_continuous_action", "ppo_procgen",
            "ppo_atari_multigpu", "ppo_multidiscrete"]
@@ -180,9 +180,9 @@ def test_the_loss_subtracts_the_entropy_bonus_and_adds_the_weighted_value_loss(s
 
 def test_explained_variance():
     """[Core 12] 1 - Var(target - predicted) / Var(target), which every script's run logs
-    (run_life.Run.end_iteration): 1 for perfect predictions, 0 for predicting the mean, negative for
+    (training.Run.end_iteration): 1 for perfect predictions, 0 for predicting the mean, negative for
     worse; undefined (nan) when the targets do not vary."""
-    explained_variance = run_life.explained_variance
+    explained_variance = training.explained_variance
     rng = np.random.default_rng(3)
     target = rng.normal(size=50).astype(np.float32)
     predicted = (target + rng.normal(scale=0.5, size=50)).astype(np.float32)

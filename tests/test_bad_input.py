@@ -18,9 +18,9 @@ import torch
 
 from conftest import expect_usage_error, parse_args
 
-import checkpoints  # noqa: E402
-import command_line  # noqa: E402
-import exits  # noqa: E402
+from ppo_utils import checkpoint as checkpoints  # noqa: E402
+from ppo_utils import command_line  # noqa: E402
+from ppo_utils import exits  # noqa: E402
 
 SCRIPTS = ["ppo", "ppo_atari", "ppo_atari_lstm", "ppo_atari_envpool", "ppo_continuous_action", "ppo_procgen",
            "ppo_atari_multigpu", "ppo_multidiscrete"]
@@ -244,7 +244,7 @@ def test_a_refusal_after_the_run_folder_is_made_leaves_nothing_behind(script, ca
 
     writers = []
 
-    import run_logs  # where the run opens its TensorBoard writer
+    from ppo_utils import run_logs  # where the run opens its TensorBoard writer
 
     class Writer(run_logs.SummaryWriter):
         def __init__(self, *args, **kwargs):

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import run_logs  # the scripts' run logs: how a run writes its text tables
+from ppo_utils import run_logs  # the scripts' run logs: how a run writes its text tables
 from benchmark import report
 from benchmark import local, run_plan
 from conftest import (FAKE_SCRIPT, HUNG_AFTER, REPO, SLOW_PPO, SLOW_RUNS, assert_quick_runs_finished, assert_same_final_weights,

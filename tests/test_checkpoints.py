@@ -8,7 +8,6 @@ were pickled, evaluates as it is (its weights and settings are data) and resumes
 one tiny run of its own (conftest's `tiny`), shared by the tests of a file.
 """
 
-import importlib.util
 import os
 import pickle
 import shlex
@@ -19,11 +18,11 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import REPO, parse_args, assert_same_agent_state, expect_usage_error, only_run_dir, run_script
+from conftest import parse_args, assert_same_agent_state, expect_usage_error, run_script
 
-import checkpoints  # noqa: E402
-import exits  # noqa: E402
-import old_checkpoints  # noqa: E402
+from ppo_utils import checkpoint as checkpoints  # noqa: E402
+from ppo_utils import exits  # noqa: E402
+from ppo_utils import old_checkpoints  # noqa: E402
 
 # The scripts whose older checkpoints held pickled environments (envpool saves no games; Procgen's
 # were already its own state bytes).
@@ -250,7 +249,7 @@ SAVE_UNTIL_KILLED = """\
 import sys, time
 from pathlib import Path
 import torch
-import checkpoints
+from ppo_utils import checkpoint as checkpoints
 
 class Halfway:
     def __reduce__(self):
@@ -279,8 +278,7 @@ def test_a_save_killed_halfway_leaves_the_previous_checkpoint_and_nothing_else(t
 
     path, before = saved_over(tmp_path)
     halfway = tmp_path / "halfway"
-    saving = subprocess.Popen([sys.executable, "-c", SAVE_UNTIL_KILLED, str(path), str(halfway)],
-                              env={**os.environ, "PYTHONPATH": str(REPO / "ppo")})
+    saving = subprocess.Popen([sys.executable, "-c", SAVE_UNTIL_KILLED, str(path), str(halfway)])
     deadline = time.monotonic() + 120
     while not halfway.exists() and saving.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)

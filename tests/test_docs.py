@@ -237,7 +237,7 @@ def test_line_link_check_catches_stale_links(tmp_path):
     script_lines[14] = "def evaluate(args):"  # line 15
     script_lines[15] = "    return args"
     script_lines[23] = "def train(args):"
-    script_lines[24] = "    step = run_life.compiled(args)"  # line 25
+    script_lines[24] = "    step = speed.compiled(args)"  # line 25
     (tmp_path / "ppo" / "demo.py").write_text("\n".join(script_lines) + "\n")
     page = tmp_path / "docs" / "demo.md"
     page.write_text("\n".join([
@@ -257,8 +257,8 @@ def test_line_link_check_catches_stale_links(tmp_path):
         "[`evaluate`](../ppo/demo.py#L15)",                            # ok: on its definition
         "[`evaluate`](../ppo/demo.py#L16)",                            # stale
         "[here](../ppo/demo.py#L15)",                                  # names nothing
-        "[`run_life.compiled`](../ppo/demo.py#L25)",                   # ok: on its use
-        "[`run_life.compiled`](../ppo/demo.py#L24)",                   # stale
+        "[`speed.compiled`](../ppo/demo.py#L25)",                   # ok: on its use
+        "[`speed.compiled`](../ppo/demo.py#L24)",                   # stale
         "[`frameskip=1`](../ppo/demo.py#L25)",                         # stale: not on that line
         "```",
         "[Core 5](../ppo/demo.py#L1)",                                 # in a code block: ignored

@@ -4,12 +4,11 @@ as training does (not the most likely action), on seeds that training never play
 Each script's checkpoint comes from one tiny run of its own (conftest's `tiny`)."""
 
 import numpy as np
-import pytest
 import torch
 
 from conftest import parse_args
 
-import evaluation  # noqa: E402  (the scripts' Evaluation, whose play() every evaluate() calls)
+from ppo_utils import evaluation  # noqa: E402  (the scripts' Evaluation, whose play() every evaluate() calls)
 
 
 def uniform(model: dict) -> dict:
@@ -84,7 +83,7 @@ def recording_seeds(script, monkeypatch) -> list[int]:
         monkeypatch.setattr(script.ProcgenVectorEnv, "reset",
                             recording(script.ProcgenVectorEnv.reset, lambda envs: envs.num_envs))
     if script.VARIANT == "ppo_atari_envpool":
-        import envpool_games
+        from ppo_utils import envpool_games
 
         build = envpool_games.Games.__init__
 

@@ -10,7 +10,7 @@ How the first versions were found (2026-11-23, with `pip download <package>==<ve
   "module 'gymnasium.vector' has no attribute 'AutoresetMode'"; with 1.1.0's it trains.
 - torch: the floor is a release the scripts run on: `nox -s floors` installs every core dependency's
   floor (PyTorch 2.6.0 from PyPI) and runs each script's tiny run, evaluation and resumption (the smoke
-  tests; CI runs it). On 2026-11-28 it failed at the first update: ppo/adam.py handed torch.optim.adam.adam
+  tests; CI runs it). On 2026-11-28 it failed at the first update: ppo_utils/adam.py handed torch.optim.adam.adam
   `decoupled_weight_decay`, an argument PyTorch 2.7 added. adam.py now leaves it out (False, its
   default, changes nothing without weight decay), so the floor stays at 2.6, whose `adam()` takes the
   arguments TORCH_2_6_ADAM lists (read off the 2.6.0 wheel). `Adam(..., fused=True)` accepts CPU tensors when "cpu" is among the devices of
@@ -115,7 +115,7 @@ def test_the_installed_packages_have_the_features():
     from ppo import ppo_atari_multigpu
 
     assert hasattr(gym.vector, "AutoresetMode") and hasattr(gym.vector.AutoresetMode, "SAME_STEP")
-    from ppo.adam import Adam
+    from ppo_utils.adam import Adam
     parameter = torch.nn.Parameter(torch.zeros(3))
     optimizer = Adam([parameter], lr=0.1, eps=1e-5, fused=True)  # the scripts' optimizer, as they build it
     parameter.grad = torch.ones(3)
@@ -131,10 +131,10 @@ def test_the_installed_packages_have_the_features():
 
 
 def test_adam_hands_torch_only_what_the_floor_takes():
-    """ppo/adam.py calls torch.optim.adam.adam with arguments that PyTorch's floor takes: a newer one
+    """ppo_utils/adam.py calls torch.optim.adam.adam with arguments that PyTorch's floor takes: a newer one
     (decoupled_weight_decay, from 2.7) stops every script at its first update on 2.6. `nox -s floors`
     runs that update; this reads the call, on whatever PyTorch is installed."""
-    call = next(node for node in ast.walk(ast.parse((REPO / "ppo" / "adam.py").read_text()))
+    call = next(node for node in ast.walk(ast.parse((REPO / "ppo_utils" / "adam.py").read_text()))
                 if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "adam")
     assert {keyword.arg for keyword in call.keywords} - TORCH_2_6_ADAM == set()
     assert declared_floors()["torch"] == "2.6", "TORCH_2_6_ADAM is the floor's signature: read it off the new floor"

@@ -1,16 +1,18 @@
-"""The layout of ppo/: scripts that import the run machinery, never the other way round.
+"""The layout: ppo/ holds the eight scripts, and ppo_utils/, the package they import, what is not PPO.
 
-Each script holds PPO and its variant's idea; the run machinery (command_line, checkpoints,
-run_life and the parts of the run it puts together, environments, exits) holds what is not PPO, one concern a module, and knows no variant. Imports go one
-way: from a script to the modules, never from a module to a script, never from one script to
-another, and among the modules in one order (exits at the bottom), so that each can be read, and
-copied, with only what it stands on. Beside them, atari_wrappers holds the two Atari wrappers that
-gymnasium lacks, for the three ale-py scripts, and imports none of this folder; envpool_games puts
-envpool's games behind a vector env's calls, scored and filmed as the others are. ruff holds every
-line of ppo/ to 100 characters, each script's iteration loop keeps its run machinery to a few
-statements, and each variant's diff against the script it follows stays within its number.
-In benchmark/, each command's modules keep to 400 lines and their functions to 60, or say why in a
-comment, and import one way, none of them the runner's command, run.py.
+Each script holds PPO and its variant's idea; ppo_utils holds the run machinery (command_line,
+checkpoint, training and the parts of the run it puts together, environments, evaluation, exits), one
+concern a module, and knows no variant, beside the helpers of some families (atari_wrappers,
+envpool_games, adam, numpy_policy). Everything imports ppo_utils by its full name, and nothing in
+ppo/, ppo_utils/ or benchmark/ changes sys.path, so each module has one name. Imports go one way:
+from a script to the package, never from the package to a script, never from one script to another,
+and among the modules in one order (exits at the bottom), so that each can be read with only what it
+stands on. torchrun's ranks are ppo_atari_multigpu.py's alone: no other script reaches them. ruff
+holds every line of ppo/ and ppo_utils/ to 100 characters, each script's import closure stays within
+CLOSURE_LINES, each script's iteration loop keeps its run machinery to a few statements, and each
+variant's diff against the script it follows stays within its number. In benchmark/, each command's
+modules keep to 400 lines and their functions to 60, or say why in a comment, and import one way,
+none of them the runner's command, run.py.
 """
 
 import ast
@@ -23,19 +25,19 @@ import pytest
 
 from conftest import REPO
 
-PPO = REPO / "ppo"
-SCRIPTS = sorted(path.stem for path in PPO.glob("ppo*.py"))
-# The run machinery, each module above the ones it may import.
+PPO, PACKAGE = REPO / "ppo", REPO / "ppo_utils"
+SCRIPTS = sorted(path.stem for path in PPO.glob("*.py"))
+# The package's modules, each above the ones it may import.
 MODULES = {"exits": set(), "env_states": {"exits"}, "old_checkpoints": set(),
-           "checkpoints": {"exits", "old_checkpoints"}, "command_line": {"exits", "checkpoints"},
+           "checkpoint": {"exits", "old_checkpoints"}, "command_line": {"exits", "checkpoint"},
            "environments": {"exits", "env_states", "old_checkpoints"},
-           "stop_signals": {"exits"}, "world": {"exits"},
+           "stop_signals": {"exits"}, "ranks": {"exits"},
            "run_logs": {"exits", "stop_signals"},
-           "run_checkpoint": {"checkpoints", "environments", "world"},
-           "speed_options": {"exits", "environments"},
-           "evaluation": {"exits", "checkpoints", "command_line", "environments", "world"},
-           "run_life": {"exits", "checkpoints", "command_line", "environments", "stop_signals",
-                        "world", "run_logs", "run_checkpoint", "speed_options", "evaluation"},
+           "run_checkpoint": {"checkpoint", "environments", "ranks"},
+           "speed": set(),
+           "evaluation": {"exits", "checkpoint", "command_line", "environments", "ranks"},
+           "training": {"exits", "checkpoint", "command_line", "environments", "stop_signals",
+                        "ranks", "run_logs", "run_checkpoint", "speed"},
            # not run machinery: what ale-py's games need and gymnasium lacks, as CleanRL's Atari
            # scripts import it from Stable-Baselines3
            "atari_wrappers": set(),
@@ -51,17 +53,22 @@ MODULES = {"exits": set(), "env_states": {"exits"}, "old_checkpoints": set(),
 # packages (a module that restores an emulator's or a simulator's state imports it there, where that
 # state is known to come from it).
 VARIANT_PACKAGES = {"ale_py", "cv2", "envpool", "procgen", "mujoco", "gym3"}
+# The most lines of project code a script may import, itself and the package's modules it reaches
+# included (each file once, the package's __init__.py too).
+CLOSURE_LINES = 2100
 
 
-def imported_names(path) -> tuple[set[str], set[str]]:
-    """The top-level names of the modules `path` imports: (at the file's top level, anywhere)."""
+def imported(path) -> tuple[set[str], set[str]]:
+    """The modules `path` imports, by their full names (`from ppo_utils import exits` names
+    ppo_utils.exits): (at the file's top level, anywhere)."""
     tree = ast.parse(path.read_text())
     top, everywhere = set(), set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            names = {alias.name.split(".")[0] for alias in node.names}
+            names = {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom) and node.level == 0:
-            names = {node.module.split(".")[0]}
+            names = {node.module} | {f"{node.module}.{alias.name}" for alias in node.names
+                                     if (PACKAGE / f"{alias.name}.py").exists() and node.module == "ppo_utils"}
         else:
             continue
         everywhere |= names
@@ -70,41 +77,89 @@ def imported_names(path) -> tuple[set[str], set[str]]:
     return top, everywhere
 
 
-def test_the_folder_holds_the_eight_scripts_and_the_modules():
-    """...and no __init__.py: ppo/ is a folder of scripts, which import the modules beside them by
-    file name. A package's __init__.py would make tools (import graphs, type checkers, IDEs) look for
-    those names at the repository's top, where they are not."""
+def package_modules(names: set[str]) -> set[str]:
+    return {name.split(".")[1] for name in names if name.startswith("ppo_utils.")}
+
+
+def closure(path) -> list:
+    """The files of the project that `path` imports, directly or through each other, itself included."""
+    seen, waiting = [], [path]
+    while waiting:
+        current = waiting.pop()
+        if current in seen:
+            continue
+        seen.append(current)
+        _, everywhere = imported(current)
+        if any(name == "ppo_utils" or name.startswith("ppo_utils.") for name in everywhere):
+            waiting.append(PACKAGE / "__init__.py")
+        waiting += [PACKAGE / f"{module}.py" for module in package_modules(everywhere)]
+    return seen
+
+
+def test_ppo_holds_the_eight_scripts_and_ppo_utils_the_modules():
+    """ppo/ is a folder of scripts (no __init__.py: nothing there but what a user runs); ppo_utils/ is
+    a package, which pyproject.toml installs."""
     assert SCRIPTS == ["ppo", "ppo_atari", "ppo_atari_envpool", "ppo_atari_lstm", "ppo_atari_multigpu",
                        "ppo_continuous_action", "ppo_multidiscrete", "ppo_procgen"]
-    assert {path.stem for path in PPO.glob("*.py")} == {*SCRIPTS, *MODULES}
+    assert {path.stem for path in PACKAGE.glob("*.py")} == {"__init__", *MODULES}
+    assert "ppo_utils" in (REPO / "pyproject.toml").read_text()
+
+
+def test_nothing_changes_the_module_search_path():
+    """No file of ppo/, ppo_utils/ or benchmark/ touches sys.path: each module is found by its one
+    name, from the installed package (a module found again under another name would be a second copy,
+    with classes of its own)."""
+    offenders = []
+    for path in [*PPO.glob("*.py"), *PACKAGE.glob("*.py"), *REPO.glob("benchmark/**/*.py")]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr == "path" and getattr(node.value, "id", "") == "sys":
+                offenders.append(f"{path.relative_to(REPO)}:{node.lineno}")
+    assert not offenders, offenders
 
 
 @pytest.mark.parametrize("module", sorted(MODULES))
 def test_a_module_imports_no_script_and_only_the_modules_below_it(module):
-    top, everywhere = imported_names(PPO / f"{module}.py")
-    assert not everywhere & set(SCRIPTS), f"{module}.py imports a script"
-    assert everywhere & set(MODULES) <= MODULES[module], f"{module}.py imports a module above it"
-    assert not top & VARIANT_PACKAGES, f"{module}.py imports a variant's package at its top"
+    top, everywhere = imported(PACKAGE / f"{module}.py")
+    assert not {name for name in everywhere if name.startswith("ppo.") or name == "ppo"}, \
+        f"{module}.py imports a script"
+    assert package_modules(everywhere) <= MODULES[module], f"{module}.py imports a module above it"
+    assert not {name.split(".")[0] for name in top} & VARIANT_PACKAGES, \
+        f"{module}.py imports a variant's package at its top"
 
 
-def test_a_script_imports_the_modules_and_no_other_script():
+def test_a_script_imports_the_package_and_no_other_script():
     for script in SCRIPTS:  # (a loop, not parameters: a test named after ppo_procgen is Procgen's)
-        _, everywhere = imported_names(PPO / f"{script}.py")
-        assert not everywhere & (set(SCRIPTS) - {script}), f"{script}.py imports another script"
-        assert {"command_line", "run_life"} <= everywhere, script
+        _, everywhere = imported(PPO / f"{script}.py")
+        others = {f"ppo.{other}" for other in SCRIPTS if other != script} | (set(SCRIPTS) - {script})
+        assert not everywhere & others, f"{script}.py imports another script"
+        assert {"command_line", "training"} <= package_modules(everywhere), script
+
+
+@pytest.mark.xfail(strict=True, reason="issue 69: the run reaches torchrun's ranks until they leave it")
+def test_only_the_multigpu_script_reaches_torchrun_s_ranks():
+    for script in SCRIPTS:
+        reached = {path.stem for path in closure(PPO / f"{script}.py")}
+        assert ("ranks" in reached) == (script == "ppo_atari_multigpu"), script
+
+
+@pytest.mark.xfail(strict=True, reason="issue 69: until the old checkpoints, the ranks and the prose go")
+def test_each_script_imports_at_most_closure_lines_of_project_code():
+    sizes = {script: sum(len(path.read_text().splitlines()) for path in closure(PPO / f"{script}.py"))
+             for script in SCRIPTS}
+    assert max(sizes.values()) <= CLOSURE_LINES, sizes
 
 
 def test_the_first_line_of_each_module_states_its_one_concern():
-    for module in MODULES:
-        docstring = ast.get_docstring(ast.parse((PPO / f"{module}.py").read_text()))
+    for module in ["__init__", *MODULES]:
+        docstring = ast.get_docstring(ast.parse((PACKAGE / f"{module}.py").read_text()))
         assert docstring and len(docstring.splitlines()[0]) > 40, module
 
 
-def test_ruff_finds_nothing_in_ppo():
+def test_ruff_finds_nothing_in_ppo_and_ppo_utils():
     """Every line of the scripts and the modules within 100 characters, and pycodestyle's and
     pyflakes' checks clean: pyproject.toml's [tool.ruff] settings, which an editor's ruff uses too."""
     pytest.importorskip("ruff", reason="ruff comes with the test extra")
-    result = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "ppo"], cwd=REPO,
+    result = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "ppo", "ppo_utils"], cwd=REPO,
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
 

@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 import torch
 
-from environments import finished_episodes  # ppo/environments.py, on the path from conftest.py
+from ppo_utils.environments import finished_episodes
 
 ALE_SCRIPTS = ["ppo_atari", "ppo_atari_lstm", "ppo_atari_multigpu"]
 ALE_IDS = ["BreakoutNoFrameskip-v4", "ALE/Breakout-v5"]

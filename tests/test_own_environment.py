@@ -156,7 +156,7 @@ def test_a_checkpoint_of_the_earlier_one_hot_layer_resumes_its_episodes(workdir)
     from conftest import parse_args
 
     module = load("ppo")
-    import checkpoints  # importable once ppo is, as the scripts' run machinery
+    from ppo_utils import checkpoint as checkpoints
     # CliffWalking: Discrete observations, and a state that checkpoints save (FrozenLake's map they cannot)
     first = module.main(module.Args(env_id="CliffWalking-v1", total_timesteps=64, num_envs=2, num_steps=32,
                                     num_minibatches=2, save_model=True, cuda=False))
@@ -203,16 +203,16 @@ def test_two_runs_started_in_the_same_second_get_two_folders(tmp_path):
 
 def test_every_script_claims_its_run_folder_through_run_life(workdir, monkeypatch):
     """The same name twice (the clock stopped): the second Run takes <name>-2. Every script names and
-    claims its folder through run_life.Run, checked here on the scripts' own source."""
-    run_life = load("ppo").run_life
-    monkeypatch.setattr(run_life.time, "time", lambda: 1_800_000_000.0)
+    claims its folder through training.Run, checked here on the scripts' own source."""
+    training = load("ppo").training
+    monkeypatch.setattr(training.time, "time", lambda: 1_800_000_000.0)
     args = load("ppo").Args(cuda=False)
-    first, second = run_life.Run(args, "ppo", None), run_life.Run(args, "ppo", None)
+    first, second = training.Run(args, "ppo", None), training.Run(args, "ppo", None)
     assert second.name == first.name + "-2" and second.folder == f"runs/{first.name}-2"
     assert (workdir / "runs" / first.name).is_dir() and (workdir / "runs" / second.name).is_dir()
     for script in ("ppo", "ppo_atari", "ppo_atari_lstm", "ppo_atari_envpool", "ppo_continuous_action",
                    "ppo_procgen", "ppo_atari_multigpu", "ppo_multidiscrete"):
-        assert "run = run_life.Run(" in (REPO / "ppo" / f"{script}.py").read_text(), script
+        assert "run = training.Run(" in (REPO / "ppo" / f"{script}.py").read_text(), script
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -242,7 +242,7 @@ POISONED_OPTIMIZER = textwrap.dedent("""
     import os, runpy, sys, torch
     sys.argv = sys.argv[1:]
     sys.path.insert(0, os.path.dirname(os.path.abspath(sys.argv[0])))  # as `python script.py` does
-    import adam  # the scripts' optimizer
+    from ppo_utils import adam  # the scripts' optimizer
     steps, poison_at = [0], int(os.environ["POISON_AT"])
     step = adam.Adam.step
     def poisoned_step(self, *args, **kwargs):

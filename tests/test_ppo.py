@@ -302,11 +302,11 @@ def test_a_signal_delivered_twice_is_one_request_and_a_second_one_stops_at_once(
     """Slurm signals every process of a task, and the runner (or torchrun) above a run passes the signal
     on: a SIGTERM within a second of the first stop signal is the same request, and so is SIGUSR1, Slurm's
     warning, whenever it comes again. A later SIGTERM, or a second Ctrl-C however soon, stops at once."""
-    import exits
-    import run_life
+    from ppo_utils import exits
+    from ppo_utils import stop_signals, training
 
     now = [100.0]
-    monkeypatch.setattr(run_life.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(training.time, "monotonic", lambda: now[0])
 
     def stops_at_once(signum: int) -> bool:
         try:
@@ -315,7 +315,7 @@ def test_a_signal_delivered_twice_is_one_request_and_a_second_one_stops_at_once(
             return True
         return False
 
-    stop = run_life.StopOnInterrupt()
+    stop = stop_signals.StopOnInterrupt()
     try:
         assert not stops_at_once(signal.SIGTERM) and stop.requested
         assert "SIGTERM: stopping after this iteration (Ctrl-C or SIGTERM to quit at once)" in capsys.readouterr().out
@@ -326,7 +326,7 @@ def test_a_signal_delivered_twice_is_one_request_and_a_second_one_stops_at_once(
         assert stops_at_once(signal.SIGTERM)
     finally:
         stop.restore()
-    stop = run_life.StopOnInterrupt()
+    stop = stop_signals.StopOnInterrupt()
     try:
         assert not stops_at_once(signal.SIGINT)
         assert stops_at_once(signal.SIGINT)  # pressed twice at once: two presses
@@ -339,7 +339,7 @@ def test_save_minutes_writes_the_checkpoint_by_the_clock(workdir, monkeypatch):
     """--save-minutes bounds the work a crash or `kill -9` loses: with a clock that each step of the
     environments advances by 1/1024 s, iterations of 32 steps last 1/32 s, and a run told to save every
     1.5/32 s (and never by its iteration count) saves after every second iteration, and at the end."""
-    import checkpoints
+    from ppo_utils import checkpoint as checkpoints
 
     saved = []
     save = checkpoints.save_checkpoint

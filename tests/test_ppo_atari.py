@@ -23,8 +23,8 @@ from conftest import (assert_compiled_loss_matches_plain, assert_compiles_whole,
 import ppo.ppo_atari as ppo_atari  # noqa: E402
 from conftest import parse_args as parse_args_of  # noqa: E402
 from ppo.ppo_atari import Agent, Args, main, make_env, make_envs, minibatch_loss  # noqa: E402
-import atari_wrappers  # noqa: E402  (importable once ppo is, as the run machinery)
-from environments import finished_episodes, save_envs  # noqa: E402  (the scripts' run machinery, importable once ppo is)
+from ppo_utils import atari_wrappers  # noqa: E402
+from ppo_utils.environments import finished_episodes, save_envs  # noqa: E402
 
 
 def parse_args(argv: list[str]):  # what `python ppo/ppo_atari.py argv...` reads

@@ -358,7 +358,7 @@ def train_with_a_game_ending_every_step(rank: int, port: int, out_dir) -> None:
     import os
 
     import ppo.ppo_atari_multigpu as script
-    import environments  # importable once ppo is: where the script reads the episodes that ended
+    from ppo_utils import environments  # where the script reads the episodes that ended
 
     os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE="2",
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))

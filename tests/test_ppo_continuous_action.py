@@ -27,8 +27,8 @@ from conftest import (assert_compiled_loss_matches_plain, assert_every_evaluated
 from ppo import ppo_continuous_action as script
 from conftest import parse_args as parse_args_of
 from ppo.ppo_continuous_action import Agent, Args, RewardScaler, RunningMeanStd, evaluate, main, minibatch_loss
-import checkpoints  # the scripts' run machinery, importable once ppo is
-import environments
+from ppo_utils import checkpoint as checkpoints
+from ppo_utils import environments
 
 
 def parse_args(argv: list[str]):  # what `python ppo/ppo_continuous_action.py argv...` reads

@@ -20,7 +20,7 @@ from conftest import (METRICS, REPO, assert_details_marked, assert_evaluation_ou
                       assert_same_final_weights, expect_usage_error, only_run_dir, read_scalars, run_script,
                       run_unbroken_and_interrupted)
 import ppo.ppo_multidiscrete as script
-import environments
+from ppo_utils import environments
 from conftest import parse_args as parse_args_of
 from ppo.ppo_multidiscrete import ActionParts, Agent, Args, JumanjiGame, main, ruled_out_share
 

@@ -259,7 +259,7 @@ def test_the_parts_of_a_run_come_from_its_log_and_the_samples(tmp_path, monkeypa
 def test_parts_replay_the_policy_step_and_the_minibatch_loss_of_a_real_run(tmp_path, monkeypatch):
     """--parts times the script's own calls: the arguments recorded are those of one iteration's first
     policy step (one observation per environment) and first minibatch (minibatch_size of them), seen
-    with sys.setprofile through the decorator around both (run_life.compiled), and the script is left
+    with sys.setprofile through the decorator around both (speed.compiled), and the script is left
     as it was."""
     monkeypatch.chdir(tmp_path)
     args = classic.Args(num_envs=2, num_steps=32, num_minibatches=4, cuda=False)

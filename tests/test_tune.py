@@ -249,7 +249,7 @@ def test_a_diverging_trial_and_one_whose_sizes_do_not_divide_fail_with_their_rea
     diverged, undivided, good = load_study(tmp_path / "study").get_trials()
     assert diverged.state == optuna.trial.TrialState.FAIL and diverged.value is None
     assert diverged.user_attrs["failure"].startswith("CartPole-v1 seed 1: ppo.py: diverged: ")
-    # The scripts' divergence guard (ppo/run_life.py) stopped it, with its exit code.
+    # The scripts' divergence guard (ppo/training.py) stopped it, with its exit code.
     assert run_logs(tmp_path / "study", 0)[0].read_text().rstrip().endswith("# exit code 3")
     assert undivided.state == optuna.trial.TrialState.FAIL
     failure = undivided.user_attrs["failure"]

@@ -20,11 +20,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from benchmark.scripts_on_path import make_scripts_importable  # noqa: E402
 
-make_scripts_importable()
-from ppo import ppo_atari_envpool as script  # noqa: E402
+from ppo import ppo_atari_envpool as script
 
 
 def milliseconds_per_call(call, frames: torch.Tensor, calls: int, rounds: int = 5) -> float:

@@ -27,10 +27,8 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
 
 from benchmark import speed  # noqa: E402  (the raw rate, the --set parser, the script defaults)
-from benchmark.scripts_on_path import make_scripts_importable  # noqa: E402
 from benchmark.speed_clocks import iteration_parts  # noqa: E402  (each iteration's rollout and update)
 
 
@@ -49,7 +47,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--profile", help="write the steady state's cProfile here")
     args = parser.parse_args(argv)
 
-    make_scripts_importable()
     script = importlib.import_module(f"ppo.{args.script.removesuffix('.py')}")
     default_env, default_num_envs, _ = speed.DEFAULTS[args.script]
     env_id = args.env_id or default_env

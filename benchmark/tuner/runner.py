@@ -25,7 +25,7 @@ import numpy as np
 
 from benchmark import report, run_plan
 from benchmark.tuner.study import Tuning
-from ppo.exits import DIVERGED, STOPPED, WRONG_INPUT
+from ppo_utils.exits import DIVERGED, STOPPED, WRONG_INPUT
 
 
 class Pruned(Exception):

@@ -21,7 +21,7 @@ from benchmark.common import make_directory
 from benchmark.tuner.runner import (Failed, Pruned, Runner, TakeoverFailed, WorkerStopped, die_with_the_worker,
                                      plan_run)
 from benchmark.tuner.study import Heartbeat, Lock, Tuning, claim, fail_stale_trials, retry
-from ppo.exits import STOPPED
+from ppo_utils.exits import STOPPED
 
 TUNER = Path(__file__).resolve().parents[1] / "tune.py"
 

@@ -9,6 +9,7 @@ import functools
 import importlib
 import io
 import os
+import signal
 import sys
 import warnings
 from typing import Callable
@@ -16,9 +17,9 @@ from typing import Callable
 import gymnasium as gym
 import numpy as np
 
-from env_states import env_state, restore_env
-from exits import EnvStateMismatch, fail
-from old_checkpoints import TrustedOldPickle, unpickled_envs
+from ppo_utils.env_states import env_state, restore_env
+from ppo_utils.exits import STOP_SIGNALS, EnvStateMismatch, fail
+from ppo_utils.old_checkpoints import TrustedOldPickle, unpickled_envs
 
 
 # Which script of the collection trains on which action space, and on which observations: named in
@@ -193,6 +194,50 @@ def packages_checked(env_id: str, variant: str):
         newest_id = gym.envs.registration.get_env_id(namespace, name, newest)
         hint = "" if newest in (None, version) else f" (try {newest_id})"
         fail(variant, f"{env_id} cannot be made with the packages installed: {error}{hint}")
+
+
+def vector_env(env_fns: list[Callable[[], gym.Env]], env_id: str, variant: str,
+               saved_envs: list | None = None, async_envs: bool = False) -> gym.vector.VectorEnv:
+    """The environments `env_fns` build, as one vector environment whose autoreset is SAME_STEP
+    (the step that ends an episode resets it), stepped one after the other, or each in a worker
+    process of its own with `async_envs`; built anew and put back where a checkpoint's
+    `saved_envs` left them. A registered id whose code needs a package that is missing is refused
+    in one line."""
+    if saved_envs is not None:
+        env_fns = restored_envs(env_fns, saved_envs)
+    with packages_checked(env_id, variant):
+        if async_envs:
+            return async_vector_env(env_fns)
+        return gym.vector.SyncVectorEnv(env_fns, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+
+
+def async_vector_env(env_fns: list[Callable[[], gym.Env]]) -> gym.vector.AsyncVectorEnv:
+    """--async-envs: each environment in a worker process of its own, all stepping at once, the
+    observations coming back through shared memory; SAME_STEP autoreset, as the scripts' sync envs.
+    forkserver: the workers start from a clean process, not a copy of this one with its threads.
+    AsyncVectorEnv builds one environment here too, for the spaces: this process's signal handlers
+    are kept."""
+    handlers = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
+    envs = gym.vector.AsyncVectorEnv(
+        [functools.partial(in_worker, make_env) for make_env in env_fns],
+        shared_memory=True, context="forkserver", autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    for signum, handler in handlers.items():
+        signal.signal(signum, handler)
+    return envs
+
+
+def in_worker(make_env: Callable[[], gym.Env]) -> gym.Env:
+    """Build an environment in a worker process of --async-envs. Ctrl-C reaches every process of the
+    terminal's group, and a Slurm task's end or torchrun's SIGTERM every process of the run, but
+    they are the main process's to handle (finish the iteration, save): the worker ignores them, and
+    ends when the main process closes the environments."""
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
+    # AsyncVectorEnv built the first environment once in the main process too, for its spaces; with
+    # video that made the (new) folder, which RecordVideo here would warn of as if it held old
+    # videos.
+    warnings.filterwarnings("ignore", message=".*Overwriting existing videos")
+    return make_env()
 
 
 # A checkpoint holds each environment's state (env_states.py: one environment's, as data), saved and

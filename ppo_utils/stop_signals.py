@@ -5,7 +5,7 @@ import os
 import signal
 import time
 
-from exits import STOP_SIGNALS, StoppedAtOnce, signal_name
+from ppo_utils.exits import STOP_SIGNALS, StoppedAtOnce, signal_name
 
 # A second stop signal this soon after the first is the same request arriving twice, not a second
 # one: Slurm signals every process of a task, and the runner or torchrun above the run passes it on.

@@ -7,11 +7,11 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-import checkpoints
-import command_line
-import environments
-from exits import fail
-from world import choose_device
+from ppo_utils import checkpoint as checkpoints
+from ppo_utils import command_line
+from ppo_utils import environments
+from ppo_utils.exits import fail
+from ppo_utils.ranks import choose_device
 
 
 class Evaluation:

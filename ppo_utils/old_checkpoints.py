@@ -1,5 +1,5 @@
 """Checkpoints of earlier formats, brought to today's as they are read: each change of format, when
-it came and what it moved, here in one place, so that checkpoints.py and env_states.py describe
+it came and what it moved, here in one place, so that checkpoint.py and env_states.py describe
 today's format alone, and a migration can go when no checkpoint it reads is left to resume.
 
 Until format 2 (2026-11-25) a checkpoint's environments were pickled Python objects, and unpickling

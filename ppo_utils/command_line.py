@@ -11,8 +11,8 @@ from typing import Annotated, Any, Callable, NamedTuple, NoReturn, TypeVar
 
 import tyro
 
-from checkpoints import load_checkpoint
-from exits import STOPPED, exit_codes, fail
+from ppo_utils.checkpoint import load_checkpoint
+from ppo_utils.exits import STOPPED, exit_codes, fail
 
 T = TypeVar("T")
 

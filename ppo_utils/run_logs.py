@@ -10,8 +10,8 @@ from typing import NoReturn
 
 from torch.utils.tensorboard import SummaryWriter
 
-from exits import UNUSED_RUN_FOLDERS, fail
-from stop_signals import StopOnInterrupt
+from ppo_utils.exits import UNUSED_RUN_FOLDERS, fail
+from ppo_utils.stop_signals import StopOnInterrupt
 
 
 def text_table(key_header: str, value_header: str, rows: dict) -> str:

@@ -12,7 +12,7 @@ is never imported: the pools are built by the script.
 
 import numpy as np
 
-import environments
+from ppo_utils import environments
 
 
 class Games:

@@ -11,7 +11,7 @@ from typing import Callable
 import gymnasium as gym
 import numpy as np
 
-from exits import EnvStateMismatch
+from ppo_utils.exits import EnvStateMismatch
 
 
 # An environment's state goes into a checkpoint as data (env_state) and back into an environment

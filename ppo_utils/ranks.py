@@ -6,7 +6,7 @@ import os
 import numpy as np
 import torch
 
-from exits import fail
+from ppo_utils.exits import fail
 
 
 def choose_device(args, variant: str, device: torch.device | None = None) -> torch.device:

@@ -12,8 +12,8 @@ import numpy as np
 from gymnasium.wrappers.utils import RunningMeanStd
 import torch
 
-import old_checkpoints
-from exits import fail
+from ppo_utils import old_checkpoints
+from ppo_utils.exits import fail
 
 
 # The format of the checkpoints written here: 2, data only. A checkpoint is read with torch.load's

@@ -54,9 +54,9 @@ def fail(variant: str, message: str) -> NoReturn:
 
 
 def leave_the_line_to_local_rank_0(seconds: float = 30.0) -> None:
-    """Under torchrun, the first process of the node finds the same mistake and says it. Were this one
-    to exit first, torchrun would end that one before it could (its SIGTERM): this one waits instead,
-    until torchrun ends it, with exit code 2, once the first has exited, or for `seconds` at most."""
+    """Under torchrun the node's first process finds the same mistake and says it. Were this one to
+    exit first, torchrun would end that one (SIGTERM) before it could: this one waits instead, until
+    torchrun ends it once the first has exited (with exit code 2), or `seconds` at most."""
     signal.signal(signal.SIGTERM, lambda signum, frame: os._exit(WRONG_INPUT))
     time.sleep(seconds)
 

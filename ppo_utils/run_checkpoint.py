@@ -8,9 +8,9 @@ from dataclasses import asdict
 import numpy as np
 import torch
 
-import checkpoints
-import environments
-from world import World
+from ppo_utils import checkpoint as checkpoints
+from ppo_utils import environments
+from ppo_utils.ranks import World
 
 
 def kept(value):

@@ -14,16 +14,15 @@ from typing import NoReturn
 import numpy as np
 import torch
 
-import checkpoints
-import command_line
-import environments
-from evaluation import Evaluation  # noqa: F401  (the scripts' run_life.<name>)
-from exits import UNUSED_RUN_FOLDERS, Diverged
-from run_checkpoint import RunCheckpoint
-from run_logs import RunLogs, claim_run_folder  # noqa: F401
-from speed_options import compile_with, compiled, vector_env  # noqa: F401
-from stop_signals import StopOnInterrupt
-from world import World, choose_device, device_of_rank, torchrun_process  # noqa: F401
+from ppo_utils import checkpoint as checkpoints
+from ppo_utils import command_line
+from ppo_utils import environments
+from ppo_utils.exits import UNUSED_RUN_FOLDERS, Diverged
+from ppo_utils.run_checkpoint import RunCheckpoint
+from ppo_utils.run_logs import RunLogs
+from ppo_utils.speed import compile_with
+from ppo_utils.stop_signals import StopOnInterrupt
+from ppo_utils.ranks import World, choose_device
 
 
 def clock(seconds: float) -> str:
