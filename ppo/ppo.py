@@ -108,10 +108,10 @@ def make_envs(env_id: str, num_envs: int, capture_video: bool = False, video_fol
     would teach an action that never happened. SAME_STEP mode resets within the step that ends the
     episode: every step() is a real transition, and the observation it returns for a finished
     environment is already the first of the next episode."""
-    environments.check_gymnasium_id(env_id, VARIANT)
+    environments.check_gymnasium_id(env_id)
     envs = environments.vector_env([make_env(env_id, i, capture_video, video_folder, video_episodes)
-                                for i in range(num_envs)], env_id, VARIANT, saved_envs)
-    environments.check_spaces(envs, env_id, VARIANT, actions=(gym.spaces.Discrete,))
+                                for i in range(num_envs)], env_id, saved_envs)
+    environments.check_spaces(envs, env_id, actions=(gym.spaces.Discrete,))
     return envs
 
 
@@ -264,10 +264,10 @@ def truncated_value(agent: Agent, infos: dict, truncated: np.ndarray,
     return values
 
 
-def main(args: Args, checkpoint: dict | None = None) -> dict:
+def main(args: Args, checkpoint=None) -> dict:
     """Train as `args` says (resumed: from `checkpoint`); returns a summary for callers (tests)."""
     # The run: its flags checked, its name and folder, its device (training.Run).
-    run = training.Run(args, VARIANT, checkpoint)
+    run = training.Run(args, checkpoint)
     device = run.device
     batch_size = args.num_envs * args.num_steps
     minibatch_size = batch_size // args.num_minibatches
@@ -294,12 +294,12 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
     rewards = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
     dones = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
 
-    # The run starts: its logs open and, resumed, it takes back its weights, optimizer, random
-    # generators, step count and Resumable; otherwise the environments reset on unplayed seeds.
-    Resumable = NamedTuple("Resumable", [("next_obs", np.ndarray), ("next_done", np.ndarray)])
-    global_step = run.start(agent, optimizer, num_iterations, envs,
-                            batch_size=batch_size, minibatch_size=minibatch_size)
-    next_obs, next_done = run.resumed(Resumable) or (
+    # The run starts: resumed, it takes back its weights, optimizer, random generators and where
+    # its rollout stood; otherwise its environments begin new episodes, on seeds no sitting played.
+    Rollout = NamedTuple("Rollout", [("next_obs", np.ndarray), ("next_done", np.ndarray)])
+    global_step, rollout = run.start(agent, optimizer, num_iterations, Rollout, envs,
+                                     batch_size=batch_size, minibatch_size=minibatch_size)
+    next_obs, next_done = rollout or (
         envs.reset(seed=args.seed + global_step)[0], np.zeros(args.num_envs, dtype=bool))
 
     for iteration in run.iterations():  # resumed: from the checkpoint's; a stop signal ends them
@@ -395,15 +395,15 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
         means = {key: torch.stack([s[key] for s in minibatch_stats]).mean().item()
                  for key in minibatch_stats[0]}
         run.end_iteration(iteration, global_step, means, host_values.reshape(-1),
-                          returns.reshape(-1), Resumable(next_obs, next_done))
+                          returns.reshape(-1), Rollout(next_obs, next_done))
 
     envs.close()
     return run.finish(global_step, agent=agent)
 
 
-def evaluate(args: Args, checkpoint: dict) -> list[float]:
+def evaluate(args: Args, checkpoint) -> list[float]:
     """--evaluate: play episodes with the saved agent, its actions sampled as in training."""
-    evaluation = Evaluation(args, VARIANT, checkpoint)  # the device and seeds
+    evaluation = Evaluation(args, checkpoint)  # the device and seeds
     envs = make_envs(args.env_id, 1, args.capture_video, evaluation.video_folder,
                      video_episodes=args.eval_episodes)
     agent = evaluation.load(Agent(envs.single_observation_space.shape[0],
@@ -413,4 +413,4 @@ def evaluate(args: Args, checkpoint: dict) -> list[float]:
 
 
 if __name__ == "__main__":
-    command_line.run_script(main, evaluate, Args, VARIANT, __doc__, pip_extra="classic-control")
+    command_line.run_script(main, evaluate, Args, __doc__, pip_extra="classic-control")

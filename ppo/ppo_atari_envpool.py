@@ -90,7 +90,7 @@ def make_envs(env_id: str, num_envs: int, capture_video: bool = False, video_fol
     (docs/ppo_atari_envpool.md lists the small ways in which they differ). The settings are spelled
     out, although most are envpool's defaults, to show which detail each one carries out. Its
     autoreset is described in main(); envpool_games reports the games' scores and films them."""
-    environments.check_envpool_id(env_id, VARIANT, kinds=("AtariEnvSpec",), example="Breakout-v5")
+    environments.check_envpool_id(env_id, kinds=("AtariEnvSpec",), example="Breakout-v5")
     import envpool  # installed: the id was found in it
 
     # [Speed: asynchronous environments] async_envs: two envpools, one playing as the network works
@@ -272,10 +272,10 @@ def truncated_value(agent: Agent, infos: dict, truncated: np.ndarray,
     return values
 
 
-def main(args: Args, checkpoint: dict | None = None) -> dict:
+def main(args: Args, checkpoint=None) -> dict:
     """Train as `args` says (resumed: from `checkpoint`); returns a summary for callers (tests)."""
     # The run: its flags checked, its name and folder, its device (training.Run).
-    run = training.Run(args, VARIANT, checkpoint, env_package="envpool")
+    run = training.Run(args, checkpoint, env_package="envpool")
     device = run.device
     batch_size = args.num_envs * args.num_steps
     minibatch_size = batch_size // args.num_minibatches
@@ -285,9 +285,8 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
 
     # envpool is seeded when it is made and cannot save its games: a resumed run plays new ones,
     # seeded by where it resumes so that it does not replay the games it began with.
-    resumed_at = checkpoint["global_step"] if checkpoint else 0
     envs = make_envs(args.env_id, args.num_envs, args.capture_video, run.video_folder,
-                     seed=args.seed + resumed_at, async_envs=args.async_envs)
+                     seed=args.seed + run.resumed_at, async_envs=args.async_envs)
     obs_shape = envs.single_observation_space.shape  # (4, 84, 84)
     agent = Agent(envs.single_action_space.n).to(device)
     # [Core 3: The Adam optimizer's epsilon parameter] 1e-5 as in the original code, not PyTorch's
@@ -305,10 +304,10 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
     rewards = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
     dones = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
 
-    # The run starts: its logs open and, resumed, it takes back its weights, optimizer, random
-    # generators and step count; not the games, which envpool cannot save (see above).
-    global_step = run.start(agent, optimizer, num_iterations,
-                            batch_size=batch_size, minibatch_size=minibatch_size)
+    # The run starts: resumed, it takes back its weights, optimizer and random generators; not the
+    # games, which envpool cannot save (see above).
+    global_step, _ = run.start(agent, optimizer, num_iterations,
+                               batch_size=batch_size, minibatch_size=minibatch_size)
     # The games' latest observations, waiting for the network. On a GPU machine they are kept in
     # page-locked ("pinned") memory, which the GPU copies from directly and without blocking.
     next_obs_pinned = torch.zeros((args.num_envs,) + obs_shape, dtype=torch.uint8,
@@ -424,10 +423,10 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
     return run.finish(global_step, agent=agent)
 
 
-def evaluate(args: Args, checkpoint: dict) -> list[float]:
+def evaluate(args: Args, checkpoint) -> list[float]:
     """--evaluate: play episodes with the saved agent, its actions sampled as in training. An
     episode is a whole game, scored with the sum of envpool's unclipped rewards over its lives."""
-    evaluation = Evaluation(args, VARIANT, checkpoint)  # the device and seeds
+    evaluation = Evaluation(args, checkpoint)  # the device and seeds
     envs = make_envs(args.env_id, 1, args.capture_video, evaluation.video_folder,
                      seed=evaluation.seed)
     agent = evaluation.load(Agent(envs.single_action_space.n))
@@ -436,4 +435,4 @@ def evaluate(args: Args, checkpoint: dict) -> list[float]:
 
 
 if __name__ == "__main__":
-    command_line.run_script(main, evaluate, Args, VARIANT, __doc__, pip_extra="envpool")
+    command_line.run_script(main, evaluate, Args, __doc__, pip_extra="envpool")

@@ -144,11 +144,11 @@ def make_envs(env_id: str, num_envs: int, capture_video: bool = False, video_fol
     would teach an action that never happened. SAME_STEP mode resets within the step that ends the
     episode: every step() is a real transition, and the observation it returns for a finished
     environment is already the first of the next episode."""
-    environments.check_gymnasium_id(env_id, VARIANT, atari=True)
+    environments.check_gymnasium_id(env_id, atari=True)
     # [Speed: asynchronous environments] async_envs: each game in a worker process, all at once
     envs = environments.vector_env([make_env(env_id, i, capture_video, video_folder, video_episodes)
-                                for i in range(num_envs)], env_id, VARIANT, saved_envs, async_envs)
-    environments.check_spaces(envs, env_id, VARIANT, actions=(gym.spaces.Discrete,),
+                                for i in range(num_envs)], env_id, saved_envs, async_envs)
+    environments.check_spaces(envs, env_id, actions=(gym.spaces.Discrete,),
                               vector_observations=False)
     return envs
 
@@ -360,10 +360,10 @@ def truncated_value(agent: Agent, infos: dict, truncated: np.ndarray, lstm_state
     return values
 
 
-def main(args: Args, checkpoint: dict | None = None) -> dict:
+def main(args: Args, checkpoint=None) -> dict:
     """Train as `args` says (resumed: from `checkpoint`); returns a summary for callers (tests)."""
     # The run: its flags checked, its name and folder, its device (training.Run).
-    run = training.Run(args, VARIANT, checkpoint, env_package="ale-py")
+    run = training.Run(args, checkpoint, env_package="ale-py")
     device = run.device
     batch_size = args.num_envs * args.num_steps
     minibatch_size = batch_size // args.num_minibatches
@@ -391,13 +391,13 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
     rewards = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
     dones = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
 
-    # The run starts: its logs open and, resumed, it takes back its weights, optimizer, random
-    # generators, step count and Resumable; otherwise the environments reset on unplayed seeds.
-    Resumable = NamedTuple("Resumable", [("next_obs", np.ndarray), ("next_done", np.ndarray),
+    # The run starts: resumed, it takes back its weights, optimizer, random generators and where
+    # its rollout stood; otherwise its environments begin new episodes, on seeds no sitting played.
+    Rollout = NamedTuple("Rollout", [("next_obs", np.ndarray), ("next_done", np.ndarray),
                                          ("next_lstm_state", tuple)])  # the memory before next_obs
-    global_step = run.start(agent, optimizer, num_iterations, envs,
-                            batch_size=batch_size, minibatch_size=minibatch_size)
-    next_obs, next_done, next_lstm_state = run.resumed(Resumable) or (
+    global_step, rollout = run.start(agent, optimizer, num_iterations, Rollout, envs,
+                                     batch_size=batch_size, minibatch_size=minibatch_size)
+    next_obs, next_done, next_lstm_state = rollout or (
         envs.reset(seed=args.seed + global_step)[0], np.zeros(args.num_envs, dtype=bool),
         agent.initial_state(args.num_envs, device))
 
@@ -494,16 +494,16 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
         means = {key: torch.stack([s[key] for s in minibatch_stats]).mean().item()
                  for key in minibatch_stats[0]}
         run.end_iteration(iteration, global_step, means, host_values.reshape(-1),
-                          returns.reshape(-1), Resumable(next_obs, next_done, next_lstm_state))
+                          returns.reshape(-1), Rollout(next_obs, next_done, next_lstm_state))
 
     envs.close()
     return run.finish(global_step, agent=agent)
 
 
-def evaluate(args: Args, checkpoint: dict) -> list[float]:
+def evaluate(args: Args, checkpoint) -> list[float]:
     """--evaluate: play episodes with the saved agent, its actions sampled as in training. An
     episode is a whole game, scored with the game's own rewards (RecordEpisodeStatistics)."""
-    evaluation = Evaluation(args, VARIANT, checkpoint)  # the device and seeds
+    evaluation = Evaluation(args, checkpoint)  # the device and seeds
     envs = make_envs(args.env_id, 1, args.capture_video, evaluation.video_folder,
                      video_episodes=args.eval_episodes)
     agent = evaluation.load(Agent(envs.single_action_space.n))
@@ -519,4 +519,4 @@ def evaluate(args: Args, checkpoint: dict) -> list[float]:
 
 
 if __name__ == "__main__":
-    command_line.run_script(main, evaluate, Args, VARIANT, __doc__, pip_extra="atari")
+    command_line.run_script(main, evaluate, Args, __doc__, pip_extra="atari")

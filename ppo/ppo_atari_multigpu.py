@@ -153,11 +153,11 @@ def make_envs(env_id: str, num_envs: int, capture_video: bool = False, video_fol
     would teach an action that never happened. SAME_STEP mode resets within the step that ends the
     episode: every step() is a real transition, and the observation it returns for a finished
     environment is already the first of the next episode."""
-    environments.check_gymnasium_id(env_id, VARIANT, atari=True)
+    environments.check_gymnasium_id(env_id, atari=True)
     # [Speed: asynchronous environments] async_envs: each game in a worker process, all at once
     envs = environments.vector_env([make_env(env_id, i, capture_video, video_folder, video_episodes)
-                                for i in range(num_envs)], env_id, VARIANT, saved_envs, async_envs)
-    environments.check_spaces(envs, env_id, VARIANT, actions=(gym.spaces.Discrete,),
+                                for i in range(num_envs)], env_id, saved_envs, async_envs)
+    environments.check_spaces(envs, env_id, actions=(gym.spaces.Discrete,),
                               vector_observations=False)
     return envs
 
@@ -371,16 +371,13 @@ def gradient_step(agent: nn.Module, optimizer: adam.Adam, minibatch: tuple[torch
     return {**{key: value.clone() for key, value in stats.items()}, "grad_norm": grad_norm}
 
 
-def main(args: Args, checkpoint: dict | None = None) -> dict:
+def main(args: Args, checkpoint=None) -> dict:
     """Train as `args` says, from `checkpoint` (read by command_line.parse_args) with --resume;
     returns a summary of the run for callers such as tests."""
-    # Who this process is under torchrun: its rank among all, their number, its rank on its node.
-    rank, world_size, local_rank, local_world_size = ranks.torchrun_process()
-    # The run: its flags checked, its name and folder (rank 0 logs, prints and saves for the world),
-    # its device (a GPU of its node from --device-ids, or the CPU).
-    device = ranks.device_of_rank(VARIANT, args.cuda, args.device_ids, args.backend, local_rank,
-                                     local_world_size)
-    run = training.Run(args, VARIANT, checkpoint, device, rank, world_size, env_package="ale-py")
+    # The run, in torchrun's world: this process is rank `rank` of `world_size` (rank 0 logs,
+    # prints and saves for the world), on a GPU of its node from --device-ids, or on the CPU.
+    run = training.Run(args, checkpoint, env_package="ale-py", world=ranks.World)
+    device, rank, world_size = run.device, run.world.rank, run.world.world_size
     # [Multi-GPU 1: Shard the environments] The world's num_envs environments are split evenly
     # between the ranks (training.Run refuses sizes that do not split). Each rank collects and
     # learns from its share, so its batch and minibatches are 1/world_size of those of ppo_atari.py
@@ -430,14 +427,14 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
     rewards = np.zeros((args.num_steps, local_num_envs), dtype=np.float32)
     dones = np.zeros((args.num_steps, local_num_envs), dtype=np.float32)
 
-    # The run starts: its logs open and, resumed, it takes back its weights, optimizer, random
-    # generators, step count and Resumable; otherwise the environments reset on unplayed seeds.
-    Resumable = NamedTuple("Resumable", [("next_obs", np.ndarray), ("next_done", np.ndarray)])
-    global_step = run.start(agent, optimizer, num_iterations, envs,
-                            world_size=world_size, batch_size=batch_size,
-                            local_batch_size=local_batch_size,
-                            local_minibatch_size=local_minibatch_size)
-    next_obs, next_done = run.resumed(Resumable) or (
+    # The run starts: resumed, it takes back its weights, optimizer, random generators and where
+    # its rollout stood; otherwise its environments begin new episodes, on seeds no sitting played.
+    Rollout = NamedTuple("Rollout", [("next_obs", np.ndarray), ("next_done", np.ndarray)])
+    global_step, rollout = run.start(agent, optimizer, num_iterations, Rollout, envs,
+                                     world_size=world_size, batch_size=batch_size,
+                                     local_batch_size=local_batch_size,
+                                     local_minibatch_size=local_minibatch_size)
+    next_obs, next_done = rollout or (
         envs.reset(seed=args.seed + rank * local_num_envs + global_step)[0],
         np.zeros(local_num_envs, dtype=bool))
 
@@ -520,7 +517,7 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
         means = {key: torch.stack([s[key] for s in minibatch_stats]).mean().item()
                  for key in minibatch_stats[0]}
         run.end_iteration(iteration, global_step, means, host_values.reshape(-1),
-                          returns.reshape(-1), Resumable(next_obs, next_done))
+                          returns.reshape(-1), Rollout(next_obs, next_done))
 
     envs.close()
     if world_size > 1:
@@ -528,14 +525,14 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
     return run.finish(global_step, agent=agent, rank=rank, world_size=world_size)
 
 
-def evaluate(args: Args, checkpoint: dict) -> list[float]:
+def evaluate(args: Args, checkpoint) -> list[float]:
     """--evaluate: play episodes with the saved agent, its actions sampled as in training. An
     episode is a whole game, scored with the game's own rewards (RecordEpisodeStatistics). It plays
     in one process."""
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        exits.fail(VARIANT, f"--evaluate plays in one process: run python ppo/{VARIANT}.py "
-                            f"--evaluate {args.evaluate}")
-    evaluation = Evaluation(args, VARIANT, checkpoint)  # the device and seeds
+        raise exits.WrongInput(f"--evaluate plays in one process: run python ppo/{VARIANT}.py "
+                               f"--evaluate {args.evaluate}")
+    evaluation = Evaluation(args, checkpoint)  # the device and seeds
     envs = make_envs(args.env_id, 1, args.capture_video, evaluation.video_folder,
                      video_episodes=args.eval_episodes)
     agent = evaluation.load(Agent(envs.single_action_space.n))
@@ -544,4 +541,4 @@ def evaluate(args: Args, checkpoint: dict) -> list[float]:
 
 
 if __name__ == "__main__":
-    command_line.run_script(main, evaluate, Args, VARIANT, __doc__, pip_extra="atari")
+    command_line.run_script(main, evaluate, Args, __doc__, pip_extra="atari")

@@ -113,10 +113,10 @@ def make_envs(env_id: str, num_envs: int, capture_video: bool = False, video_fol
     would teach an action that never happened. SAME_STEP mode resets within the step that ends the
     episode: every step() is a real transition, and the observation it returns for a finished
     environment is already the first of the next episode."""
-    environments.check_gymnasium_id(env_id, VARIANT)
+    environments.check_gymnasium_id(env_id)
     envs = environments.vector_env([make_env(env_id, i, capture_video, video_folder, video_episodes)
-                                for i in range(num_envs)], env_id, VARIANT, saved_envs)
-    environments.check_spaces(envs, env_id, VARIANT, actions=(gym.spaces.Box,))
+                                for i in range(num_envs)], env_id, saved_envs)
+    environments.check_spaces(envs, env_id, actions=(gym.spaces.Box,))
     return envs
 
 
@@ -328,10 +328,10 @@ def truncated_value(agent: Agent, infos: dict, truncated: np.ndarray,
     return values
 
 
-def main(args: Args, checkpoint: dict | None = None) -> dict:
+def main(args: Args, checkpoint=None) -> dict:
     """Train as `args` says (resumed: from `checkpoint`); returns a summary for callers (tests)."""
     # The run: its flags checked, its name and folder, its device (training.Run).
-    run = training.Run(args, VARIANT, checkpoint, env_package="mujoco")
+    run = training.Run(args, checkpoint, env_package="mujoco")
     device = run.device
     batch_size = args.num_envs * args.num_steps
     minibatch_size = batch_size // args.num_minibatches
@@ -362,15 +362,15 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
     rewards = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
     dones = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
 
-    # The run starts: its logs open and, resumed, it takes back its weights, optimizer, random
-    # generators, step count and Resumable; otherwise the environments reset on unplayed seeds.
+    # The run starts: resumed, it takes back its weights, optimizer, random generators and where
+    # its rollout stood; otherwise its environments begin new episodes, on seeds no sitting played.
     # The weights carry the observation statistics; the reward scaler's come back by name.
-    Resumable = NamedTuple("Resumable", [("next_obs", np.ndarray),
+    Rollout = NamedTuple("Rollout", [("next_obs", np.ndarray),
         ("next_done", np.ndarray), ("discounted_return", np.ndarray)])
-    global_step = run.start(agent, optimizer, num_iterations, envs,
-                            statistics={"reward_scaler": reward_scaler.return_rms},
-                            batch_size=batch_size, minibatch_size=minibatch_size)
-    next_obs, next_done, reward_scaler.discounted_return = run.resumed(Resumable) or (
+    global_step, rollout = run.start(agent, optimizer, num_iterations, Rollout, envs,
+                                     statistics={"reward_scaler": reward_scaler.return_rms},
+                                     batch_size=batch_size, minibatch_size=minibatch_size)
+    next_obs, next_done, reward_scaler.discounted_return = rollout or (
         agent.normalize_obs(envs.reset(seed=args.seed + global_step)[0], update=True),
         np.zeros(args.num_envs, dtype=bool), np.zeros(args.num_envs))
 
@@ -474,17 +474,17 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
         means = {key: torch.stack([s[key] for s in minibatch_stats]).mean().item()
                  for key in minibatch_stats[0]}
         run.end_iteration(iteration, global_step, means, host_values.reshape(-1),
-                          returns.reshape(-1), Resumable(next_obs, next_done,
+                          returns.reshape(-1), Rollout(next_obs, next_done,
                                                          reward_scaler.discounted_return))
 
     envs.close()
     return run.finish(global_step, agent=agent, reward_scaler=reward_scaler)
 
 
-def evaluate(args: Args, checkpoint: dict) -> list[float]:
+def evaluate(args: Args, checkpoint) -> list[float]:
     """--evaluate: play episodes with the saved agent and its saved observation statistics, its
     actions sampled and clipped as in training. Playing leaves the statistics as they were saved."""
-    evaluation = Evaluation(args, VARIANT, checkpoint)  # the device and seeds
+    evaluation = Evaluation(args, checkpoint)  # the device and seeds
     envs = make_envs(args.env_id, 1, args.capture_video, evaluation.video_folder,
                      video_episodes=args.eval_episodes)
     agent = evaluation.load(Agent(envs.single_observation_space.shape[0],
@@ -495,4 +495,4 @@ def evaluate(args: Args, checkpoint: dict) -> list[float]:
 
 
 if __name__ == "__main__":
-    command_line.run_script(main, evaluate, Args, VARIANT, __doc__, pip_extra="mujoco")
+    command_line.run_script(main, evaluate, Args, __doc__, pip_extra="mujoco")

@@ -117,8 +117,8 @@ class JumanjiGame(gym.Env):
         try:
             self.pool, self.finished = self.make_pool(0), False
         except Exception as error:  # envpool's own: a game whose data its wheel lacks (Sudoku)
-            exits.fail(VARIANT, f"envpool cannot make {env_id} ({str(error).splitlines()[0]}): "
-                                "train on another of its Jumanji games")
+            raise exits.WrongInput(f"envpool cannot make {env_id} ({str(error).splitlines()[0]}):"
+                                   " train on another of its Jumanji games")
         self.observation_space, self.action_space = self.pool.observation_space, \
             self.pool.action_space
 
@@ -204,7 +204,7 @@ class ActionParts(gym.Wrapper):
         else:  # a joint mask, one that may be (nvec [2, k]: the two shapes agree), or neither
             joint = (f"joint over the action's {len(nvec)} parts: make the action one Discrete"
                      f"({np.prod(nvec)}) with that mask flattened")
-            exits.fail(VARIANT, f"the action mask's shape {mask.shape} is " + (
+            raise exits.WrongInput(f"the action mask's shape {mask.shape} is " + (
                 f"both one row per part, padded, and {joint}, or, if it is rows, hand them out "
                 f"flat, {nvec.sum()} booleans, the first part's choices then the second's"
                 if mask.shape == rows else joint if mask.shape == tuple(nvec) else
@@ -245,12 +245,12 @@ def make_envs(env_id: str, num_envs: int, capture_video: bool = False, video_fol
     that ends its episode: every step() is a real transition, and the observation and mask it
     returns for a finished environment are already the next episode's first."""
     if env_id.startswith("Jumanji/"):
-        environments.check_envpool_id(env_id, VARIANT, None, "Jumanji/Cleaner-v0")
+        environments.check_envpool_id(env_id, None, "Jumanji/Cleaner-v0")
     else:
-        environments.check_gymnasium_id(env_id, VARIANT, envpool_namespace="Jumanji")
+        environments.check_gymnasium_id(env_id, envpool_namespace="Jumanji")
     envs = environments.vector_env([make_env(env_id, i, capture_video, video_folder, video_episodes)
-                                for i in range(num_envs)], env_id, VARIANT, saved_envs)
-    environments.check_spaces(envs, env_id, VARIANT, actions=(gym.spaces.MultiDiscrete,))
+                                for i in range(num_envs)], env_id, saved_envs)
+    environments.check_spaces(envs, env_id, actions=(gym.spaces.MultiDiscrete,))
     return envs
 
 
@@ -436,10 +436,10 @@ def ruled_out_share(actions: np.ndarray, masks: np.ndarray, nvec: list[int]) -> 
     return float((~allowed).any(axis=-1).mean())
 
 
-def main(args: Args, checkpoint: dict | None = None) -> dict:
+def main(args: Args, checkpoint=None) -> dict:
     """Train as `args` says (resumed: from `checkpoint`); returns a summary for callers (tests)."""
     # The run: its flags checked, its name and folder, its device (training.Run).
-    run = training.Run(args, VARIANT, checkpoint,
+    run = training.Run(args, checkpoint,
                        env_package="envpool" if args.env_id.startswith("Jumanji/") else None)
     device = run.device
     batch_size = args.num_envs * args.num_steps
@@ -469,13 +469,13 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
     rewards = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
     dones = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
 
-    # The run starts: its logs open and, resumed, it takes back its weights, optimizer, random
-    # generators, step count and Resumable; otherwise the environments reset on unplayed seeds.
-    Resumable = NamedTuple("Resumable", [("next_obs", np.ndarray),
+    # The run starts: resumed, it takes back its weights, optimizer, random generators and where
+    # its rollout stood; otherwise its environments begin new episodes, on seeds no sitting played.
+    Rollout = NamedTuple("Rollout", [("next_obs", np.ndarray),
         ("next_mask", np.ndarray), ("next_done", np.ndarray)])
-    global_step = run.start(agent, optimizer, num_iterations, envs,
-                            batch_size=batch_size, minibatch_size=minibatch_size)
-    next_obs, next_mask, next_done = run.resumed(Resumable) or (None, None, None)
+    global_step, rollout = run.start(agent, optimizer, num_iterations, Rollout, envs,
+                                     batch_size=batch_size, minibatch_size=minibatch_size)
+    next_obs, next_mask, next_done = rollout or (None, None, None)
     if next_obs is None:
         next_obs, infos = envs.reset(seed=args.seed + global_step)
         next_mask, next_done = infos["action_mask"], np.zeros(args.num_envs, dtype=bool)
@@ -570,16 +570,16 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
         means = {key: torch.stack([s[key] for s in minibatch_stats]).mean().item()
                  for key in minibatch_stats[0]}
         run.end_iteration(iteration, global_step, means, host_values.reshape(-1),
-                          returns.reshape(-1), Resumable(next_obs, next_mask, next_done), charts={
+                          returns.reshape(-1), Rollout(next_obs, next_mask, next_done), charts={
                               "invalid_action_rate": ruled_out_share(actions, masks, nvec)})
 
     envs.close()
     return run.finish(global_step, agent=agent)
 
 
-def evaluate(args: Args, checkpoint: dict) -> list[float]:
+def evaluate(args: Args, checkpoint) -> list[float]:
     """--evaluate: play episodes with the saved agent, its actions sampled as in training."""
-    evaluation = Evaluation(args, VARIANT, checkpoint)  # the device and seeds
+    evaluation = Evaluation(args, checkpoint)  # the device and seeds
     envs = make_envs(args.env_id, 1, args.capture_video, evaluation.video_folder,
                      video_episodes=args.eval_episodes)
     agent = evaluation.load(Agent(envs.single_observation_space.shape[0],
@@ -591,4 +591,4 @@ def evaluate(args: Args, checkpoint: dict) -> list[float]:
 
 
 if __name__ == "__main__":
-    command_line.run_script(main, evaluate, Args, VARIANT, __doc__, pip_extra="envpool")
+    command_line.run_script(main, evaluate, Args, __doc__, pip_extra="envpool")

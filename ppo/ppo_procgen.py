@@ -156,7 +156,7 @@ class ProcgenVectorEnv:
 def make_envs(env_id: str, num_envs: int, capture_video: bool = False, video_folder: str = "videos",
               distribution_mode: str = "easy", num_levels: int = 0, start_level: int = 0):
     """Build the vector of games, checking that this script can train on them."""
-    environments.check_procgen_id(env_id, VARIANT, distribution_mode, num_levels, start_level,
+    environments.check_procgen_id(env_id, distribution_mode, num_levels, start_level,
                                   installed=ProcgenGym3Env is not None)
     return ProcgenVectorEnv(env_id, num_envs, distribution_mode, num_levels, start_level,
                             video_folder if capture_video else None)
@@ -334,10 +334,10 @@ def minibatch_loss(agent: Agent, obs: torch.Tensor, actions: torch.Tensor,
                     returns, clip_coef, args)
 
 
-def main(args: Args, checkpoint: dict | None = None) -> dict:
+def main(args: Args, checkpoint=None) -> dict:
     """Train as `args` says (resumed: from `checkpoint`); returns a summary for callers (tests)."""
     # The run: its flags checked, its name and folder, its device (training.Run).
-    run = training.Run(args, VARIANT, checkpoint, env_package="procgen-mirror", recent_episodes=100)
+    run = training.Run(args, checkpoint, env_package="procgen-mirror", recent_episodes=100)
     device = run.device
     batch_size = args.num_envs * args.num_steps
     minibatch_size = batch_size // args.num_minibatches
@@ -366,20 +366,20 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
     rewards = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
     dones = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
 
-    # The run starts: its logs open and, resumed, it takes back its weights, optimizer, random
-    # generators, step count and reward statistics. Procgen builds its games anew at a reset (on
-    # seeds a resumed run has not played); a resumed run then puts back the episodes it left.
-    Resumable = NamedTuple("Resumable", [("next_obs", np.ndarray), ("next_done", np.ndarray),
-        ("discounted_return", np.ndarray), ("envs", list), ("episode_return", np.ndarray),
+    # The run starts: resumed, it takes back its weights, optimizer, random generators and reward
+    # statistics. Procgen builds its games anew at a reset (on seeds a resumed run has not played);
+    # a resumed run then puts back the episodes it left, unless they were being filmed.
+    Rollout = NamedTuple("Rollout", [("next_obs", np.ndarray), ("next_done", np.ndarray),
+        ("discounted_return", np.ndarray), ("games", list), ("episode_return", np.ndarray),
         ("episode_length", np.ndarray)])
-    global_step = run.start(agent, optimizer, num_iterations,
-                            statistics={"reward_scaler": reward_scaler.return_rms},
-                            batch_size=batch_size, minibatch_size=minibatch_size)
+    global_step, rollout = run.start(agent, optimizer, num_iterations, Rollout,
+                                     statistics={"reward_scaler": reward_scaler.return_rms},
+                                     batch_size=batch_size, minibatch_size=minibatch_size)
     next_obs, next_done = envs.reset(seed=args.seed + global_step)[0], np.zeros(args.num_envs, bool)
-    if resumed := run.resumed(Resumable):
-        envs.games.set_state(resumed.envs)  # the games' full states, random generators included
+    if rollout and rollout.games is not None:
+        envs.games.set_state(rollout.games)  # the games' full states, random generators included
         (next_obs, next_done, reward_scaler.discounted_return, _, envs.episode_return,
-         envs.episode_length) = resumed
+         envs.episode_length) = rollout
 
     for iteration in run.iterations():  # resumed: from the checkpoint's; a stop signal ends them
         # [Core 4: Adam learning rate annealing] off by default here ([Procgen 1]); when on,
@@ -461,7 +461,7 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
         means = {key: torch.stack([s[key] for s in minibatch_stats]).mean().item()
                  for key in minibatch_stats[0]}
         run.end_iteration(iteration, global_step, means, host_values.reshape(-1),
-                          returns.reshape(-1), Resumable(  # a recording run's games are not saved
+                          returns.reshape(-1), Rollout(  # a recording run's games are not saved
                               next_obs, next_done, reward_scaler.discounted_return,
                               None if args.capture_video else envs.games.get_state(),
                               envs.episode_return, envs.episode_length))
@@ -470,10 +470,10 @@ def main(args: Args, checkpoint: dict | None = None) -> dict:
     return run.finish(global_step, agent=agent, reward_scaler=reward_scaler)
 
 
-def evaluate(args: Args, checkpoint: dict) -> list[float]:
+def evaluate(args: Args, checkpoint) -> list[float]:
     """--evaluate: play episodes with the saved agent, its actions sampled as in training. With
     unlimited levels, the evaluation's seeds draw levels the agent most likely never saw."""
-    evaluation = Evaluation(args, VARIANT, checkpoint)  # the device and seeds
+    evaluation = Evaluation(args, checkpoint)  # the device and seeds
     envs = make_envs(args.env_id, 1, args.capture_video, evaluation.video_folder,
                      args.distribution_mode, args.num_levels, args.start_level)
     agent = evaluation.load(Agent(envs.single_action_space.n))
@@ -482,4 +482,4 @@ def evaluate(args: Args, checkpoint: dict) -> list[float]:
 
 
 if __name__ == "__main__":
-    command_line.run_script(main, evaluate, Args, VARIANT, __doc__, pip_extra="procgen")
+    command_line.run_script(main, evaluate, Args, __doc__, pip_extra="procgen")

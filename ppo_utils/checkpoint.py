@@ -1,38 +1,86 @@
-"""Checkpoints, as data: what a run writes to continue later, how a checkpoint is read without
-running any code it names, and the random generators' and running statistics' state it holds. The
-environments' state is env_states.py's; checkpoints of earlier formats are brought to this one as
-they are read, by old_checkpoints.py.
-"""
+"""A run's checkpoint: what it holds, declared once (Checkpoint), written atomically, and read as
+data, so that reading one runs no code that it names."""
 
 import contextlib
 import os
 import random
+from dataclasses import dataclass, fields
 
 import numpy as np
-from gymnasium.wrappers.utils import RunningMeanStd
 import torch
+from gymnasium.wrappers.utils import RunningMeanStd
 
-from ppo_utils import old_checkpoints
-from ppo_utils.exits import fail
+from ppo_utils.exits import WrongInput
+
+# The format written here. Each change of what a checkpoint holds raises it, and the checkpoints of
+# earlier formats are refused, naming the last commit whose scripts read them.
+FORMAT = 3
+LAST_COMMIT_READING = {1: "3e60c83", 2: "3e60c83"}
 
 
-# The format of the checkpoints written here: 2, data only. A checkpoint is read with torch.load's
-# weights_only=True, which builds tensors, plain containers, numbers, strings and bytes, and of
-# other types only those allowed here (NumPy's arrays and scalars of numbers): reading it runs no
-# code that the file names. A checkpoint without "format" is of the older format, whose environments
-# were pickled Python objects (see old_checkpoints.py).
-CHECKPOINT_FORMAT = 2
-# What an evaluation reads of a checkpoint: the weights, with the statistics the agent owns (they
-# are in its state_dict), and the settings.
-EVALUATION_KEYS = ("variant", "args", "run_name", "model")
+@dataclass
+class ProcessState:
+    """What one process of a run keeps of its own; under torchrun, each rank's."""
+
+    rng: dict  # Python's, NumPy's and PyTorch's (and CUDA's) random generators
+    rollout: dict  # where the script's rollout stood: its Rollout's fields
+    envs: list | None  # each environment's state (env_states); None: the resumed run plays anew
+    statistics: dict  # the script's running statistics, by name (a reward scaler's)
+
+
+@dataclass
+class Checkpoint:
+    """What resuming a run needs; an evaluation reads the first four."""
+
+    variant: str  # the script that wrote it: the others refuse it
+    args: dict  # the run's settings: the defaults of --resume and --evaluate
+    run_name: str
+    model: dict  # the agent's state_dict
+    optimizer: dict
+    iteration: int
+    global_step: int
+    recent_returns: list  # the latest episodes' scores, which the progress line averages
+    processes: list[ProcessState]  # one, or one per torchrun rank
+
+    def write(self, path: str) -> None:
+        state = {field.name: getattr(self, field.name) for field in fields(self)}
+        write_atomically(path, {"format": FORMAT, **state,
+                                "processes": [vars(process) for process in self.processes]})
+
+    @classmethod
+    def read(cls, path: str, variant: str) -> "Checkpoint":
+        """The checkpoint at `path`, which the script `variant` wrote, read as data."""
+        if not os.path.isfile(path):
+            several_nodes = int(os.environ.get("WORLD_SIZE", "1")) > int(
+                os.environ.get("LOCAL_WORLD_SIZE", "1"))
+            raise WrongInput(f"no checkpoint at {path!r}"
+                             + (" (every node needs it, at this path)" if several_nodes else ""))
+        saved = read_data(path)
+        if not isinstance(saved, dict) or not isinstance(saved.get("args"), dict):
+            raise WrongInput(f"{path!r} is not a checkpoint of this collection")
+        if saved.get("variant") != variant:
+            raise WrongInput(f"{path!r} was written by {saved.get('variant')}.py: use "
+                             f"ppo/{saved.get('variant')}.py for it")
+        written = saved.get("format", 1)
+        if written != FORMAT:
+            last = LAST_COMMIT_READING.get(written)
+            raise WrongInput(f"{path!r} has checkpoint format {written}, which this version of the "
+                             f"scripts does not read: " + (
+                                 f"resume or evaluate it with those of commit {last} (git checkout "
+                                 f"{last})" if last else "use the version that wrote it"))
+        try:
+            return cls(**{field.name: saved[field.name] for field in fields(cls)
+                          if field.name != "processes"},
+                       processes=[ProcessState(**process) for process in saved["processes"]])
+        except (KeyError, TypeError) as error:
+            raise WrongInput(f"{path!r} is not a whole checkpoint ({error})") from None
 
 
 def numpy_types() -> list:
-    """The NumPy types a checkpoint may hold besides tensors: arrays and scalars of booleans and
-    numbers (random-generator states, statistics, observations, the environments' arrays), allowed
-    under the names both NumPy 1 and NumPy 2 pickle them with. Arrays of Python objects stay
-    refused. And `bytes`, which torch.save's pickle protocol calls for an empty bytes (an empty
-    array's data)."""
+    """The types a checkpoint may hold beside tensors, plain containers, numbers and text: NumPy's
+    arrays and scalars of booleans and numbers (arrays of Python objects stay refused), under the
+    names NumPy 1 and NumPy 2 pickle them with; and `bytes`, which torch.save's pickle protocol
+    calls for an empty one."""
     try:
         from numpy._core import multiarray
     except ImportError:  # NumPy before 1.26
@@ -45,10 +93,9 @@ def numpy_types() -> list:
     return allowed
 
 
-def read_data(path: str, variant: str):
-    """The checkpoint at `path`, read as data: torch.load(weights_only=True) with the NumPy types of
-    `numpy_types`. A file that names anything else (a function that unpickling would call, a class
-    it would build) is refused in one line that names it."""
+def read_data(path: str):
+    """torch.load(weights_only=True) with `numpy_types`: a file that names anything else (a function
+    that unpickling would call, a class it would build) is refused in one line that names it."""
     with torch.serialization.safe_globals(numpy_types()):
         try:
             return torch.load(path, map_location="cpu", weights_only=True)
@@ -58,66 +105,23 @@ def read_data(path: str, variant: str):
             try:
                 found = sorted(torch.serialization.get_unsafe_globals_in_checkpoint(path))
             except Exception:  # not a file that torch.save wrote
-                fail(variant, f"cannot read checkpoint {path!r}: {lines[0]}")
+                raise WrongInput(f"cannot read checkpoint {path!r}: {lines[0]}") from None
     if found:
         held = f"{', '.join(found)}, which loading it would call or build"
     elif lines[0].startswith("Weights only load failed") and len(lines) > 2:
         held = f"what a checkpoint never holds ({lines[-2]})"  # torch's reason, between its advice
     else:
-        fail(variant, f"cannot read checkpoint {path!r}: {lines[0]}")
-    fail(variant, f"refusing {path!r}: it holds {held}; the checkpoints of these scripts hold only "
-                  "tensors, arrays, numbers and text, so this file was made otherwise or altered")
+        raise WrongInput(f"cannot read checkpoint {path!r}: {lines[0]}")
+    raise WrongInput(f"refusing {path!r}: it holds {held}; the checkpoints of these scripts hold "
+                     "only tensors, arrays, numbers and text, so this file was made otherwise or "
+                     "altered")
 
 
-def load_checkpoint(path: str, variant: str, resuming: bool = False,
-                    trust_old: bool = False) -> dict:
-    """Read a checkpoint written by the script `variant`, as data (`read_data`): reading it runs no
-    code. Refuse anything else with a clear message. An evaluation gets only what it reads
-    (EVALUATION_KEYS).
-
-    A checkpoint of the older format (written before format 2) evaluates as it is, its weights and
-    settings being data; but its environments are pickled objects, which can run any code when they
-    are loaded, so it resumes only with `trust_old` (--trust-old-checkpoint), and its bytes are then
-    marked for unpickling (old_checkpoints.TrustedOldPickle). The checkpoints the resumed run writes
-    are of the new format; older entries are moved to where this format keeps them."""
-    if not os.path.isfile(path):
-        several_nodes = int(os.environ.get("WORLD_SIZE",
-                                           "1")) > int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-        fail(variant,
-             f"no checkpoint at {path!r}"
-             + (" (every node needs it, at this path)" if several_nodes else ""))
-    checkpoint = read_data(path, variant)
-    if not isinstance(checkpoint, dict) or "variant" not in checkpoint:
-        fail(variant, f"{path!r} is not a checkpoint of this collection")
-    if checkpoint["variant"] != variant:
-        fail(variant, f"{path!r} was written by {checkpoint['variant']}.py: use "
-                      f"ppo/{checkpoint['variant']}.py for it")
-    if not isinstance(checkpoint.get("args"), dict):
-        fail(variant, f"{path!r} is not a checkpoint of this collection: it holds no settings")
-    version = checkpoint.get("format")
-    if version is None and resuming:
-        if not trust_old:
-            fail(variant, f"{path!r} is a checkpoint of the older format, whose saved environments "
-                          "are pickled Python objects, and loading those runs whatever code they "
-                          "name: if you wrote it yourself, resume it with --trust-old-checkpoint "
-                          "(the run then saves the new format, which needs no flag)")
-        checkpoint["envs"] = old_checkpoints.old_pickles(checkpoint.get("envs"))
-    elif version is not None and version != CHECKPOINT_FORMAT:
-        fail(variant, f"{path!r} has checkpoint format {version!r}, which this version of the "
-                      "scripts does not read: use the version that wrote it")
-    if resuming:
-        old_checkpoints.episode_statistics_into_envs(checkpoint)
-        old_checkpoints.reward_statistics_as_saved_now(checkpoint)
-    return checkpoint if resuming else {key: checkpoint[key] for key in EVALUATION_KEYS
-                                        if key in checkpoint}
-
-
-def save_checkpoint(path: str, state: dict) -> None:
+def write_atomically(path: str, state: dict) -> None:
     """Replace the file at `path` atomically: a process killed while writing, or stopped by a second
     Ctrl-C, leaves the previous checkpoint whole and nothing beside it. The new one is written to a
     file without a name (Linux's O_TMPFILE), which vanishes with a process that dies, and is named
-    only once complete; where the file system has no such files, to `<path>.tmp`, removed if the
-    write fails."""
+    once complete; where the file system has no such files, to `<path>.tmp`, removed on failure."""
     folder = os.path.dirname(path) or "."
     os.makedirs(folder, exist_ok=True)
     temporary = f"{path}.tmp"
@@ -158,27 +162,23 @@ def all_finite(state: dict) -> bool:
 
 
 def statistics_state(statistics: RunningMeanStd) -> dict:
-    """A running mean and variance (gymnasium's RunningMeanStd: observation or return statistics)
-    as a checkpoint keeps it: its arrays, copied, and its count."""
+    """gymnasium's running mean and variance as a checkpoint keeps them."""
     return {"mean": statistics.mean.copy(), "var": statistics.var.copy(), "count": statistics.count}
 
 
 def restore_statistics(statistics: RunningMeanStd, state: dict) -> None:
-    """Put back into `statistics` the running mean and variance that `statistics_state` saved."""
     statistics.mean, statistics.var = state["mean"].copy(), state["var"].copy()
     statistics.count = state["count"]
 
 
 def rng_state(device: torch.device) -> dict:
-    """The state of every random generator a run draws from: Python's, NumPy's, PyTorch's (and
-    CUDA's)."""
+    """The state of every random generator a run draws from."""
     return {"python": random.getstate(), "numpy": np.random.get_state(),
             "torch": torch.get_rng_state(),
             "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None}
 
 
 def restore_rng(state: dict, device: torch.device) -> None:
-    """Put the random generators back where `rng_state` found them."""
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])

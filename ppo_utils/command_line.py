@@ -1,7 +1,6 @@
-"""The command line of every script: the run's flags, declared once beside each script's algorithm;
-a checkpoint's settings as the defaults of --resume and --evaluate; and the rules every flag
-follows, checked before anything is built (which environments a script takes: environments.py).
-"""
+"""The command line of every script: the run's flags, declared once beside each script's own; a
+checkpoint's settings as the defaults of --resume and --evaluate; the rules every flag follows,
+checked before anything is built; and the device the flags ask for."""
 
 import math
 import sys
@@ -9,17 +8,19 @@ import typing
 from dataclasses import dataclass, fields, replace
 from typing import Annotated, Any, Callable, NamedTuple, NoReturn, TypeVar
 
+import torch
 import tyro
 
-from ppo_utils.checkpoint import load_checkpoint
-from ppo_utils.exits import STOPPED, exit_codes, fail
+from ppo_utils import exits
+from ppo_utils.checkpoint import Checkpoint
+from ppo_utils.exits import WrongInput
 
 T = TypeVar("T")
 
 
 class Rule(NamedTuple):
-    """What a flag's value must be, said as the refusal says it, and the test of a value (of the
-    value and all the settings, `with_args`, for a rule that involves other flags)."""
+    """What a flag's value must be, as the refusal says it, and the test of a value (of the value
+    and all the settings, `with_args`, for a rule that involves other flags)."""
 
     requirement: str
     allowed: Callable[..., bool]
@@ -52,8 +53,7 @@ RULES = {
 
 
 class Marker(NamedTuple):
-    """A mark on a field, read by parse_args: which runs may give the field another value than the
-    checkpoint they read."""
+    """A mark on a field: which runs may give it another value than the checkpoint they read."""
 
     name: str
 
@@ -70,8 +70,7 @@ EvaluationKeeps = Annotated[T, EVALUATION_KEEPS]
 
 @dataclass
 class RunFlags:
-    """The run's flags, the same in every script: its name, seed and device, its logs, checkpoints
-    and evaluation, and the speed options. `with_run_flags` puts them after a script's settings."""
+    """The run's flags, the same in every script; `with_run_flags` puts them after a script's."""
 
     exp_name: str = ""
     """the name of this experiment, part of the run name"""
@@ -97,8 +96,6 @@ class RunFlags:
     """with --save-model, also save after this many minutes (0: never): what a crash can lose"""
     resume: ResumeMayChange[str | None] = None
     """path of a checkpoint to continue training from; the run keeps the checkpoint's settings"""
-    trust_old_checkpoint: ResumeMayChange[bool] = False
-    """if toggled, --resume reads old-format checkpoints, which can run code: only your own files"""
     evaluate: ResumeMayChange[str | None] = None
     """path of a checkpoint to evaluate instead of training"""
     eval_episodes: ResumeMayChange[int] = 10
@@ -110,13 +107,13 @@ class RunFlags:
 
 
 def with_run_flags(variant: str) -> Callable[[type], type]:
-    """A class decorator: the script's `Args` (a dataclass of its algorithm's settings) followed by
-    the run's flags (RunFlags), in one dataclass of the same name, as --help lists them; the
-    experiment's name defaults to the script's."""
+    """A class decorator: the script's `Args` followed by the run's flags (RunFlags), in one
+    dataclass of the same name, as --help lists them. The class names its script, `variant` (the
+    experiment's default name), once for the whole run."""
     def combined(algorithm: type) -> type:
         namespace = {"__module__": algorithm.__module__, "__qualname__": algorithm.__qualname__,
                      "__doc__": algorithm.__doc__, "__annotations__": {"exp_name": str},
-                     "exp_name": variant}
+                     "exp_name": variant, "variant": variant}
         # Fields come in the order of the bases' reversed method resolution: the algorithm's first.
         return dataclass(type(algorithm.__name__, (RunFlags, algorithm), namespace))
 
@@ -129,39 +126,33 @@ def marked(args_class: type, marker: Marker) -> set[str]:
     return {name for name, hint in hints.items() if marker in getattr(hint, "__metadata__", ())}
 
 
-def parse_args(args_class: type, variant: str, argv: list[str] | None = None,
-               doc: str = "") -> tuple[Any, dict | None]:
+def parse_args(args_class: type, argv: list[str] | None = None,
+               doc: str = "") -> tuple[Any, Checkpoint | None]:
     """Read the command line into `args_class`; returns the settings and the checkpoint that
-    --resume or --evaluate names (None without either), read once, here. --help begins with the
-    first two paragraphs of `doc`, the script's docstring: what it is for, and its commands.
+    --resume or --evaluate names (None without either). --help begins with the first two paragraphs
+    of `doc`, the script's docstring: what it is for, and its commands.
 
     With a checkpoint its settings are the defaults, so `--resume PATH` alone continues the run. A
-    resumed run may change only the fields marked ResumeMayChange (how it runs, not what it learns)
-    and refuses any other flag that contradicts the checkpoint. An evaluation starts from the
-    defaults of those, may change the fields marked EvaluationMayChange too (the seed of its games,
-    say), must keep the environment and the fields marked EvaluationKeeps (what the network learned
-    with), and refuses every other training flag, which it would silently ignore. --resume,
-    --evaluate and --trust-old-checkpoint speak for this command alone: they are never taken from a
-    checkpoint."""
+    resumed run may change only the fields marked ResumeMayChange (how it runs, not what it learns).
+    An evaluation starts from the defaults of those, may change the fields marked
+    EvaluationMayChange too (the seed of its games, say), keeps the environment and the fields
+    marked EvaluationKeeps, and refuses every other training flag, which it would ignore."""
     description = "\n\n".join(doc.split("\n\n")[:2])
     args = tyro.cli(args_class, args=argv, description=description)
     if args.resume and args.evaluate:
-        fail(variant, "--resume goes on training a saved run and --evaluate plays a saved agent: "
-                      "give one of them")
+        raise WrongInput("--resume goes on training a saved run and --evaluate plays a saved "
+                         "agent: give one of them")
     if not (args.resume or args.evaluate):
         return args, None
     path = args.resume or args.evaluate
-    checkpoint = load_checkpoint(path, variant, resuming=bool(args.resume),
-                                 trust_old=args.trust_old_checkpoint)
-    unknown = sorted(map(str,
-                         set(checkpoint["args"]) - {field.name for field in fields(args_class)}))
+    checkpoint = Checkpoint.read(path, args_class.variant)
+    unknown = sorted(set(checkpoint.args) - {field.name for field in fields(args_class)})
     if unknown:
-        fail(variant, f"{path!r} was written by another version of {variant}.py, with settings "
-                      f"this one lacks ({', '.join(unknown)}): continue it with that version, or "
-                      "start the run again")
+        raise WrongInput(f"{path!r} was written by another version of {args_class.variant}.py, "
+                         f"with settings this one lacks ({', '.join(unknown)}): continue it with "
+                         "that version, or start the run again")
     run_time = marked(args_class, RESUME_MAY_CHANGE)
-    saved = replace(args_class(**checkpoint["args"]), resume=None, evaluate=None,
-                    trust_old_checkpoint=False)
+    saved = replace(args_class(**checkpoint.args), resume=None, evaluate=None)
     if args.evaluate:
         saved = replace(saved, **{name: getattr(args_class(), name) for name in run_time})
     args = tyro.cli(args_class, args=argv, default=saved, description=description)
@@ -170,35 +161,36 @@ def parse_args(args_class: type, variant: str, argv: list[str] | None = None,
     for name in kept:
         if getattr(args, name) != getattr(saved, name):
             flag = "--" + name.replace("_", "-")
-            fail(variant, f"the checkpoint was made with {flag} {getattr(saved, name)}, not "
-                          f"{getattr(args, name)}: drop {flag} to keep the checkpoint's value")
+            raise WrongInput(f"the checkpoint was made with {flag} {getattr(saved, name)}, not "
+                             f"{getattr(args, name)}: drop {flag} to keep the checkpoint's value")
     if args.evaluate:
         evaluation_reads = run_time | set(kept) | marked(args_class, EVALUATION_MAY_CHANGE)
         for name in (f.name for f in fields(args_class) if f.name not in evaluation_reads):
             if getattr(args, name) != getattr(saved, name):
-                fail(variant, f"--{name.replace('_', '-')} is a training setting, which --evaluate "
-                              "does not use: drop it")
+                raise WrongInput(f"--{name.replace('_', '-')} is a training setting, which "
+                                 "--evaluate does not use: drop it")
     return args, checkpoint
 
 
-def run_script(main: Callable, evaluate: Callable, args_class: type, variant: str, doc: str,
+def run_script(main: Callable, evaluate: Callable, args_class: type, doc: str,
                pip_extra: str) -> NoReturn:
     """`python ppo/<variant>.py ...`, as `absl.app.run(main)` runs a program: read the command line,
     then train (`main`) or, with --evaluate, play the saved agent (`evaluate`), and exit with 0, or
     with STOPPED (130) when a stop signal ended the training after an iteration; exits.exit_codes
-    gives every other ending its code. `pip_extra` is the script's extra in pyproject.toml, named
-    when a package is missing."""
-    args, checkpoint = parse_args(args_class, variant, doc=doc)
-    with exit_codes(variant, pip_extra, args.capture_video):
-        result = (evaluate if args.evaluate else main)(args, checkpoint)
-    sys.exit(STOPPED if isinstance(result, dict) and result.get("interrupted") else 0)
+    gives every other ending its code and line. `pip_extra` is the script's extra in pyproject.toml,
+    named when a package is missing."""
+    with exits.exit_codes(f"{args_class.variant}.py"):
+        args, checkpoint = parse_args(args_class, doc=doc)
+        with exits.missing_packages(pip_extra, args.capture_video):
+            result = (evaluate if args.evaluate else main)(args, checkpoint)
+    sys.exit(exits.STOPPED if isinstance(result, dict) and result.get("interrupted") else 0)
 
 
-def check_args(args, variant: str) -> None:
-    """Refuse settings that cannot make a run, before anything is built: first each flag on its own
+def check_args(args) -> None:
+    """Refuse settings that cannot make a run, before anything is built: each flag on its own
     (RULES, a rule the script declared with its field, a Literal's choices), naming the flag, the
-    rule, the value and the default; then the sizes of the batch, num_envs x num_steps transitions,
-    which must split into --num-minibatches equal minibatches and fit in --total-timesteps."""
+    rule, the value and the default; then the batch, num_envs x num_steps transitions, which must
+    split into --num-minibatches equal minibatches and fit in --total-timesteps."""
     defaults, hints = type(args)(), typing.get_type_hints(type(args), include_extras=True)
     for field in fields(args):
         hint = hints[field.name]
@@ -211,19 +203,26 @@ def check_args(args, variant: str) -> None:
         value, default = getattr(args, field.name), getattr(defaults, field.name)
         for requirement, allowed, with_args in rules:
             if not (allowed(value, args) if with_args else allowed(value)):
-                fail(variant, f"--{field.name.replace('_', '-')} must be "
-                              f"{requirement.format(default=default)}, got {value!r}"
-                              + ("" if default is None else f": the default is {default!r}"))
+                raise WrongInput(f"--{field.name.replace('_', '-')} must be "
+                                 f"{requirement.format(default=default)}, got {value!r}"
+                                 + ("" if default is None else f": the default is {default!r}"))
     batch_size = args.num_envs * args.num_steps
     if batch_size % args.num_minibatches != 0:
-        fail(variant, f"--num-envs x --num-steps = {batch_size} does not divide into "
-                      f"--num-minibatches {args.num_minibatches} equal minibatches: pick sizes "
-                      "whose product is a multiple of it")
+        raise WrongInput(f"--num-envs x --num-steps = {batch_size} does not divide into "
+                         f"--num-minibatches {args.num_minibatches} equal minibatches: pick sizes "
+                         "whose product is a multiple of it")
     if args.norm_adv and batch_size // args.num_minibatches < 2:
-        fail(variant, f"minibatches of {batch_size // args.num_minibatches} transition cannot be "
-                      "normalized (--norm-adv divides by their standard deviation): use fewer "
-                      "--num-minibatches or a larger batch")
+        raise WrongInput(f"minibatches of {batch_size // args.num_minibatches} transition cannot "
+                         "be normalized (--norm-adv divides by their standard deviation): use "
+                         "fewer --num-minibatches or a larger batch")
     if args.total_timesteps < batch_size:
-        fail(variant, f"--total-timesteps {args.total_timesteps} is smaller than one batch "
-                      f"(--num-envs x --num-steps = {batch_size}): raise it or shrink the batch")
+        raise WrongInput(f"--total-timesteps {args.total_timesteps} is smaller than one batch "
+                         f"(--num-envs x --num-steps = {batch_size}): raise it or shrink the batch")
+    if args.cudagraphs and device(args).type != "cuda":
+        raise WrongInput("--cudagraphs needs a CUDA device: drop it, or run on a GPU (and without "
+                         "--no-cuda)")
 
+
+def device(args) -> torch.device:
+    """CUDA when it is there and --cuda allows it, else the CPU."""
+    return torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")

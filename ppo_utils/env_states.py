@@ -11,7 +11,7 @@ from typing import Callable
 import gymnasium as gym
 import numpy as np
 
-from ppo_utils.exits import EnvStateMismatch
+from ppo_utils.exits import WrongInput
 
 
 # An environment's state goes into a checkpoint as data (env_state) and back into an environment
@@ -29,6 +29,16 @@ REBUILT_CLASS_NAMES = {"MjModel", "MujocoRenderer"}
 SIMULATORS = {"MjData", "ALEInterface"}  # MuJoCo's simulation data, ale-py's emulator
 # NumPy's, by the name in their state
 BIT_GENERATORS = {"PCG64", "PCG64DXSM", "MT19937", "Philox", "SFC64"}
+
+
+class EnvStateMismatch(WrongInput):
+    """A saved environment's state that does not fit the environment built to take it back (another
+    version of the wrappers, an altered file): found where the environments are built, which may be
+    a worker process of --async-envs."""
+
+
+def mismatch(detail: str) -> EnvStateMismatch:
+    return EnvStateMismatch(f"cannot resume the saved environments: {detail}")
 
 
 class NotSavableAsData(Exception):
@@ -86,7 +96,7 @@ def restore_simulator(simulator, state: dict) -> None:
         emulator.__setstate__(state["ale"])
         simulator.restoreState(emulator)
     else:
-        raise EnvStateMismatch(f"a saved simulator state does not fit the {kind} built")
+        raise mismatch(f"a saved simulator state does not fit the {kind} built")
 
 
 def layer_state(layer, simulators: set[int]) -> dict:
@@ -143,7 +153,7 @@ def restore_layer(layer, state: dict) -> None:
         try:
             as_data(list(current) if isinstance(current, deque) else current)
         except NotSavableAsData:
-            raise EnvStateMismatch(f"{state['class']} holds no data in {name!r}") from None
+            raise mismatch(f"{state['class']} holds no data in {name!r}") from None
         if isinstance(current, deque):
             current.clear()
             current.extend(value)
@@ -153,8 +163,7 @@ def restore_layer(layer, state: dict) -> None:
         generator = getattr(layer, name, None)
         if not isinstance(generator, np.random.Generator):  # a generator made at the first reset
             if generator is not None or saved.get("bit_generator") not in BIT_GENERATORS:
-                raise EnvStateMismatch(f"{state['class']}.{name} is not a random generator of "
-                                       "NumPy's")
+                raise mismatch(f"{state['class']}.{name} is not a random generator of NumPy's")
             generator = np.random.Generator(getattr(np.random, saved["bit_generator"])())
             setattr(layer, name, generator)
         generator.bit_generator.state = saved
@@ -170,22 +179,16 @@ def restore_env(make_env: Callable[[], gym.Env], layers: list[dict]) -> gym.Env:
     layer = env
     try:
         for state in layers:
-            # the saved class, or one the built layer derives from: until 2026-11-26 ppo.py's
-            # one-hot layer was a TransformObservation, now gymnasium's FlattenObservation, a kind
-            # of TransformObservation that holds no more data
-            kinds = {kind.__name__ for kind in type(layer).__mro__}
-            if layer is None or state["class"] not in kinds:
+            if layer is None or state["class"] != type(layer).__name__:
                 built = type(layer).__name__ if layer is not None else "nothing"
-                raise EnvStateMismatch(f"the saved environment has a {state['class']} where the "
-                                       f"one built has {built}")
+                raise mismatch(f"the saved environment has a {state['class']} where the one "
+                               f"built has {built}")
             restore_layer(layer, state)
             layer = layer.env if isinstance(layer, gym.Wrapper) else None
     except EnvStateMismatch:
         raise
-    # data of another shape or kind
-    except (TypeError, ValueError, KeyError, AttributeError) as error:
-        raise EnvStateMismatch(f"the saved state does not fit ({error})") from None
+    except (TypeError, ValueError, KeyError, AttributeError) as error:  # data of another kind
+        raise mismatch(f"the saved state does not fit ({error})") from None
     if layer is not None:
-        raise EnvStateMismatch(f"the environment built has a {type(layer).__name__} the saved one "
-                               "has not")
+        raise mismatch(f"the environment built has a {type(layer).__name__} the saved one has not")
     return env

@@ -17,9 +17,8 @@ from typing import Callable
 import gymnasium as gym
 import numpy as np
 
-from ppo_utils.env_states import env_state, restore_env
-from ppo_utils.exits import STOP_SIGNALS, EnvStateMismatch, fail
-from ppo_utils.old_checkpoints import TrustedOldPickle, unpickled_envs
+from ppo_utils.env_states import env_state, mismatch, restore_env
+from ppo_utils.exits import STOP_SIGNALS, WrongInput
 
 
 # Which script of the collection trains on which action space, and on which observations: named in
@@ -29,7 +28,7 @@ SCRIPT_FOR_ACTIONS = {"Discrete": "ppo/ppo.py", "Box": "ppo/ppo_continuous_actio
 SCRIPT_FOR_IMAGES = "ppo/ppo_atari.py"
 
 
-def check_spaces(envs, env_id: str, variant: str, actions: tuple[type, ...],
+def check_spaces(envs, env_id: str, actions: tuple[type, ...],
                  vector_observations: bool = True) -> None:
     """Refuse environments whose action space is none of `actions`, or (with `vector_observations`)
     whose observations are not flat vectors, naming the script that takes them. `envs` is a vector
@@ -43,8 +42,8 @@ def check_spaces(envs, env_id: str, variant: str, actions: tuple[type, ...],
         hint = (f"use {SCRIPT_FOR_ACTIONS[kind]} for {kind} actions" if kind in SCRIPT_FOR_ACTIONS
                 else "no script here takes these: expose Discrete, MultiDiscrete or Box actions "
                      "in your environment")
-        fail(variant, f"{env_id} has a {kind} action space but {variant}.py needs {wanted} "
-                      f"actions: {hint}")
+        raise WrongInput(f"{env_id} has a {kind} action space, but this script trains on {wanted} "
+                         f"actions: {hint}")
     if vector_observations and (not isinstance(space, gym.spaces.Box) or len(space.shape) != 1):
         envs.close()
         if isinstance(space, (gym.spaces.Dict, gym.spaces.Tuple)):
@@ -53,11 +52,11 @@ def check_spaces(envs, env_id: str, variant: str, actions: tuple[type, ...],
         else:
             images = len(getattr(space, "shape", None) or ()) == 3
             hint = f": use {SCRIPT_FOR_IMAGES} for images" if images else ""
-        fail(variant, f"{env_id} observations are {type(space).__name__}, but {variant}.py needs "
-                      f"flat vectors (a one-dimensional Box){hint}")
+        raise WrongInput(f"{env_id} observations are {type(space).__name__}, but this script needs "
+                         f"flat vectors (a one-dimensional Box){hint}")
 
 
-def gymnasium_spec(env_id: str, variant: str, hint: str = "") -> gym.envs.registration.EnvSpec:
+def gymnasium_spec(env_id: str, hint: str = "") -> gym.envs.registration.EnvSpec:
     """The registration of `env_id`; an id that gymnasium does not know is refused in one line, with
     `hint` (the script to use instead, say).
 
@@ -71,19 +70,20 @@ def gymnasium_spec(env_id: str, variant: str, hint: str = "") -> gym.envs.regist
         try:
             importlib.import_module(module)
         except Exception as error:  # ModuleNotFoundError, or whatever the user's module raised
-            fail(variant, f"--env-id {env_id}: cannot import the module {module!r} "
-                          f"({type(error).__name__}: {error}): is it installed, or on PYTHONPATH?")
+            raise WrongInput(f"--env-id {env_id}: cannot import the module {module!r} "
+                             f"({type(error).__name__}: {error}): is it installed, or on "
+                             "PYTHONPATH?")
     try:
         return gym.spec(bare_id)
     except gym.error.Error as error:
         if module:
-            fail(variant, f"--env-id {env_id}: importing {module!r} registered no environment "
-                          f"{bare_id!r} (gymnasium.register(id=..., entry_point=...) in the module "
-                          "makes one)")
-        fail(variant, f"unknown env id {env_id!r}{hint}: {error}")
+            raise WrongInput(f"--env-id {env_id}: importing {module!r} registered no environment "
+                             f"{bare_id!r} (gymnasium.register(id=..., entry_point=...) in the "
+                             "module makes one)")
+        raise WrongInput(f"unknown env id {env_id!r}{hint}: {error}")
 
 
-def check_gymnasium_id(env_id: str, variant: str, atari: bool = False,
+def check_gymnasium_id(env_id: str, atari: bool = False,
                        envpool_namespace: str | None = None) -> None:
     """Refuse an id that gymnasium does not know (`gymnasium_spec`) and, for a script that trains on
     `atari` games, one that is not an ale-py game, naming the script to use instead. ale-py (0.9 and
@@ -100,25 +100,25 @@ def check_gymnasium_id(env_id: str, variant: str, atari: bool = False,
                 ported = f"{envpool_namespace}/{env_id}"
                 if ported in envpool.list_all_envs():
                     hint = f" (envpool's port of it is {ported}: --env-id {ported})"
-        gymnasium_spec(env_id, variant, hint)
+        gymnasium_spec(env_id, hint)
         return
     try:
         import ale_py
     except ImportError:
-        fail(variant, f"{variant}.py needs ale-py and opencv-python: pip install -e '.[atari]'")
+        raise WrongInput("this script needs ale-py and opencv-python: pip install -e '.[atari]'")
     gym.register_envs(ale_py)
     ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Error)  # no banner for every game made
     hint = ""
     if env_id.endswith("-v5") and not env_id.startswith("ALE/"):
         hint = (f" (ale-py names it ALE/{env_id}; envpool ids such as {env_id} need "
                 "ppo/ppo_atari_envpool.py)")
-    if gymnasium_spec(env_id, variant, hint).entry_point != "ale_py.env:AtariEnv":
-        fail(variant, f"{env_id} is not an Atari game of ale-py: {variant}.py trains on Atari "
-                      "frames only; use ppo/ppo.py for vector observations and "
-                      "ppo/ppo_continuous_action.py for Box actions")
+    if gymnasium_spec(env_id, hint).entry_point != "ale_py.env:AtariEnv":
+        raise WrongInput(f"{env_id} is not an Atari game of ale-py: this script trains on Atari "
+                         "frames only; use ppo/ppo.py for vector observations and "
+                         "ppo/ppo_continuous_action.py for Box actions")
 
 
-def check_envpool_id(env_id: str, variant: str, kinds: tuple[str, ...] | None,
+def check_envpool_id(env_id: str, kinds: tuple[str, ...] | None,
                      example: str) -> None:
     """Refuse an id that envpool does not have, or one of another kind of task than `kinds` (the
     names of envpool's spec classes, such as AtariEnvSpec; None takes any), naming the script to
@@ -129,19 +129,19 @@ def check_envpool_id(env_id: str, variant: str, kinds: tuple[str, ...] | None,
         with contextlib.redirect_stderr(io.StringIO()):
             import envpool
     except ImportError:
-        fail(variant, f"{variant}.py needs envpool: pip install -e '.[envpool]'")
+        raise WrongInput("this script needs envpool: pip install -e '.[envpool]'")
     if env_id not in envpool.list_all_envs():
         hint = ""
         if env_id.endswith("NoFrameskip-v4") or env_id.startswith("ALE/"):
             game = env_id.removeprefix("ALE/").removesuffix("NoFrameskip-v4").removesuffix("-v5")
             hint = (f" (envpool names the game {game}-v5; ale-py ids such as {env_id} need "
                     "ppo/ppo_atari.py)")
-        fail(variant, f"unknown env id {env_id!r}{hint}: envpool's ids of this kind are named like "
-                      f"{example}")
+        raise WrongInput(f"unknown env id {env_id!r}{hint}: envpool's ids of this kind are named "
+                         f"like {example}")
     kind = type(envpool.make_spec(env_id)).__name__
     if kinds is not None and kind not in kinds:
-        fail(variant, f"{env_id} is not a task {variant}.py trains on ({kind}): use ppo/ppo.py for "
-                      "vector observations and ppo/ppo_continuous_action.py for Box actions")
+        raise WrongInput(f"{env_id} is not a task this script trains on ({kind}): use ppo/ppo.py "
+                         "for vector observations and ppo/ppo_continuous_action.py for Box actions")
 
 
 # Procgen's 16 games, and the two distribution modes that only some of them have ("exploration" is
@@ -154,7 +154,7 @@ PROCGEN_MODE_GAMES = {"memory": ("caveflyer", "dodgeball", "heist", "jumper", "m
                                       "leaper", "maze", "ninja")}
 
 
-def check_procgen_id(env_id: str, variant: str, distribution_mode: str, num_levels: int,
+def check_procgen_id(env_id: str, distribution_mode: str, num_levels: int,
                      start_level: int, installed: bool) -> None:
     """Refuse a game that Procgen does not have (naming the one meant, or the script to use
     instead), a distribution mode the game lacks, levels the exploration mode does not take, and
@@ -168,21 +168,21 @@ def check_procgen_id(env_id: str, variant: str, distribution_mode: str, num_leve
             hint = f" (did you mean {game!r}?)"
         elif env_id in gym.registry:
             hint = " (a gymnasium id: use ppo/ppo.py or ppo/ppo_continuous_action.py for those)"
-        fail(variant, f"unknown Procgen game {env_id!r}{hint}: pick one of "
-                      f"{', '.join(PROCGEN_GAMES)}")
+        raise WrongInput(f"unknown Procgen game {env_id!r}{hint}: pick one of "
+                         f"{', '.join(PROCGEN_GAMES)}")
     mode_games = PROCGEN_MODE_GAMES.get(distribution_mode, PROCGEN_GAMES)
     if env_id not in mode_games:
-        fail(variant, f"{env_id} has no {distribution_mode!r} distribution mode: only "
-                      f"{', '.join(mode_games)} have it")
+        raise WrongInput(f"{env_id} has no {distribution_mode!r} distribution mode: only "
+                         f"{', '.join(mode_games)} have it")
     if distribution_mode == "exploration" and (num_levels, start_level) != (0, 0):
-        fail(variant, "the exploration mode plays the one level Procgen picks for the game: leave "
-                      "out --num-levels and --start-level")
+        raise WrongInput("the exploration mode plays the one level Procgen picks for the game: "
+                         "leave out --num-levels and --start-level")
     if not installed:
-        fail(variant, "Procgen is not installed: pip install -e \".[procgen]\"")
+        raise WrongInput("Procgen is not installed: pip install -e \".[procgen]\"")
 
 
 @contextlib.contextmanager
-def packages_checked(env_id: str, variant: str):
+def packages_checked(env_id: str):
     """Within the block, an ImportError (a registered id whose code needs a package, or a version of
     one, that is not installed) ends the run in one line, naming a newer version of the id if
     any."""
@@ -193,10 +193,10 @@ def packages_checked(env_id: str, variant: str):
         newest = gym.envs.registration.find_highest_version(namespace, name)
         newest_id = gym.envs.registration.get_env_id(namespace, name, newest)
         hint = "" if newest in (None, version) else f" (try {newest_id})"
-        fail(variant, f"{env_id} cannot be made with the packages installed: {error}{hint}")
+        raise WrongInput(f"{env_id} cannot be made with the packages installed: {error}{hint}")
 
 
-def vector_env(env_fns: list[Callable[[], gym.Env]], env_id: str, variant: str,
+def vector_env(env_fns: list[Callable[[], gym.Env]], env_id: str,
                saved_envs: list | None = None, async_envs: bool = False) -> gym.vector.VectorEnv:
     """The environments `env_fns` build, as one vector environment whose autoreset is SAME_STEP
     (the step that ends an episode resets it), stepped one after the other, or each in a worker
@@ -205,7 +205,7 @@ def vector_env(env_fns: list[Callable[[], gym.Env]], env_id: str, variant: str,
     in one line."""
     if saved_envs is not None:
         env_fns = restored_envs(env_fns, saved_envs)
-    with packages_checked(env_id, variant):
+    with packages_checked(env_id):
         if async_envs:
             return async_vector_env(env_fns)
         return gym.vector.SyncVectorEnv(env_fns, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
@@ -271,16 +271,10 @@ def save_envs(envs: gym.vector.VectorEnv) -> list[list[dict]] | None:
 def restored_envs(env_fns: list[Callable[[], gym.Env]], saved: list) -> list[Callable[[], gym.Env]]:
     """A function per environment that builds it with its function of `env_fns` and puts its state
     of `saved` (`save_envs`) back: for a SyncVectorEnv, or for the worker processes of
-    an AsyncVectorEnv, where each game is then rebuilt. The environments of a checkpoint of the
-    older format, which the user trusts (TrustedOldPickle), are unpickled instead
-    (`unpickled_envs`)."""
-    if isinstance(saved, TrustedOldPickle) or (
-            isinstance(saved, list) and any(isinstance(s, TrustedOldPickle) for s in saved)):
-        return unpickled_envs(saved, SavableGame)
+    an AsyncVectorEnv, where each game is then rebuilt."""
     if not isinstance(saved, list) or len(saved) != len(env_fns):
-        raise EnvStateMismatch("the checkpoint holds "
-                               f"{len(saved) if isinstance(saved, list) else 'no list of'} "
-                               f"environments, not {len(env_fns)}")
+        held = len(saved) if isinstance(saved, list) else "no list of"
+        raise mismatch(f"the checkpoint holds {held} environments, not {len(env_fns)}")
     return [functools.partial(restore_env, make_env, state) for make_env,
             state in zip(env_fns, saved)]
 

@@ -7,36 +7,33 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from ppo_utils import checkpoint as checkpoints
-from ppo_utils import command_line
-from ppo_utils import environments
-from ppo_utils.exits import fail
-from ppo_utils.ranks import choose_device
+from ppo_utils import command_line, environments
+from ppo_utils.checkpoint import Checkpoint, all_finite
+from ppo_utils.exits import WrongInput
 
 
 class Evaluation:
     """--evaluate: the flags checked, the device, the videos' folder and the seeds of an evaluation,
     the saved agent (`load`), and the episodes it plays (`play`), each score printed as the episode
-    ends and their mean and standard deviation at the end."""
+    ends, and their mean and standard deviation at the end."""
 
-    def __init__(self, args, variant: str, checkpoint: dict):
-        command_line.check_args(args, variant)
-        if not checkpoints.all_finite(checkpoint["model"]):
-            fail(variant, f"{args.evaluate!r} holds non-finite weights (NaN or infinite: the run "
-                          "diverged): evaluate a checkpoint saved before it diverged")
+    def __init__(self, args, checkpoint: Checkpoint):
+        command_line.check_args(args)
+        if not all_finite(checkpoint.model):
+            raise WrongInput(f"{args.evaluate!r} holds non-finite weights (NaN or infinite: the "
+                             "run diverged): evaluate a checkpoint saved before it diverged")
         self.args, self.checkpoint, self.scores = args, checkpoint, []
-        self.device = choose_device(args, variant)
-        self.video_folder = f"videos/{checkpoint['run_name']}-eval"
+        self.device = command_line.device(args)
+        self.video_folder = f"videos/{checkpoint.run_name}-eval"
         if args.capture_video:
             environments.render_off_screen()
-        # Seeds unlike any training seed, so the scores come from episodes the agent never trained
-        # on.
+        # Seeds unlike any training seed: the scores come from episodes the agent never trained on.
         self.seed = args.seed + 100_000
 
     def load(self, agent: torch.nn.Module) -> torch.nn.Module:
         """The agent with the checkpoint's weights (and whatever else its state_dict holds), on the
         device, its actions drawn from --seed."""
-        agent.load_state_dict(self.checkpoint["model"])
+        agent.load_state_dict(self.checkpoint.model)
         agent.to(self.device).eval()
         torch.manual_seed(self.args.seed)
         return agent
@@ -45,11 +42,9 @@ class Evaluation:
              infos_too: bool = False) -> list[float]:
         """Play --eval-episodes episodes in `envs` (one environment, reset on the evaluation's seed)
         with `policy(obs, done)`, which returns the actions for an observation (`done`: whether the
-        step before it ended an episode, as training's next_done). A recurrent policy is given its
-        `state` too, from the one passed here, and returns its next state with the actions; a
-        policy that reads the environments' infos (an action mask), with `infos_too`, is given
-        them. Each episode's score is what RecordEpisodeStatistics reports
-        (`environments.finished_episodes`). Returns the scores."""
+        step before it ended an episode). A recurrent policy is given its `state` too, and returns
+        its next state with the actions; with `infos_too`, the policy is given the infos (an action
+        mask). Each episode's score is RecordEpisodeStatistics'. Returns the scores."""
         obs, infos = envs.reset(seed=self.seed)
         done = np.zeros(envs.num_envs, dtype=bool)
         while self.playing:

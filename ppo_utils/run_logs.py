@@ -1,17 +1,20 @@
 """A run's name, folder and logs: runs/<name>/ claimed for it, TensorBoard's log there (and, with
 --track, a W&B run that mirrors it), opened with the settings and the software's releases as tables,
-what the run logs into it, and its closing."""
+what the run logs into it, what it says at its start and end, and its closing."""
 
 import contextlib
 import os
 import sys
 import time
-from typing import NoReturn
 
 from torch.utils.tensorboard import SummaryWriter
 
-from ppo_utils.exits import UNUSED_RUN_FOLDERS, fail
+from ppo_utils.exits import WrongInput
 from ppo_utils.stop_signals import StopOnInterrupt
+
+# The packages whose release can change what any run learns; a script names its environments'
+# package too (Run's `env_package`): MuJoCo 3.5.0, for one, changed Hopper's contacts.
+CORE_PACKAGES = ("torch", "gymnasium", "numpy")
 
 
 def text_table(key_header: str, value_header: str, rows: dict) -> str:
@@ -21,14 +24,8 @@ def text_table(key_header: str, value_header: str, rows: dict) -> str:
     return f"|{key_header}|{value_header}|\n|-|-|\n" + rows_text
 
 
-# The packages whose release can change what any run learns. A script names its environments' own
-# package too (Run's `env_package`): MuJoCo 3.5.0, for one, changed Hopper's contacts.
-CORE_PACKAGES = ("torch", "gymnasium", "numpy")
-
-
 def software_versions(env_package: str | None) -> dict[str, str]:
-    """{package: release} of Python, the CORE_PACKAGES and `env_package` (those installed), for the
-    run's `versions` text in TensorBoard (benchmark/report.py lists them beside the results)."""
+    """{package: release} of Python, the CORE_PACKAGES and `env_package` (those installed)."""
     from importlib.metadata import PackageNotFoundError, version
 
     releases = {"python": sys.version.split()[0]}
@@ -38,20 +35,19 @@ def software_versions(env_package: str | None) -> dict[str, str]:
     return releases
 
 
-def claim_run_folder(name: str, variant: str) -> str:
-    """Make runs/<name> and return the name. os.mkdir is atomic: of two runs started in the same
-    second with the same settings (a tuner's workers, a shell loop), one makes the folder and the
-    other finds it taken, and takes <name>-2 (or -3, ...) instead, and says so: two runs never share
-    a folder. Until the run's first iteration ends, `fail` removes it (exits.UNUSED_RUN_FOLDERS)."""
-    def cannot_write(error: OSError) -> NoReturn:  # `runs` is a file, or a folder we may not write
-        fail(variant, f"cannot write the run's logs to {os.path.join('runs', name)!r} "
-                      f"({error.strerror}): start the run in a folder where it can create runs/, "
-                      "or remove what is in the way")
+def cannot_write(folder: str, error: OSError) -> WrongInput:
+    return WrongInput(f"cannot write the run's logs to {folder!r} ({error.strerror}): start the "
+                      "run in a folder where it can create runs/, or remove what is in the way")
 
+
+def claim_run_folder(name: str) -> str:
+    """Make runs/<name> and return the name. os.mkdir is atomic: of two runs started in the same
+    second with the same settings (a tuner's workers, a shell loop), one makes the folder, the other
+    finds it taken and takes <name>-2 (or -3, ...) instead, and says so."""
     try:
         os.makedirs("runs", exist_ok=True)
-    except OSError as error:
-        cannot_write(error)
+    except OSError as error:  # `runs` is a file, or a folder we may not write
+        raise cannot_write(os.path.join("runs", name), error) from None
     for attempt in range(1, 1000):
         candidate = name if attempt == 1 else f"{name}-{attempt}"
         try:
@@ -59,53 +55,49 @@ def claim_run_folder(name: str, variant: str) -> str:
         except FileExistsError:
             continue
         except OSError as error:
-            cannot_write(error)
-        UNUSED_RUN_FOLDERS[os.path.join("runs", candidate)] = None
+            raise cannot_write(os.path.join("runs", candidate), error) from None
         if attempt > 1:
             print(f"runs/{name} is another run's (started in the same second): this run is "
                   f"{candidate}", flush=True)
         return candidate
-    fail(variant, f"runs/{name} and its next 998 alternatives are all taken: clean up runs/")
+    raise WrongInput(f"runs/{name} and its next 998 alternatives are all taken: clean up runs/")
 
 
 class RunLogs:
     """The logs of one run, written by rank 0 only. A new run is named
-    `<env_id>__<exp_name>__<seed>__<unix time>` and keeps its TensorBoard log and checkpoint in
-    runs/<name>/. A resumed run (`checkpoint`) keeps its name and goes on in the folder of the
-    checkpoint it was given, from wherever it is started. `env_package` is the package the script's
-    environments come from, whose release the logs record with PyTorch's, gymnasium's and
-    NumPy's."""
+    `<env_id>__<exp_name>__<seed>__<unix time>` and keeps its log and checkpoint in runs/<name>/,
+    claimed when the logs open. A resumed run (`checkpoint`) keeps its name and goes on in the
+    folder of the checkpoint it was given, from wherever it is started. `env_package`'s release is
+    recorded with PyTorch's, gymnasium's and NumPy's."""
 
-    def __init__(self, args, variant: str, checkpoint: dict | None, rank: int = 0,
-                 env_package: str | None = None):
-        self.args, self.variant, self.checkpoint, self.rank, self.env_package = \
-            args, variant, checkpoint, rank, env_package
+    def __init__(self, args, checkpoint, rank: int = 0, env_package: str | None = None):
+        self.args, self.checkpoint, self.rank = args, checkpoint, rank
+        self.env_package = env_package
         if checkpoint:
-            self.name, self.folder = checkpoint["run_name"], os.path.dirname(args.resume) or "."
-        # ALE/Pong-v5 -> ALE-Pong-v5, mymodule:MyEnv-v0 -> mymodule-MyEnv-v0: the name is a folder's
-        else:
+            self.name, self.folder = checkpoint.run_name, os.path.dirname(args.resume) or "."
+        else:  # ALE/Pong-v5 -> ALE-Pong-v5, mymodule:MyEnv-v0 -> mymodule-MyEnv-v0: a folder's name
             env_name = args.env_id.replace("/", "-").replace(":", "-")
             self.name = f"{env_name}__{args.exp_name}__{args.seed}__{int(time.time())}"
-            if rank == 0:  # the process that writes the logs and checkpoints claims their folder
-                self.name = claim_run_folder(self.name, variant)
             self.folder = f"runs/{self.name}"
         self.writer = None
 
     def check_track(self) -> None:
-        """With --track: refuse the run now, before anything is built, if wandb is missing (W&B
-        starts in `open`)."""
+        """With --track: refuse the run now if wandb is missing (W&B starts in `open`)."""
         if self.args.track:
             try:
                 import wandb  # noqa: F401
             except ImportError:
-                fail(self.variant, "--track needs wandb: pip install wandb")
+                raise WrongInput("--track needs wandb: pip install wandb") from None
 
     def open(self, settings: dict) -> None:
-        """The run's TensorBoard writer (and, with --track, a W&B run that mirrors it), with the
-        `settings` as a table; none on ranks other than 0. After a resume, TensorBoard drops
-        whatever the interrupted run logged past the checkpoint (purge_step)."""
+        """A new run's folder, claimed; the TensorBoard writer (and, with --track, a W&B run that
+        mirrors it), with the `settings` as a table; nothing on ranks other than 0. After a resume,
+        TensorBoard drops whatever the interrupted run logged past the checkpoint (purge_step)."""
         if self.rank != 0:
             return
+        if not self.checkpoint:
+            self.name = claim_run_folder(self.name)
+            self.folder = f"runs/{self.name}"
         if self.args.track:
             import wandb
 
@@ -114,19 +106,19 @@ class RunLogs:
                            sync_tensorboard=True, config=settings, name=self.name, id=self.name,
                            resume="allow", save_code=True)
             except wandb.errors.Error as error:  # no API key, no network
-                fail(self.variant, "--track could not start Weights & Biases "
-                                   f"({str(error).splitlines()[0]}): log in with `wandb login`, or "
-                                   "set WANDB_MODE=offline to keep the run on this machine")
+                if not self.checkpoint:  # the folder just claimed, still empty
+                    os.rmdir(self.folder)
+                    with contextlib.suppress(OSError):  # other runs' are there
+                        os.rmdir("runs")
+                raise WrongInput("--track could not start Weights & Biases "
+                                 f"({str(error).splitlines()[0]}): log in with `wandb login`, or "
+                                 "set WANDB_MODE=offline to keep the run on this machine") from None
         try:
             os.makedirs(self.folder, exist_ok=True)
-            purge_step = self.checkpoint["global_step"] + 1 if self.checkpoint else None
+            purge_step = self.checkpoint.global_step + 1 if self.checkpoint else None
             self.writer = SummaryWriter(self.folder, purge_step=purge_step)
-            if self.folder in UNUSED_RUN_FOLDERS:  # a new run's: a refusal closes it first
-                UNUSED_RUN_FOLDERS[self.folder] = self.writer.close
         except OSError as error:  # `runs` is a file, or a folder this user may not write to
-            fail(self.variant, f"cannot write the run's logs to {self.folder!r} "
-                               f"({error.strerror}): start the run in a folder where it can create "
-                               "runs/, or remove what is in the way")
+            raise cannot_write(self.folder, error) from None
         self.writer.add_text("hyperparameters", text_table("param", "value", settings))
         self.writer.add_text("versions",
                              text_table("package", "version", software_versions(self.env_package)))
@@ -138,7 +130,7 @@ class RunLogs:
         total = f"{self.args.total_timesteps:,}"
         if finished:
             print(f"{self.name} is already finished ({global_step:,} of {total} steps): evaluate "
-                  f"it with: python ppo/{self.variant}.py --evaluate {checkpoint_path}")
+                  f"it with: python ppo/{self.args.variant}.py --evaluate {checkpoint_path}")
             return
         saved = checkpoint_path if self.args.save_model else "none (--save-model keeps one)"
         new_episodes = " (with new episodes)" if new_episodes else ""
@@ -153,12 +145,12 @@ class RunLogs:
         if stopped:
             how = (f"resume with the same launch command and --resume {checkpoint_path}"
                    if torchrun else
-                   f"resume with: python ppo/{self.variant}.py --resume {checkpoint_path}")
+                   f"resume with: python ppo/{self.args.variant}.py --resume {checkpoint_path}")
             print(f"stopped at step {global_step:,}; " + (how if self.args.save_model else
                   "no checkpoint written (run with --save-model to be able to resume)"))
         elif self.args.save_model:
             print(f"checkpoint: {checkpoint_path}\nevaluate it with: python "
-                  f"ppo/{self.variant}.py --evaluate {checkpoint_path}")
+                  f"ppo/{self.args.variant}.py --evaluate {checkpoint_path}")
 
     def log_episode(self, global_step: int, score: float, length: int) -> None:
         self.writer.add_scalar("charts/episodic_return", score, global_step)
@@ -166,9 +158,8 @@ class RunLogs:
 
     def log_update(self, global_step: int, learning_rate: float, update_means: dict[str, float],
                    explained_variance: float, steps_per_second: int, charts: dict | None) -> None:
-        """An iteration's figures: the learning rate, the update's means (the losses, the
-        approximate KL, the clip fraction), the explained variance, the SPS and the script's own
-        `charts` (as charts/<name>)."""
+        """An iteration's figures: the learning rate, the update's means, the explained variance,
+        the SPS and the script's own `charts` (as charts/<name>)."""
         self.writer.add_scalar("charts/learning_rate", learning_rate, global_step)
         for key in ("value_loss", "policy_loss", "entropy", "old_approx_kl", "approx_kl",
                     "clipfrac"):
@@ -180,6 +171,8 @@ class RunLogs:
 
     def close(self) -> None:
         """Flush and close TensorBoard's log and, with --track, the W&B run."""
+        if self.writer is None:
+            return
         self.writer.close()
         if self.args.track:
             import wandb

@@ -70,7 +70,22 @@ def parse_args(script, argv: list[str]):
     settings and the checkpoint that --resume or --evaluate names."""
     from ppo_utils import command_line
 
-    return command_line.parse_args(script.Args, script.VARIANT, argv, doc=script.__doc__)
+    return command_line.parse_args(script.Args, argv, doc=script.__doc__)
+
+
+def write_checkpoint(path, script, args=None, model: dict | None = None, **fields) -> str:
+    """A checkpoint of `script` at `path` that holds the settings `args` (its defaults if None), the
+    weights `model` and `fields` of ppo_utils.checkpoint.Checkpoint: what --evaluate and the checks of
+    --resume read, for tests that need no trained run. Returns the path, as a string."""
+    from dataclasses import asdict
+
+    from ppo_utils.checkpoint import Checkpoint
+
+    saved = dict(variant=script.VARIANT, args=asdict(args or script.Args()), run_name="saved",
+                 model=model or {}, optimizer={}, iteration=0, global_step=0, recent_returns=[],
+                 processes=[])
+    Checkpoint(**{**saved, **fields}).write(str(path))
+    return str(path)
 
 
 def script_environment(env: dict | None = None) -> dict:
@@ -762,9 +777,12 @@ def assert_same_agent_state(expected: dict, actual: dict) -> None:
 
 
 def expect_usage_error(capsys, run, script: str, *fragments: str) -> str:
-    """`run()` must stop with exit code 2 and one line on stderr, `<script>: error: ...`, that
-    contains every fragment; returns that line."""
-    with pytest.raises(SystemExit) as stop:
+    """`run()`, as `python ppo/<script> ...` runs it (within exits.exit_codes), must stop with exit
+    code 2 and one line on stderr, `<script>: error: ...`, that contains every fragment; returns
+    that line."""
+    from ppo_utils import exits
+
+    with pytest.raises(SystemExit) as stop, exits.exit_codes(script):
         run()
     assert stop.value.code == 2
     lines = capsys.readouterr().err.strip().splitlines()

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import parse_args  # noqa: E402
+from conftest import parse_args, write_checkpoint  # noqa: E402
 
-from ppo_utils import checkpoint as checkpoints  # noqa: E402
+from ppo_utils import exits  # noqa: E402
 from ppo_utils import training  # noqa: E402
 
 SCRIPTS = ["ppo", "ppo_atari", "ppo_atari_lstm", "ppo_atari_envpool", "ppo_continuous_action", "ppo_procgen",
@@ -417,11 +417,8 @@ def test_bootstrapping_is_off_by_default_and_a_resumed_run_keeps_it(script, tmp_
     changing it there is refused (it changes what is learned)."""
     module = load(script)
     assert module.Args().bootstrap_truncated is False
-    path = str(tmp_path / "checkpoint.pt")
-    saved_args = {**vars(module.Args()), "bootstrap_truncated": True}
-    torch.save({"format": checkpoints.CHECKPOINT_FORMAT, "variant": module.VARIANT, "args": saved_args,
-                "run_name": "x"}, path)
+    path = write_checkpoint(tmp_path / "checkpoint.pt", module, module.Args(bootstrap_truncated=True))
     args, _ = parse_args(module, ["--resume", path])
     assert args.bootstrap_truncated is True
-    with pytest.raises(SystemExit):
+    with pytest.raises(exits.WrongInput):
         parse_args(module, ["--resume", path, "--no-bootstrap-truncated"])

@@ -11,14 +11,12 @@ built in Python."""
 
 import importlib
 import typing
-from dataclasses import asdict, fields
+from dataclasses import fields
 
 import pytest
-import torch
 
-from conftest import expect_usage_error, parse_args
+from conftest import expect_usage_error, parse_args, write_checkpoint
 
-from ppo_utils import checkpoint as checkpoints  # noqa: E402
 from ppo_utils import command_line  # noqa: E402
 from ppo_utils import exits  # noqa: E402
 
@@ -132,7 +130,7 @@ def test_every_numeric_and_choice_field_has_a_row(script):
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_the_defaults_pass_the_checks(script):
     module = load(script)
-    command_line.check_args(module.Args(), module.VARIANT)
+    command_line.check_args(module.Args())
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
@@ -141,8 +139,7 @@ def test_flags_given_with_resume_or_evaluate_are_checked_too(script, capsys, wor
     (run-time options such as --save-interval and --eval-episodes) still meet their rules."""
     module = load(script)
     path = str(workdir / "checkpoint.pt")
-    torch.save({"format": checkpoints.CHECKPOINT_FORMAT, "variant": module.VARIANT,
-                "args": asdict(module.Args())}, path)
+    write_checkpoint(path, module)
     for argv, name in ((["--evaluate", path, "--eval-episodes", "0"], "eval_episodes"),
                        (["--resume", path, "--save-interval", "-1"], "save_interval")):
         expect_usage_error(capsys, lambda: run_command(module, argv), f"{script}.py", flag(name), "must be")
@@ -158,8 +155,7 @@ def test_a_resume_refuses_a_changed_hyperparameter_and_takes_run_time_options(sc
     without video and, on a machine without CUDA, at all."""
     module = load(script)
     path = str(workdir / "checkpoint.pt")
-    trained = asdict(module.Args(capture_video=True, cudagraphs=True, save_interval=5))
-    torch.save({"format": checkpoints.CHECKPOINT_FORMAT, "variant": module.VARIANT, "args": trained}, path)
+    write_checkpoint(path, module, module.Args(capture_video=True, cudagraphs=True, save_interval=5))
     # --total-timesteps too: the learning rate falls to 0 at the end it sets, so another end is another run
     for name, value in (("gamma", "0.5"), ("update_epochs", "7"), ("total_timesteps", "999")):
         expect_usage_error(capsys, lambda: parse_args(module, ["--resume", path, flag(name), value]), f"{script}.py",
@@ -177,8 +173,7 @@ def test_resume_and_evaluate_together_are_refused(script, capsys, workdir):
     other's environment (a traceback when the two games had different actions)."""
     module = load(script)
     path = str(workdir / "checkpoint.pt")
-    torch.save({"format": checkpoints.CHECKPOINT_FORMAT, "variant": module.VARIANT,
-                "args": asdict(module.Args())}, path)
+    write_checkpoint(path, module)
     expect_usage_error(capsys, lambda: parse_args(module, ["--resume", path, "--evaluate", path]), f"{script}.py",
                        "--resume", "--evaluate", "give one of them")
 
@@ -190,8 +185,7 @@ def test_an_evaluation_refuses_the_training_flags_it_would_not_use(script, capsy
     settings an evaluation reads (marked EvaluationMayChange: the seed, and Procgen's levels) may change."""
     module = load(script)
     path = str(workdir / "checkpoint.pt")
-    torch.save({"format": checkpoints.CHECKPOINT_FORMAT, "variant": module.VARIANT,
-                "args": asdict(module.Args())}, path)
+    write_checkpoint(path, module)
     for name, value in (("num_minibatches", "7"), ("num_envs", "3"), ("learning_rate", "0.1")):
         expect_usage_error(capsys, lambda: parse_args(module, ["--evaluate", path, flag(name), value]),
                            f"{script}.py", f"{flag(name)} is a training setting, which --evaluate does not use")
@@ -208,7 +202,7 @@ def test_minibatches_of_one_transition_are_refused_when_advantages_are_normalize
     """A one-transition minibatch has no standard deviation: normalizing its advantage would make the
     weights NaN one update later. Refused in one line; without --norm-adv such a minibatch is allowed."""
     module = load(script)
-    checks = lambda args: command_line.check_args(args, module.VARIANT)  # noqa: E731
+    checks = command_line.check_args
     sizes = dict(num_envs=4, num_steps=1, num_minibatches=4, total_timesteps=8, cuda=False)
     expect_usage_error(capsys, lambda: checks(module.Args(**sizes)), f"{script}.py", "minibatches of 1 transition",
                        "--num-minibatches")
@@ -222,11 +216,11 @@ NEEDS = {"ppo_atari": ("ale_py", "cv2"), "ppo_atari_lstm": ("ale_py", "cv2"), "p
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
-def test_a_refusal_after_the_run_folder_is_made_leaves_nothing_behind(script, capsys, workdir, monkeypatch):
-    """Wrong input that shows only once the run has started, its folder made and its logs' header
-    written: a first observation or action mask the script refuses (ppo_multidiscrete.py's masks), a
-    package an environment needs only when it resets. Planted in each script as a refusal of its first
-    reset: the run's folder goes with the refusal, and runs/ with it (issue 63)."""
+def test_a_refusal_at_the_first_reset_comes_before_the_run_claims_its_folder(script, capsys, workdir, monkeypatch):
+    """Wrong input that shows only once the environments play: a first observation or action mask the
+    script refuses (ppo_multidiscrete.py's masks), a package an environment needs only when it resets.
+    Planted in each script as a refusal of its first reset: the run claims its folder and opens its
+    logs only as its first iteration begins, after that reset, so nothing is left behind."""
     for package in NEEDS.get(script, ()):
         pytest.importorskip(package)
     module = load(script)
@@ -236,28 +230,13 @@ def test_a_refusal_after_the_run_folder_is_made_leaves_nothing_behind(script, ca
         envs = build(*args, **kwargs)
 
         def reset(**options):
-            folders_at_the_refusal.extend((workdir / "runs").glob("*/events.out.tfevents.*"))
-            exits.fail(script, "the first observation is refused")
+            folders_at_the_refusal.extend((workdir / "runs").glob("*"))
+            raise exits.WrongInput("the first observation is refused")
 
         envs.reset = reset
         return envs
 
-    writers = []
-
-    from ppo_utils import run_logs  # where the run opens its TensorBoard writer
-
-    class Writer(run_logs.SummaryWriter):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            writers.append(self)
-
     monkeypatch.setattr(module, "make_envs", refusing_the_first_reset)
-    monkeypatch.setattr(run_logs, "SummaryWriter", Writer)
     expect_usage_error(capsys, lambda: run_command(module, ["--num-envs", "4", "--no-cuda"]), f"{script}.py",
                        "the first observation is refused")
-    assert len(folders_at_the_refusal) == 1  # the run had started: its folder and its log were there
-    assert not (workdir / "runs").exists()
-    # Closed before its folder went: TensorBoard's writer thread would write there again by the file's
-    # name, and print a traceback at the next flush.
-    [writer] = writers
-    assert writer.all_writers is None
+    assert folders_at_the_refusal == [] and not (workdir / "runs").exists()

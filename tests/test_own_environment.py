@@ -149,29 +149,6 @@ def test_discrete_observations_are_one_hot_encoded(workdir):
     assert result["agent"].critic[0].in_features == 16
 
 
-def test_a_checkpoint_of_the_earlier_one_hot_layer_resumes_its_episodes(workdir):
-    """Until 2026-11-26 ppo.py one-hot encoded with a TransformObservation of its own, which checkpoints
-    saved under that class name; gymnasium's FlattenObservation, a kind of TransformObservation, does it
-    now. Such a checkpoint resumes with its environments as they were, not refused as a mismatch."""
-    from conftest import parse_args
-
-    module = load("ppo")
-    from ppo_utils import checkpoint as checkpoints
-    # CliffWalking: Discrete observations, and a state that checkpoints save (FrozenLake's map they cannot)
-    first = module.main(module.Args(env_id="CliffWalking-v1", total_timesteps=64, num_envs=2, num_steps=32,
-                                    num_minibatches=2, save_model=True, cuda=False))
-    path = workdir / "runs" / first["run_name"] / "checkpoint.pt"
-    with torch.serialization.safe_globals(checkpoints.numpy_types()):
-        checkpoint = torch.load(path, weights_only=True)
-    for layers in checkpoint["envs"]:
-        assert [layer["class"] for layer in layers[:2]] == ["RecordEpisodeStatistics", "FlattenObservation"]
-        layers[1]["class"] = "TransformObservation"
-    checkpoint["args"]["total_timesteps"] = 128
-    torch.save(checkpoint, path)
-    resumed = module.main(*parse_args(module, ["--resume", str(path)]))
-    assert resumed["global_step"] == 128
-
-
 # ---------------------------------------------------------------------------------------------------
 # Runs started together never share a folder
 # ---------------------------------------------------------------------------------------------------
@@ -201,15 +178,16 @@ def test_two_runs_started_in_the_same_second_get_two_folders(tmp_path):
         assert (workdir / "runs" / folder / "checkpoint.pt").is_file()
 
 
-def test_every_script_claims_its_run_folder_through_run_life(workdir, monkeypatch):
-    """The same name twice (the clock stopped): the second Run takes <name>-2. Every script names and
-    claims its folder through training.Run, checked here on the scripts' own source."""
-    training = load("ppo").training
-    monkeypatch.setattr(training.time, "time", lambda: 1_800_000_000.0)
-    args = load("ppo").Args(cuda=False)
-    first, second = training.Run(args, "ppo", None), training.Run(args, "ppo", None)
-    assert second.name == first.name + "-2" and second.folder == f"runs/{first.name}-2"
-    assert (workdir / "runs" / first.name).is_dir() and (workdir / "runs" / second.name).is_dir()
+def test_every_script_claims_its_run_folder_through_its_run(workdir, monkeypatch):
+    """The same name twice (the clock stopped): the second claim takes <name>-2. Every script names
+    its run through training.Run, which claims the folder as the first iteration begins, checked here
+    on the scripts' own source."""
+    from ppo_utils import run_logs
+
+    assert run_logs.claim_run_folder("CartPole-v1__ppo__1__1800000000") == "CartPole-v1__ppo__1__1800000000"
+    assert run_logs.claim_run_folder("CartPole-v1__ppo__1__1800000000") == "CartPole-v1__ppo__1__1800000000-2"
+    assert sorted(path.name for path in (workdir / "runs").iterdir()) == [
+        "CartPole-v1__ppo__1__1800000000", "CartPole-v1__ppo__1__1800000000-2"]
     for script in ("ppo", "ppo_atari", "ppo_atari_lstm", "ppo_atari_envpool", "ppo_continuous_action",
                    "ppo_procgen", "ppo_atari_multigpu", "ppo_multidiscrete"):
         assert "run = training.Run(" in (REPO / "ppo" / f"{script}.py").read_text(), script

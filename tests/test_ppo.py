@@ -342,9 +342,9 @@ def test_save_minutes_writes_the_checkpoint_by_the_clock(workdir, monkeypatch):
     from ppo_utils import checkpoint as checkpoints
 
     saved = []
-    save = checkpoints.save_checkpoint
-    monkeypatch.setattr(checkpoints, "save_checkpoint", lambda path, state: saved.append(state["iteration"])
-                        or save(path, state))
+    write = checkpoints.Checkpoint.write
+    monkeypatch.setattr(checkpoints.Checkpoint, "write", lambda checkpoint, path: saved.append(checkpoint.iteration)
+                        or write(checkpoint, path))
     with clock_of_the_steps(gym.vector.SyncVectorEnv):
         main(Args(total_timesteps=512, save_model=True, save_interval=0, save_minutes=1.5 / 32 / 60, **SMALL))
     assert saved == [2, 4, 6, 8]

@@ -335,13 +335,13 @@ def test_interrupted_and_resumed_run_ends_with_the_same_weights_and_evaluates(tm
     checkpoint_path = run_dir / "checkpoint.pt"
     stopped = torch.load(checkpoint_path, weights_only=False)
     assert 0 < stopped["global_step"] < 160
-    assert stopped["envs"] is not None  # the games themselves were saved
+    assert stopped["processes"][0]["envs"] is not None  # the games themselves were saved
     assert_resume_keeps_the_latest_scores("ppo_atari.py", checkpoint_path, tmp_path)
 
     resumed = run_script("ppo_atari.py", "--resume", str(checkpoint_path), cwd=interrupted)
     assert f"resuming {run_dir.name} at step {stopped['global_step']:,}" in resumed.stdout
     expected, actual = assert_same_final_weights(unbroken, checkpoint_path, 160)
-    assert np.array_equal(expected["next_obs"], actual["next_obs"])
+    assert np.array_equal(expected["processes"][0]["rollout"]["next_obs"], actual["processes"][0]["rollout"]["next_obs"])
 
     evaluation = run_script("ppo_atari.py", "--evaluate", str(checkpoint_path), "--eval-episodes", "2",
                             cwd=interrupted)
@@ -413,7 +413,7 @@ def test_an_async_run_interrupted_and_resumed_ends_as_an_unbroken_sync_run(tmp_p
     assert 0 < assert_stopped_with_its_logs_flushed(run_dir / "checkpoint.pt") < 160
     stopped = torch.load(run_dir / "checkpoint.pt", weights_only=False)
     assert stopped["args"]["async_envs"]
-    assert len(stopped["envs"]) == 2  # every worker's game was saved
+    assert len(stopped["processes"][0]["envs"]) == 2  # every worker's game was saved
     in_sync = tmp_path / "in_sync"
     shutil.copytree(interrupted, in_sync)
 

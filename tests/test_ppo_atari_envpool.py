@@ -10,7 +10,7 @@ import torch
 pytest.importorskip("envpool")
 
 import ppo.ppo_atari_envpool as script  # noqa: E402
-from conftest import (parse_args, assert_compiled_loss_matches_plain, assert_compiles_whole, assert_details_marked,  # noqa: E402
+from conftest import (parse_args, write_checkpoint, assert_compiled_loss_matches_plain, assert_compiles_whole, assert_details_marked,  # noqa: E402
                       assert_evaluation_output, assert_first_minibatch_replays_the_rollout, assert_logs_every_metric,
                       expect_missing_package_error, expect_usage_error, interrupt_after_first_progress_line,
                       only_run_dir, read_scalars, run_script, without_module,
@@ -182,7 +182,6 @@ def spy_on_the_update(monkeypatch) -> tuple[list, list]:
 def test_an_evaluation_scores_whole_games_unclipped(workdir, monkeypatch):
     """BeamRider pays 44 points per enemy: the evaluation's score is the sum of envpool's unclipped
     info["reward"] over the game's lives, not of the clipped rewards the agent trains on."""
-    from dataclasses import asdict
 
     steps = []
 
@@ -201,8 +200,8 @@ def test_an_evaluation_scores_whole_games_unclipped(workdir, monkeypatch):
     make = script.make_envs
     monkeypatch.setattr(script, "make_envs", lambda *args, **kwargs: Recording(make(*args, **kwargs)))
     torch.manual_seed(0)
-    torch.save({"variant": script.VARIANT, "args": asdict(Args(env_id="BeamRider-v5")), "run_name": "untrained",
-                "model": script.Agent(9).state_dict()}, workdir / "untrained.pt")
+    write_checkpoint(workdir / "untrained.pt", script, Args(env_id="BeamRider-v5"), script.Agent(9).state_dict(),
+                     run_name="untrained")
     scores = script.evaluate(*parse_args(script, ["--evaluate", "untrained.pt", "--eval-episodes", "1", "--no-cuda"]))
     clipped, unclipped = (sum(rewards) for rewards in zip(*steps))
     assert scores == [unclipped]
@@ -260,8 +259,8 @@ def test_a_resumed_run_trains_the_saved_weights(workdir, monkeypatch):
     run's first update must start from the checkpoint's weights, and shuffle its batch with the
     checkpoint's NumPy generator (the rollout between draws nothing from it)."""
     class StopAfterTheFirstIteration(stop_signals.StopOnInterrupt):
-        def __init__(self):
-            super().__init__()
+        def __init__(self, **options):
+            super().__init__(**options)
             self.requested = True  # as if Ctrl-C came during the first iteration
 
     with monkeypatch.context() as patch:
@@ -284,7 +283,7 @@ def test_a_resumed_run_trains_the_saved_weights(workdir, monkeypatch):
     _, first_weights = minibatches[0]
     for name, value in checkpoint["model"].items():
         assert torch.equal(first_weights[name], value), name
-    for drawn_from, saved in zip(generator_states[0], checkpoint["rng"]["numpy"]):
+    for drawn_from, saved in zip(generator_states[0], checkpoint["processes"][0]["rng"]["numpy"]):
         assert np.array_equal(drawn_from, saved)
 
 
@@ -303,11 +302,8 @@ def test_the_smallest_minibatches_train_without_nans(workdir, norm_adv, num_mini
 def test_an_evaluation_films_the_whole_first_game(workdir):
     """envpool has no gymnasium wrapper to film with: --capture-video renders the game at each step and writes
     the video when the game, not a life, is over."""
-    from dataclasses import asdict
-
     torch.manual_seed(0)
-    torch.save({"variant": script.VARIANT, "args": asdict(Args()), "run_name": "untrained",
-                "model": script.Agent(4).state_dict()}, workdir / "untrained.pt")
+    write_checkpoint(workdir / "untrained.pt", script, Args(), script.Agent(4).state_dict(), run_name="untrained")
     script.evaluate(*parse_args(script, ["--evaluate", "untrained.pt", "--eval-episodes", "1", "--capture-video",
                                          "--no-cuda"]))
     videos = list((workdir / "videos" / "untrained-eval").glob("*.mp4"))

@@ -13,7 +13,7 @@ import torch
 pytest.importorskip("ale_py")
 pytest.importorskip("cv2")
 
-from conftest import (parse_args, assert_compiled_loss_matches_plain, assert_details_marked, assert_evaluation_output,  # noqa: E402
+from conftest import (parse_args, write_checkpoint, assert_compiled_loss_matches_plain, assert_details_marked, assert_evaluation_output,  # noqa: E402
                       assert_first_minibatch_replays_the_rollout, assert_logs_every_metric,
                       assert_resume_keeps_the_latest_scores, assert_same_final_weights,
                       expect_usage_error, only_run_dir, run_script, run_unbroken_and_interrupted,
@@ -174,8 +174,6 @@ def test_lstm_initialization_and_zero_initial_state():
 def test_an_evaluation_resets_the_lstm_state_at_every_lost_life(workdir, monkeypatch):
     """[LSTM 3] as in training: the step after an episode ends (a lost life, with the training
     wrappers) starts from a zero state, so every done the environment returns reaches the network."""
-    from dataclasses import asdict
-
     dones_given, ends_returned = [], []
     get_action_and_value = Agent.get_action_and_value
 
@@ -197,8 +195,7 @@ def test_an_evaluation_resets_the_lstm_state_at_every_lost_life(workdir, monkeyp
 
     monkeypatch.setattr(Agent, "get_action_and_value", recording_policy)
     monkeypatch.setattr(script, "make_envs", recording_envs)
-    torch.save({"variant": script.VARIANT, "args": asdict(Args()), "run_name": "untrained",
-                "model": Agent(4).state_dict()}, workdir / "untrained.pt")
+    write_checkpoint(workdir / "untrained.pt", script, Args(), Agent(4).state_dict(), run_name="untrained")
     script.evaluate(*parse_args(script, ["--evaluate", "untrained.pt", "--eval-episodes", "1", "--no-cuda"]))
     assert sum(ends_returned) == 5  # Breakout's five lives, the last one ending the game
     assert dones_given == [0.0] + ends_returned[:-1]
@@ -220,12 +217,13 @@ def test_interrupted_and_resumed_run_ends_with_the_same_weights(tmp_path):
     stopped = torch.load(checkpoint_path, weights_only=False)
     assert 0 < stopped["global_step"] < 160
     assert_resume_keeps_the_latest_scores("ppo_atari_lstm.py", checkpoint_path, tmp_path)
-    h, c = stopped["next_lstm_state"]
+    h, c = stopped["processes"][0]["rollout"]["next_lstm_state"]
     assert h.shape == c.shape == (1, 2, 128) and h.abs().sum() > 0
 
     run_script("ppo_atari_lstm.py", "--resume", str(checkpoint_path), cwd=interrupted)
     expected, actual = assert_same_final_weights(unbroken, checkpoint_path, 160)
-    for expected_state, actual_state in zip(expected["next_lstm_state"], actual["next_lstm_state"]):
+    for expected_state, actual_state in zip(expected["processes"][0]["rollout"]["next_lstm_state"],
+                                              actual["processes"][0]["rollout"]["next_lstm_state"]):
         assert torch.equal(expected_state, actual_state)
 
     evaluation = run_script("ppo_atari_lstm.py", "--evaluate", str(checkpoint_path), "--eval-episodes", "1",
@@ -246,11 +244,12 @@ def test_an_async_run_interrupted_and_resumed_ends_as_an_unbroken_sync_run(tmp_p
     checkpoint_path = only_run_dir(interrupted) / "checkpoint.pt"
     assert 0 < assert_stopped_with_its_logs_flushed(checkpoint_path) < 160
     stopped = torch.load(checkpoint_path, weights_only=False)
-    assert stopped["args"]["async_envs"] and len(stopped["envs"]) == 2
+    assert stopped["args"]["async_envs"] and len(stopped["processes"][0]["envs"]) == 2
 
     run_script("ppo_atari_lstm.py", "--resume", str(checkpoint_path), cwd=interrupted)
     expected, actual = assert_same_final_weights(unbroken, checkpoint_path, 160)
-    for expected_state, actual_state in zip(expected["next_lstm_state"], actual["next_lstm_state"]):
+    for expected_state, actual_state in zip(expected["processes"][0]["rollout"]["next_lstm_state"],
+                                              actual["processes"][0]["rollout"]["next_lstm_state"]):
         assert torch.equal(expected_state, actual_state)
 
 

@@ -28,6 +28,7 @@ from conftest import parse_args as parse_args_of  # noqa: E402
 from ppo.ppo_atari_multigpu import (Agent, Args, evaluate, gradient_step, main, make_envs,  # noqa: E402
                                     minibatch_loss)
 import ppo.ppo_atari_multigpu as script  # noqa: E402
+from ppo_utils import exits  # noqa: E402
 
 
 def parse_args(argv: list[str]):  # what `python ppo/ppo_atari_multigpu.py argv...` reads
@@ -188,7 +189,7 @@ def test_an_interrupted_group_resumes_to_the_same_weights_and_evaluates_in_one_p
     assert 0 < assert_stopped_with_its_logs_flushed(checkpoint_path) < 320, output
     stopped = torch.load(checkpoint_path, weights_only=False)
     assert_resume_keeps_the_latest_scores("ppo_atari_multigpu.py", checkpoint_path, tmp_path, TWO_PROCESSES)
-    assert stopped["world_size"] == 2 and len(stopped["envs"]) == len(stopped["rng"]) == 2
+    assert len(stopped["processes"]) == 2 and all(rank["envs"] is not None for rank in stopped["processes"])
     assert f"stopped at step {stopped['global_step']:,}" in output
 
     resumed = run_script("ppo_atari_multigpu.py", "--resume", str(checkpoint_path), cwd=interrupted,
@@ -196,7 +197,8 @@ def test_an_interrupted_group_resumes_to_the_same_weights_and_evaluates_in_one_p
     assert f"resuming {checkpoint_path.parent.name} at step {stopped['global_step']:,}" in resumed.stdout
     expected, actual = assert_same_final_weights(unbroken, checkpoint_path, 320)
     for rank in range(2):
-        assert np.array_equal(expected["next_obs"][rank], actual["next_obs"][rank])
+        assert np.array_equal(expected["processes"][rank]["rollout"]["next_obs"],
+                              actual["processes"][rank]["rollout"]["next_obs"])
 
     evaluation = run_script("ppo_atari_multigpu.py", "--evaluate", str(checkpoint_path), "--eval-episodes", "1",
                             cwd=interrupted)
@@ -502,7 +504,7 @@ def test_device_ids_must_name_one_gpu_per_process_and_nccl_needs_cuda(capsys, mo
 
 def test_only_the_first_process_of_each_node_prints_the_error(capsys, monkeypatch, workdir):
     as_rank(monkeypatch, 1, 3)
-    with pytest.raises(SystemExit) as stop:
+    with pytest.raises(SystemExit) as stop, exits.exit_codes("ppo_atari_multigpu.py"):
         main(Args(cuda=False))
     assert stop.value.code == 2 and capsys.readouterr().err == ""
     # Rank 2 of 4, the first process of the second node (2 per node): the checkpoint may be missing

@@ -2,6 +2,7 @@
 unclipped, observation statistics that travel with the agent, reward scaling), an end-to-end run on
 MuJoCo, exact resumption after Ctrl-C, evaluation, and the errors for input the script cannot take."""
 
+import dataclasses
 import os
 import platform
 import signal
@@ -395,9 +396,8 @@ def test_a_saved_agent_plays_exactly_like_the_trained_one_with_its_statistics(tr
     assert stats["count"] > 2000 and not np.allclose(stats["var"], 1.0)  # the statistics have moved
 
     def evaluated(model: dict) -> list[float]:
-        checkpoint = {**torch.load(checkpoint_path, weights_only=False), "model": model}
-        args, _ = parse_args(["--evaluate", str(checkpoint_path), "--eval-episodes", "3", "--no-cuda"])
-        return evaluate(args, checkpoint)
+        args, checkpoint = parse_args(["--evaluate", str(checkpoint_path), "--eval-episodes", "3", "--no-cuda"])
+        return evaluate(args, dataclasses.replace(checkpoint, model=model))
 
     saved = evaluate(*parse_args(["--evaluate", str(checkpoint_path), "--eval-episodes", "3", "--no-cuda"]))
     assert saved == evaluated(agent.state_dict())
@@ -445,7 +445,7 @@ def test_interrupted_and_resumed_run_ends_exactly_like_an_unbroken_one(workdir, 
         main, args, workdir, gym.vector.SyncVectorEnv, interrupt_at_step=100, stop_signal=signal.SIGTERM)
     assert stopped["interrupted"] and stopped["global_step"] == 128
     assert_stopped_with_its_logs_flushed(checkpoint_path)
-    assert torch.load(checkpoint_path, weights_only=False)["envs"] is not None
+    assert torch.load(checkpoint_path, weights_only=False)["processes"][0]["envs"] is not None
 
     resumed = main(*parse_args(["--resume", str(checkpoint_path)]))
     assert resumed["global_step"] == unbroken["global_step"] == 640
