@@ -9,8 +9,7 @@ The file reads top to bottom: the settings, the environments, the agent, GAE and
 then the training loop in `main()`. The 13 core implementation details of PPO are marked where they
 happen, `[Core 5: Generalized Advantage Estimation]` for one: 1 in make_envs, 2 and 13 in the agent,
 5 in compute_gae, 7 to 10 and 12 in ppo_loss, 3, 4, 6 and 11 in main; docs/ppo.md explains each.
-The run itself (its flags, checkpoints, logs, progress line and stop signals) comes from the modules
-beside this file, written once for every script: copy them along with it.
+The run around it (its flags, checkpoints, logs and stop signals) comes from the package ppo_utils.
 """
 
 from dataclasses import dataclass
@@ -25,7 +24,7 @@ from torch.distributions.categorical import Categorical
 from ppo_utils import adam, command_line, environments, numpy_policy, speed, training
 from ppo_utils.evaluation import Evaluation
 
-# written into checkpoints, so another variant's checkpoint is refused
+# names the script in its messages and checkpoints
 VARIANT = "ppo"
 
 
@@ -97,17 +96,12 @@ def make_env(env_id: str, idx: int, capture_video: bool, video_folder: str,
 def make_envs(env_id: str, num_envs: int, capture_video: bool = False, video_folder: str = "videos",
               saved_envs: list | None = None,
               video_episodes: int | None = None) -> gym.vector.SyncVectorEnv:
-    """Build the vector of environments (from `saved_envs`, the very ones a checkpoint saved),
-    refusing those whose spaces this script cannot train on.
+    """[Core 1: Vectorized architecture] One learner steps `num_envs` copies of the environment in
+    lock step, so each rollout holds num_envs x num_steps transitions. Resumed: the very ones a
+    checkpoint saved (`saved_envs`). Spaces this script cannot train on are refused.
 
-    [Core 1: Vectorized architecture] One learner steps `num_envs` copies of the environment in lock
-    step, so each rollout holds num_envs x num_steps transitions.
-
-    Autoreset: gymnasium's default resets a finished environment on the *next*
-    step(), which then returns the reset observation with reward 0, ignoring its action: stored, it
-    would teach an action that never happened. SAME_STEP mode resets within the step that ends the
-    episode: every step() is a real transition, and the observation it returns for a finished
-    environment is already the first of the next episode."""
+    Autoreset is SAME_STEP (environments.vector_env): a finished environment resets within the step
+    that ends its episode, so every step() is a real transition (docs/ppo.md, Episode ends)."""
     environments.check_gymnasium_id(env_id)
     envs = environments.vector_env([make_env(env_id, i, capture_video, video_folder, video_episodes)
                                 for i in range(num_envs)], env_id, saved_envs)
@@ -116,11 +110,10 @@ def make_envs(env_id: str, num_envs: int, capture_video: bool = False, video_fol
 
 
 def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Module:
-    """[Core 2: Orthogonal initialization of weights, constant initialization of biases] Orthogonal
-    weights with gain sqrt(2) for the hidden layers (openai/baselines' choice, tanh or ReLU alike;
-    sqrt(2) is the gain that suits ReLU), 0.01 for the policy head, so that the first policy's
-    outputs are close to 0 (near-uniform probabilities, or means near 0), 1 for the value head;
-    biases 0."""
+    """[Core 2: Orthogonal initialization of weights, constant initialization of biases] Gain
+    sqrt(2) for the hidden layers (openai/baselines', tanh or ReLU alike), 0.01 for the policy head,
+    whose first outputs are then near 0 (near-uniform choices, or means near 0), 1 for the value
+    head; biases 0."""
     torch.nn.init.orthogonal_(layer.weight, std)
     torch.nn.init.constant_(layer.bias, bias_const)
     return layer
@@ -152,12 +145,10 @@ class Agent(nn.Module):
 
     @speed.compiled  # with --compile the rollout's step is compiled too; else it runs as written
     def get_action(self, obs: torch.Tensor) -> torch.Tensor:
-        """The rollout's policy step: sample actions, and nothing else. The rollout needs only the
-        actions at each step; their log-probabilities and values come after it, in one batched pass
-        (main). [Speed: one draw in three operations] The draw is the one that
-        Categorical(logits=...).sample() makes through torch.multinomial, whose one-sample path
-        divides the probabilities by exponential noise and takes the largest: the same numbers
-        from the same random stream, without the checks that cost more than the draw."""
+        """The rollout's policy step: actions only, their log-probabilities and values computed
+        after the rollout in one batched pass. [Speed: one draw in three operations] The draw that
+        Categorical(logits=...).sample() makes (probabilities over exponential noise, the largest
+        taken), without its checks: 15% of a 50,000-step CartPole run (docs/notes/speed.md)."""
         probs = self.actor(obs).softmax(dim=-1)
         return (probs / torch.empty_like(probs).exponential_()).argmax(dim=-1)
 
@@ -195,8 +186,7 @@ def compute_gae(rewards: np.ndarray, values: np.ndarray, dones: np.ndarray, next
 def ppo_loss(new_logprob: torch.Tensor, entropy: torch.Tensor, new_value: torch.Tensor,
              old_logprob: torch.Tensor, old_value: torch.Tensor, advantages: torch.Tensor,
              returns: torch.Tensor, clip_coef: float, args: Args) -> tuple[torch.Tensor, dict]:
-    """The PPO objective on one minibatch, with the clipping coefficient of this update; returns the
-    loss to minimize and detached statistics."""
+    """The PPO objective on one minibatch: the loss to minimize, and detached statistics."""
     # How much more (or less) likely each action is under the policy being updated than under the
     # one that played it in the rollout: ratio = pi_new(a|s) / pi_old(a|s), from log-probabilities.
     logratio = new_logprob - old_logprob
@@ -251,9 +241,8 @@ def minibatch_loss(agent: Agent, obs: torch.Tensor, actions: torch.Tensor,
 def truncated_value(agent: Agent, infos: dict, truncated: np.ndarray,
                     device: torch.device) -> np.ndarray:
     """[Truncation: bootstrap the value of a time limit's final observation] (--bootstrap-truncated)
-    V(final observation) for each environment whose episode the time limit cut off (the episode
-    would have gone on), 0 elsewhere; info["final_obs"] holds that observation (SAME_STEP). The
-    caller adds gamma x this value to the step's reward: its target is r + gamma V(s_final)."""
+    V(final observation) where the time limit cut an episode off, 0 elsewhere (info["final_obs"],
+    SAME_STEP); the caller adds gamma x it to the step's reward: the target r + gamma V(s_final)."""
     values = np.zeros(len(truncated), dtype=np.float32)
     if truncated.any():
         final_obs = np.stack(infos["final_obs"][truncated])
@@ -266,7 +255,7 @@ def truncated_value(agent: Agent, infos: dict, truncated: np.ndarray,
 
 def main(args: Args, checkpoint=None) -> dict:
     """Train as `args` says (resumed: from `checkpoint`); returns a summary for callers (tests)."""
-    # The run: its flags checked, its name and folder, its device (training.Run).
+    # The run: its flags checked, its device and name (training.Run).
     run = training.Run(args, checkpoint)
     device = run.device
     batch_size = args.num_envs * args.num_steps
@@ -284,11 +273,10 @@ def main(args: Args, checkpoint=None) -> dict:
     # [Core 3: The Adam optimizer's epsilon parameter] 1e-5 as in the original code, not PyTorch's
     # 1e-8: Adam divides each step by sqrt(v) + eps, so the larger eps damps the steps of weights
     # whose tiny gradients it would scale up to full size. fused=True: one kernel for all weights.
-    # adam.Adam: torch.optim.Adam's update, bit for bit, without its import of the compiler.
+    # adam.Adam: torch.optim.Adam's update, bit for bit, 1.1 s faster to start (docs/ppo.md).
     optimizer = adam.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
 
-    # Rollout storage, (num_steps, num_envs, ...), refilled every iteration. It is kept in NumPy,
-    # beside the environments, and the whole batch moves to the training device once per iteration.
+    # Rollout storage, (num_steps, num_envs, ...), in NumPy: the batch moves to the device at once.
     obs = np.zeros((args.num_steps, args.num_envs) + obs_shape, dtype=np.float32)
     actions = np.zeros((args.num_steps, args.num_envs), dtype=np.int64)
     rewards = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
@@ -303,8 +291,7 @@ def main(args: Args, checkpoint=None) -> dict:
         envs.reset(seed=args.seed + global_step)[0], np.zeros(args.num_envs, dtype=bool))
 
     for iteration in run.iterations():  # resumed: from the checkpoint's; a stop signal ends them
-        # [Core 4: Adam learning rate annealing] linearly from learning_rate toward 0, reached at
-        # the run's end (the last iteration uses learning_rate / num_iterations); --anneal-clip too.
+        # [Core 4: Adam learning rate annealing] linearly, 0 just after the last iteration
         fraction_left = 1.0 - (iteration - 1.0) / num_iterations
         if args.anneal_lr:
             optimizer.param_groups[0]["lr"] = fraction_left * args.learning_rate
@@ -325,9 +312,8 @@ def main(args: Args, checkpoint=None) -> dict:
                 with torch.inference_mode():
                     action = agent.get_action(torch.as_tensor(next_obs, dtype=torch.float32,
                                                               device=device))
-                # [Speed: one host transfer per step] the sampled action is the only thing the
-                # rollout brings back from the device; log-probabilities and values wait for the
-                # batched pass below.
+                # [Speed: one host transfer per step] the sampled action is all the rollout brings
+                # back from the device; log-probabilities and values wait for the batched pass.
                 actions[step] = action.cpu().numpy()
 
             next_obs, reward, terminations, truncations, infos = envs.step(actions[step])
@@ -340,15 +326,12 @@ def main(args: Args, checkpoint=None) -> dict:
             # the episodes that ended, logged with their scores; and the progress line now and then
             run.record_step(global_step, environments.finished_episodes(infos))
 
-        # Flatten the rollout into one batch of num_envs x num_steps transitions.
-        # b_ names an array of the whole batch, mb_ one of a minibatch.
+        # The rollout as one batch of num_envs x num_steps (b_: the batch's, mb_: a minibatch's).
         b_obs = torch.as_tensor(obs.reshape((-1,) + obs_shape), device=device)
         b_actions = torch.as_tensor(actions.reshape(-1), device=device)
 
-        # The policy did not change during the rollout, so the log-probabilities and values it had
-        # at each step can be computed now, in one batched pass instead of num_steps small ones (a
-        # second network call per step for the separate critic, where the Atari scripts' one trunk
-        # gives the value with the action).
+        # The policy did not change during the rollout: its log-probabilities and values come from
+        # one batched pass, not a second network call a step for the separate critic.
         with torch.no_grad():
             _, b_logprobs, _, b_values = agent.get_action_and_value(b_obs, b_actions)
             b_values = b_values.flatten()
@@ -376,22 +359,19 @@ def main(args: Args, checkpoint=None) -> dict:
                                              args)
                 optimizer.zero_grad()
                 loss.backward()
-                # [Core 11: Global gradient clipping] when the norm of all gradients together
-                # exceeds max_grad_norm, all are scaled down alike: one extreme minibatch cannot
-                # throw the weights far, and the gradient keeps its direction.
+                # [Core 11: Global gradient clipping] all gradients scaled down alike when their
+                # norm exceeds max_grad_norm: one extreme minibatch cannot throw the weights far.
                 grad_norm = nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm,
                                                      foreach=True)
                 optimizer.step()
-                # [Speed: CUDA graphs] the statistics are copied: with --cudagraphs the next replay
-                # of the loss writes its outputs where these are.
+                # [Speed: CUDA graphs] copies: --cudagraphs' next replay writes where these are
                 minibatch_stats.append({**{key: value.clone() for key, value in stats.items()},
                                         "grad_norm": grad_norm})
             if args.target_kl is not None and minibatch_stats[-1]["approx_kl"] > args.target_kl:
                 break
 
-        # [Core 12: Debug variables] averaged over this update's minibatches. run.end_iteration: a
-        # NaN stops the run; else it logs these means, the explained variance of the values against
-        # the returns and the progress line and, when due, writes a checkpoint holding Resumable.
+        # [Core 12: Debug variables] averaged over this update's minibatches. The run logs them with
+        # the values' explained variance (a NaN stops it) and saves a checkpoint when one is due.
         means = {key: torch.stack([s[key] for s in minibatch_stats]).mean().item()
                  for key in minibatch_stats[0]}
         run.end_iteration(iteration, global_step, means, host_values.reshape(-1),

@@ -9,8 +9,7 @@ ppo/ppo.py with what Atari needs: the standard preprocessing wrappers and a shar
 network. The 13 core implementation details of PPO are marked where they happen, as in ppo.py (13
 gives way to Atari 8), and so are the 9 Atari details: 1 to 7 in make_env (3 and 4 are the wrappers
 of atari_wrappers.py), 8 and 9 in the agent; docs/ppo_atari.md explains each.
-The run itself (its flags, checkpoints, logs, progress line and stop signals) comes from the modules
-beside this file, written once for every script: copy them along with it.
+The run around it (its flags, checkpoints, logs and stop signals) comes from the package ppo_utils.
 """
 
 from dataclasses import dataclass
@@ -25,7 +24,7 @@ from torch.distributions.categorical import Categorical
 from ppo_utils import adam, atari_wrappers, command_line, environments, speed, training
 from ppo_utils.evaluation import Evaluation
 
-# written into checkpoints, so another variant's checkpoint is refused
+# names the script in its messages and checkpoints
 VARIANT = "ppo_atari"
 
 
@@ -91,9 +90,8 @@ def make_env(env_id: str, idx: int, capture_video: bool, video_folder: str,
                        render_mode="rgb_array" if capture_video and idx == 0 else None)
         if capture_video and idx == 0:
             env = environments.record_video(env, video_folder, video_episodes)
-        # gymnasium's AtariPreprocessing carries out three details as the original wrappers do, but
-        # it max-pools two grayscale frames where they max-pool two color ones and then convert:
-        # Breakout's frames come out the same, 0.2% of Pong's pixels differ (docs/ppo_atari.md).
+        # gymnasium's AtariPreprocessing carries out three details; it max-pools grayscale frames
+        # where the original pools color ones (0.2% of Pong's pixels differ: docs/ppo_atari.md).
         env = gym.wrappers.AtariPreprocessing(
             env,
             # [Atari 1: NoopResetEnv] 1 to 30 no-op frames (random) at the start of each game
@@ -114,8 +112,7 @@ def make_env(env_id: str, idx: int, capture_video: bool, video_folder: str,
         if "FIRE" in env.unwrapped.get_action_meanings():
             # [Atari 4: FireResetEnv] FIRE, then action 2, after every reset and lost life
             env = atari_wrappers.FireReset(env)
-        # [Atari 6: ClipRewardEnv] the reward's sign: -1, 0 or +1, the same scale for every game.
-        # (gymnasium's ClipReward clips to a range; TransformReward with np.sign is the original.)
+        # [Atari 6: ClipRewardEnv] the reward's sign, -1, 0 or +1: one scale for every game.
         env = gym.wrappers.TransformReward(env, np.sign)
         # [Atari 7: FrameStack] the last 4 frames as one (4, 84, 84) observation, so that motion is
         # visible; on reset the stack is filled with the first frame, as the original does.
@@ -128,17 +125,12 @@ def make_env(env_id: str, idx: int, capture_video: bool, video_folder: str,
 def make_envs(env_id: str, num_envs: int, capture_video: bool = False, video_folder: str = "videos",
               saved_envs: list | None = None, async_envs: bool = False,
               video_episodes: int | None = None) -> gym.vector.VectorEnv:
-    """Build the vector of environments (from `saved_envs`, the very ones a checkpoint saved),
-    refusing those whose spaces this script cannot train on.
+    """[Core 1: Vectorized architecture] One learner steps `num_envs` copies of the environment in
+    lock step, so each rollout holds num_envs x num_steps transitions. Resumed: the very ones a
+    checkpoint saved (`saved_envs`). Spaces this script cannot train on are refused.
 
-    [Core 1: Vectorized architecture] One learner steps `num_envs` copies of the environment in lock
-    step, so each rollout holds num_envs x num_steps transitions.
-
-    Autoreset: gymnasium's default resets a finished environment on the *next*
-    step(), which then returns the reset observation with reward 0, ignoring its action: stored, it
-    would teach an action that never happened. SAME_STEP mode resets within the step that ends the
-    episode: every step() is a real transition, and the observation it returns for a finished
-    environment is already the first of the next episode."""
+    Autoreset is SAME_STEP (environments.vector_env): a finished environment resets within the step
+    that ends its episode, so every step() is a real transition (docs/ppo.md, Episode ends)."""
     environments.check_gymnasium_id(env_id, atari=True)
     # [Speed: asynchronous environments] async_envs: each game in a worker process, all at once
     envs = environments.vector_env([make_env(env_id, i, capture_video, video_folder, video_episodes)
@@ -149,11 +141,10 @@ def make_envs(env_id: str, num_envs: int, capture_video: bool = False, video_fol
 
 
 def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Module:
-    """[Core 2: Orthogonal initialization of weights, constant initialization of biases] Orthogonal
-    weights with gain sqrt(2) for the hidden layers (openai/baselines' choice, tanh or ReLU alike;
-    sqrt(2) is the gain that suits ReLU), 0.01 for the policy head, so that the first policy's
-    outputs are close to 0 (near-uniform probabilities, or means near 0), 1 for the value head;
-    biases 0."""
+    """[Core 2: Orthogonal initialization of weights, constant initialization of biases] Gain
+    sqrt(2) for the hidden layers (openai/baselines', tanh or ReLU alike), 0.01 for the policy head,
+    whose first outputs are then near 0 (near-uniform choices, or means near 0), 1 for the value
+    head; biases 0."""
     torch.nn.init.orthogonal_(layer.weight, std)
     torch.nn.init.constant_(layer.bias, bias_const)
     return layer
@@ -184,8 +175,7 @@ class Agent(nn.Module):
         self.critic = layer_init(nn.Linear(512, 1), std=1.0)
 
     def features(self, obs: torch.Tensor) -> torch.Tensor:
-        # [Atari 9: Scaling the images to [0, 1]] frames are stored as uint8 (a quarter of the
-        # memory of float32) and scaled here, inside the network.
+        # [Atari 9: Scaling the images to [0, 1]] here: stored as uint8, a quarter of float32's size
         return self.network(obs.float() / 255.0)
 
     def get_value(self, obs: torch.Tensor) -> torch.Tensor:
@@ -226,8 +216,7 @@ def compute_gae(rewards: np.ndarray, values: np.ndarray, dones: np.ndarray, next
 def ppo_loss(new_logprob: torch.Tensor, entropy: torch.Tensor, new_value: torch.Tensor,
              old_logprob: torch.Tensor, old_value: torch.Tensor, advantages: torch.Tensor,
              returns: torch.Tensor, clip_coef: float, args: Args) -> tuple[torch.Tensor, dict]:
-    """The PPO objective on one minibatch, with the clipping coefficient of this update; returns the
-    loss to minimize and detached statistics."""
+    """The PPO objective on one minibatch: the loss to minimize, and detached statistics."""
     # How much more (or less) likely each action is under the policy being updated than under the
     # one that played it in the rollout: ratio = pi_new(a|s) / pi_old(a|s), from log-probabilities.
     logratio = new_logprob - old_logprob
@@ -282,9 +271,8 @@ def minibatch_loss(agent: Agent, obs: torch.Tensor, actions: torch.Tensor,
 def truncated_value(agent: Agent, infos: dict, truncated: np.ndarray,
                     device: torch.device) -> np.ndarray:
     """[Truncation: bootstrap the value of a time limit's final observation] (--bootstrap-truncated)
-    V(final observation) for each environment whose episode the time limit cut off (the episode
-    would have gone on), 0 elsewhere; info["final_obs"] holds that observation (SAME_STEP). The
-    caller adds gamma x this value to the step's reward: its target is r + gamma V(s_final)."""
+    V(final observation) where the time limit cut an episode off, 0 elsewhere (info["final_obs"],
+    SAME_STEP); the caller adds gamma x it to the step's reward: the target r + gamma V(s_final)."""
     values = np.zeros(len(truncated), dtype=np.float32)
     if truncated.any():
         final_obs = np.stack(infos["final_obs"][truncated])
@@ -297,7 +285,7 @@ def truncated_value(agent: Agent, infos: dict, truncated: np.ndarray,
 
 def main(args: Args, checkpoint=None) -> dict:
     """Train as `args` says (resumed: from `checkpoint`); returns a summary for callers (tests)."""
-    # The run: its flags checked, its name and folder, its device (training.Run).
+    # The run: its flags checked, its device and name (training.Run).
     run = training.Run(args, checkpoint, env_package="ale-py")
     device = run.device
     batch_size = args.num_envs * args.num_steps
@@ -313,7 +301,7 @@ def main(args: Args, checkpoint=None) -> dict:
     # [Core 3: The Adam optimizer's epsilon parameter] 1e-5 as in the original code, not PyTorch's
     # 1e-8: Adam divides each step by sqrt(v) + eps, so the larger eps damps the steps of weights
     # whose tiny gradients it would scale up to full size. fused=True: one kernel for all weights.
-    # adam.Adam: torch.optim.Adam's update, bit for bit, without its import of the compiler.
+    # adam.Adam: torch.optim.Adam's update, bit for bit, 1.1 s faster to start (docs/ppo.md).
     optimizer = adam.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
 
     # Rollout storage, (num_steps, num_envs, ...). [Speed: one host transfer per step] What the
@@ -334,8 +322,7 @@ def main(args: Args, checkpoint=None) -> dict:
         envs.reset(seed=args.seed + global_step)[0], np.zeros(args.num_envs, dtype=bool))
 
     for iteration in run.iterations():  # resumed: from the checkpoint's; a stop signal ends them
-        # [Core 4: Adam learning rate annealing] linearly from learning_rate toward 0, reached at
-        # the run's end (the last iteration uses learning_rate / num_iterations); --anneal-clip too.
+        # [Core 4: Adam learning rate annealing] linearly, 0 just after the last iteration
         fraction_left = 1.0 - (iteration - 1.0) / num_iterations
         if args.anneal_lr:
             optimizer.param_groups[0]["lr"] = fraction_left * args.learning_rate
@@ -373,8 +360,7 @@ def main(args: Args, checkpoint=None) -> dict:
                                           next_value.cpu().numpy().flatten(), next_done,
                                           args.gamma, args.gae_lambda)
 
-        # Flatten the rollout into one batch of num_envs x num_steps transitions.
-        # b_ names an array of the whole batch, mb_ one of a minibatch.
+        # The rollout as one batch of num_envs x num_steps (b_: the batch's, mb_: a minibatch's).
         b_obs = obs.reshape((-1,) + obs_shape)
         b_actions = actions.reshape(-1)
         b_logprobs = logprobs.reshape(-1)
@@ -396,22 +382,19 @@ def main(args: Args, checkpoint=None) -> dict:
                                              args)
                 optimizer.zero_grad()
                 loss.backward()
-                # [Core 11: Global gradient clipping] when the norm of all gradients together
-                # exceeds max_grad_norm, all are scaled down alike: one extreme minibatch cannot
-                # throw the weights far, and the gradient keeps its direction.
+                # [Core 11: Global gradient clipping] all gradients scaled down alike when their
+                # norm exceeds max_grad_norm: one extreme minibatch cannot throw the weights far.
                 grad_norm = nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm,
                                                      foreach=True)
                 optimizer.step()
-                # [Speed: CUDA graphs] the statistics are copied: with --cudagraphs the next replay
-                # of the loss writes its outputs where these are.
+                # [Speed: CUDA graphs] copies: --cudagraphs' next replay writes where these are
                 minibatch_stats.append({**{key: value.clone() for key, value in stats.items()},
                                         "grad_norm": grad_norm})
             if args.target_kl is not None and minibatch_stats[-1]["approx_kl"] > args.target_kl:
                 break
 
-        # [Core 12: Debug variables] averaged over this update's minibatches. run.end_iteration: a
-        # NaN stops the run; else it logs these means, the explained variance of the values against
-        # the returns and the progress line and, when due, writes a checkpoint holding Resumable.
+        # [Core 12: Debug variables] averaged over this update's minibatches. The run logs them with
+        # the values' explained variance (a NaN stops it) and saves a checkpoint when one is due.
         means = {key: torch.stack([s[key] for s in minibatch_stats]).mean().item()
                  for key in minibatch_stats[0]}
         run.end_iteration(iteration, global_step, means, host_values.reshape(-1),
@@ -422,8 +405,7 @@ def main(args: Args, checkpoint=None) -> dict:
 
 
 def evaluate(args: Args, checkpoint) -> list[float]:
-    """--evaluate: play episodes with the saved agent, its actions sampled as in training. An
-    episode is a whole game, scored with the game's own rewards (RecordEpisodeStatistics)."""
+    """--evaluate: the saved agent plays whole games, scored with their own rewards."""
     evaluation = Evaluation(args, checkpoint)  # the device and seeds
     envs = make_envs(args.env_id, 1, args.capture_video, evaluation.video_folder,
                      video_episodes=args.eval_episodes)

@@ -10,8 +10,7 @@ preprocessing: one Python call per step. What changes is how episodes end: envpo
 environment on the *next* step, spent on the reset (its action is ignored) and kept out of training.
 The 13 core and 9 Atari details are marked where they happen, as in ppo_atari.py (1 to 7 in
 make_envs); docs/ppo_atari_envpool.md explains each. Works with envpool 1.0.x and 1.2.x.
-The run itself (its flags, checkpoints, logs, progress line and stop signals) comes from the modules
-beside this file, written once for every script: copy them along with it.
+The run around it (its flags, checkpoints, logs and stop signals) comes from the package ppo_utils.
 """
 
 from dataclasses import dataclass
@@ -22,10 +21,10 @@ import torch
 import torch.nn as nn
 from torch.distributions.categorical import Categorical
 
-from ppo_utils import adam, command_line, environments, envpool_games, speed, training
+from ppo_utils import adam, command_line, environments, envpool_games, envpool_ids, speed, training
 from ppo_utils.evaluation import Evaluation
 
-# written into checkpoints, so another variant's checkpoint is refused
+# names the script in its messages and checkpoints
 VARIANT = "ppo_atari_envpool"
 # [Speed: asynchronous environments] --async-envs splits the games into two equal envpools
 EVEN_WITH_ASYNC = command_line.Rule("even with --async-envs, which splits the games into two "
@@ -80,17 +79,15 @@ class Args:
 
 def make_envs(env_id: str, num_envs: int, capture_video: bool = False, video_folder: str = "videos",
               seed: int = 0, async_envs: bool = False) -> envpool_games.Games:
-    """Build `num_envs` preprocessed games in one envpool (or two halves: async_envs), game i seeded
-    seed + i; an id of another kind of task than Atari's games (Discrete actions) is refused.
-
-    [Core 1: Vectorized architecture] One learner steps `num_envs` copies of the environment in lock
-    step, so each rollout holds num_envs x num_steps transitions.
+    """[Core 1: Vectorized architecture] One learner steps `num_envs` copies of the environment in
+    lock step, so each rollout holds num_envs x num_steps transitions: here one envpool (two halves
+    with async_envs), game i seeded seed + i; ids of other tasks than Atari's games are refused.
 
     envpool steps them on its own threads and carries out ppo_atari.py's wrappers in C++
     (docs/ppo_atari_envpool.md lists the small ways in which they differ). The settings are spelled
-    out, although most are envpool's defaults, to show which detail each one carries out. Its
-    autoreset is described in main(); envpool_games reports the games' scores and films them."""
-    environments.check_envpool_id(env_id, kinds=("AtariEnvSpec",), example="Breakout-v5")
+    out, most of them envpool's defaults, to show which detail each one carries out. Its autoreset
+    is described in main(); envpool_games reports the games' scores and films them."""
+    envpool_ids.check_envpool_id(env_id, kinds=("AtariEnvSpec",), example="Breakout-v5")
     import envpool  # installed: the id was found in it
 
     # [Speed: asynchronous environments] async_envs: two envpools, one playing as the network works
@@ -112,7 +109,7 @@ def make_envs(env_id: str, num_envs: int, capture_video: bool = False, video_fol
         img_height=84,  # [Atari 5: WarpFrame] 84x84 grayscale, resized with area interpolation
         img_width=84,
         gray_scale=True,
-        # [Atari 6: ClipRewardEnv] the reward's sign: -1, 0 or +1, the same scale for every game.
+        # [Atari 6: ClipRewardEnv] the reward's sign, -1, 0 or +1: one scale for every game.
         reward_clip=True,  # (info["reward"] keeps the unclipped one, the game's score)
         # [Atari 7: FrameStack] the last 4 frames as one (4, 84, 84) observation, so that motion is
         # visible; on reset the stack is filled with the first frame, as the original does.
@@ -125,11 +122,10 @@ def make_envs(env_id: str, num_envs: int, capture_video: bool = False, video_fol
 
 
 def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Module:
-    """[Core 2: Orthogonal initialization of weights, constant initialization of biases] Orthogonal
-    weights with gain sqrt(2) for the hidden layers (openai/baselines' choice, tanh or ReLU alike;
-    sqrt(2) is the gain that suits ReLU), 0.01 for the policy head, so that the first policy's
-    outputs are close to 0 (near-uniform probabilities, or means near 0), 1 for the value head;
-    biases 0."""
+    """[Core 2: Orthogonal initialization of weights, constant initialization of biases] Gain
+    sqrt(2) for the hidden layers (openai/baselines', tanh or ReLU alike), 0.01 for the policy head,
+    whose first outputs are then near 0 (near-uniform choices, or means near 0), 1 for the value
+    head; biases 0."""
     torch.nn.init.orthogonal_(layer.weight, std)
     torch.nn.init.constant_(layer.bias, bias_const)
     return layer
@@ -160,8 +156,7 @@ class Agent(nn.Module):
         self.critic = layer_init(nn.Linear(512, 1), std=1.0)
 
     def features(self, obs: torch.Tensor) -> torch.Tensor:
-        # [Atari 9: Scaling the images to [0, 1]] frames are stored as uint8 (a quarter of the
-        # memory of float32) and scaled here, inside the network.
+        # [Atari 9: Scaling the images to [0, 1]] here: stored as uint8, a quarter of float32's size
         return self.network(obs.float() / 255.0)
 
     def get_value(self, obs: torch.Tensor) -> torch.Tensor:
@@ -202,8 +197,7 @@ def compute_gae(rewards: np.ndarray, values: np.ndarray, dones: np.ndarray, next
 def ppo_loss(new_logprob: torch.Tensor, entropy: torch.Tensor, new_value: torch.Tensor,
              old_logprob: torch.Tensor, old_value: torch.Tensor, advantages: torch.Tensor,
              returns: torch.Tensor, clip_coef: float, args: Args) -> tuple[torch.Tensor, dict]:
-    """The PPO objective on one minibatch, with the clipping coefficient of this update; returns the
-    loss to minimize and detached statistics."""
+    """The PPO objective on one minibatch: the loss to minimize, and detached statistics."""
     # How much more (or less) likely each action is under the policy being updated than under the
     # one that played it in the rollout: ratio = pi_new(a|s) / pi_old(a|s), from log-probabilities.
     logratio = new_logprob - old_logprob
@@ -274,7 +268,7 @@ def truncated_value(agent: Agent, infos: dict, truncated: np.ndarray,
 
 def main(args: Args, checkpoint=None) -> dict:
     """Train as `args` says (resumed: from `checkpoint`); returns a summary for callers (tests)."""
-    # The run: its flags checked, its name and folder, its device (training.Run).
+    # The run: its flags checked, its device and name (training.Run).
     run = training.Run(args, checkpoint, env_package="envpool")
     device = run.device
     batch_size = args.num_envs * args.num_steps
@@ -292,7 +286,7 @@ def main(args: Args, checkpoint=None) -> dict:
     # [Core 3: The Adam optimizer's epsilon parameter] 1e-5 as in the original code, not PyTorch's
     # 1e-8: Adam divides each step by sqrt(v) + eps, so the larger eps damps the steps of weights
     # whose tiny gradients it would scale up to full size. fused=True: one kernel for all weights.
-    # adam.Adam: torch.optim.Adam's update, bit for bit, without its import of the compiler.
+    # adam.Adam: torch.optim.Adam's update, bit for bit, 1.1 s faster to start (docs/ppo.md).
     optimizer = adam.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
 
     # Rollout storage, (num_steps, num_envs, ...). [Speed: one host transfer per step] What the
@@ -317,8 +311,7 @@ def main(args: Args, checkpoint=None) -> dict:
     next_done = np.zeros(args.num_envs, dtype=bool)
 
     for iteration in run.iterations():  # resumed: from the checkpoint's; a stop signal ends them
-        # [Core 4: Adam learning rate annealing] linearly from learning_rate toward 0, reached at
-        # the run's end (the last iteration uses learning_rate / num_iterations); --anneal-clip too.
+        # [Core 4: Adam learning rate annealing] linearly, 0 just after the last iteration
         fraction_left = 1.0 - (iteration - 1.0) / num_iterations
         if args.anneal_lr:
             optimizer.param_groups[0]["lr"] = fraction_left * args.learning_rate
@@ -365,8 +358,7 @@ def main(args: Args, checkpoint=None) -> dict:
                                           next_value.cpu().numpy().flatten(), next_done,
                                           args.gamma, args.gae_lambda)
 
-        # Flatten the rollout into one batch of num_envs x num_steps transitions.
-        # b_ names an array of the whole batch, mb_ one of a minibatch.
+        # The rollout as one batch of num_envs x num_steps (b_: the batch's, mb_: a minibatch's).
         b_obs = obs.reshape((-1,) + obs_shape)
         b_actions = actions.reshape(-1)
         b_logprobs = logprobs.reshape(-1)
@@ -398,22 +390,19 @@ def main(args: Args, checkpoint=None) -> dict:
                                              args)
                 optimizer.zero_grad()
                 loss.backward()
-                # [Core 11: Global gradient clipping] when the norm of all gradients together
-                # exceeds max_grad_norm, all are scaled down alike: one extreme minibatch cannot
-                # throw the weights far, and the gradient keeps its direction.
+                # [Core 11: Global gradient clipping] all gradients scaled down alike when their
+                # norm exceeds max_grad_norm: one extreme minibatch cannot throw the weights far.
                 grad_norm = nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm,
                                                      foreach=True)
                 optimizer.step()
-                # [Speed: CUDA graphs] the statistics are copied: with --cudagraphs the next replay
-                # of the loss writes its outputs where these are.
+                # [Speed: CUDA graphs] copies: --cudagraphs' next replay writes where these are
                 minibatch_stats.append({**{key: value.clone() for key, value in stats.items()},
                                         "grad_norm": grad_norm})
             if args.target_kl is not None and minibatch_stats[-1]["approx_kl"] > args.target_kl:
                 break
 
-        # [Core 12: Debug variables] averaged over this update's minibatches. run.end_iteration: a
-        # NaN stops the run; else it logs these means, the explained variance of the values against
-        # the returns (of the acted steps) and the progress line and, when due, writes a checkpoint.
+        # [Core 12: Debug variables] averaged over this update's minibatches. The run logs them with
+        # the acted steps' explained variance (a NaN stops it) and saves a checkpoint when due.
         means = {key: torch.stack([s[key] for s in minibatch_stats]).mean().item()
                  for key in minibatch_stats[0]}
         run.end_iteration(iteration, global_step, means, host_values.reshape(-1)[acted_steps],

@@ -5,13 +5,10 @@
     python ppo/ppo_atari_lstm.py --resume runs/<run>/checkpoint.pt   # go on after Ctrl-C, a crash
     python ppo/ppo_atari_lstm.py --evaluate runs/<run>/checkpoint.pt # score a saved agent
 
-ppo/ppo_atari.py with memory: the agent sees one frame at a time and an LSTM after the convolutions
-carries what it needs from earlier frames; training replays each environment's whole sequence from
-the LSTM state the rollout started with. The core, Atari and 5 LSTM details are marked where they
-happen: LSTM 1 and 2 in the agent, 3 in lstm_with_episode_resets, 4 and 5 in the update;
-docs/ppo_atari_lstm.md explains each.
-The run itself (its flags, checkpoints, logs, progress line and stop signals) comes from the modules
-beside this file, written once for every script: copy them along with it.
+ppo/ppo_atari.py with memory: it sees one frame at a time, and an LSTM carries what it needs of the
+earlier ones; the update replays each environment's whole sequence. The 5 LSTM details are marked
+where they happen (1, 2 in the agent, 3 in lstm_with_episode_resets, 4, 5 in the update).
+The run around it (its flags, checkpoints, logs and stop signals) comes from the package ppo_utils.
 """
 
 from dataclasses import dataclass
@@ -26,12 +23,11 @@ from torch.distributions.categorical import Categorical
 from ppo_utils import adam, atari_wrappers, command_line, environments, speed, training
 from ppo_utils.evaluation import Evaluation
 
-# written into checkpoints, so another variant's checkpoint is refused
+# names the script in its messages and checkpoints
 VARIANT = "ppo_atari_lstm"
-# [LSTM 4] a minibatch holds whole environment sequences: it takes some of the environments
-WHOLE_SEQUENCES = command_line.Rule("a divisor of --num-envs (a minibatch holds whole environment "
-                                    "sequences)", lambda value, args: args.num_envs % value == 0,
-                                    with_args=True)
+# [LSTM 4] a minibatch holds whole environment sequences: some of the environments
+WHOLE_SEQUENCES = command_line.Rule("a divisor of --num-envs (a minibatch holds whole sequences)",
+                                    lambda value, args: args.num_envs % value == 0, with_args=True)
 
 
 @command_line.with_run_flags(VARIANT)  # then --seed, --cuda, --track, --save-model, --resume, ...
@@ -96,9 +92,8 @@ def make_env(env_id: str, idx: int, capture_video: bool, video_folder: str,
                        render_mode="rgb_array" if capture_video and idx == 0 else None)
         if capture_video and idx == 0:
             env = environments.record_video(env, video_folder, video_episodes)
-        # gymnasium's AtariPreprocessing carries out three details as the original wrappers do, but
-        # it max-pools two grayscale frames where they max-pool two color ones and then convert:
-        # Breakout's frames come out the same, 0.2% of Pong's pixels differ (docs/ppo_atari.md).
+        # gymnasium's AtariPreprocessing carries out three details; it max-pools grayscale frames
+        # where the original pools color ones (0.2% of Pong's pixels differ: docs/ppo_atari.md).
         env = gym.wrappers.AtariPreprocessing(
             env,
             # [Atari 1: NoopResetEnv] 1 to 30 no-op frames (random) at the start of each game
@@ -119,8 +114,7 @@ def make_env(env_id: str, idx: int, capture_video: bool, video_folder: str,
         if "FIRE" in env.unwrapped.get_action_meanings():
             # [Atari 4: FireResetEnv] FIRE, then action 2, after every reset and lost life
             env = atari_wrappers.FireReset(env)
-        # [Atari 6: ClipRewardEnv] the reward's sign: -1, 0 or +1, the same scale for every game.
-        # (gymnasium's ClipReward clips to a range; TransformReward with np.sign is the original.)
+        # [Atari 6: ClipRewardEnv] the reward's sign, -1, 0 or +1: one scale for every game.
         env = gym.wrappers.TransformReward(env, np.sign)
         # [Atari 7: FrameStack] with 1 frame: the LSTM remembers the earlier frames instead of a
         # stack of 4; the wrapper only adds the channel axis, (1, 84, 84).
@@ -133,17 +127,12 @@ def make_env(env_id: str, idx: int, capture_video: bool, video_folder: str,
 def make_envs(env_id: str, num_envs: int, capture_video: bool = False, video_folder: str = "videos",
               saved_envs: list | None = None, async_envs: bool = False,
               video_episodes: int | None = None) -> gym.vector.VectorEnv:
-    """Build the vector of environments (from `saved_envs`, the very ones a checkpoint saved),
-    refusing those whose spaces this script cannot train on.
+    """[Core 1: Vectorized architecture] One learner steps `num_envs` copies of the environment in
+    lock step, so each rollout holds num_envs x num_steps transitions. Resumed: the very ones a
+    checkpoint saved (`saved_envs`). Spaces this script cannot train on are refused.
 
-    [Core 1: Vectorized architecture] One learner steps `num_envs` copies of the environment in lock
-    step, so each rollout holds num_envs x num_steps transitions.
-
-    Autoreset: gymnasium's default resets a finished environment on the *next*
-    step(), which then returns the reset observation with reward 0, ignoring its action: stored, it
-    would teach an action that never happened. SAME_STEP mode resets within the step that ends the
-    episode: every step() is a real transition, and the observation it returns for a finished
-    environment is already the first of the next episode."""
+    Autoreset is SAME_STEP (environments.vector_env): a finished environment resets within the step
+    that ends its episode, so every step() is a real transition (docs/ppo.md, Episode ends)."""
     environments.check_gymnasium_id(env_id, atari=True)
     # [Speed: asynchronous environments] async_envs: each game in a worker process, all at once
     envs = environments.vector_env([make_env(env_id, i, capture_video, video_folder, video_episodes)
@@ -154,34 +143,27 @@ def make_envs(env_id: str, num_envs: int, capture_video: bool = False, video_fol
 
 
 def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Module:
-    """[Core 2: Orthogonal initialization of weights, constant initialization of biases] Orthogonal
-    weights with gain sqrt(2) for the hidden layers (openai/baselines' choice, tanh or ReLU alike;
-    sqrt(2) is the gain that suits ReLU), 0.01 for the policy head, so that the first policy's
-    outputs are close to 0 (near-uniform probabilities, or means near 0), 1 for the value head;
-    biases 0."""
+    """[Core 2: Orthogonal initialization of weights, constant initialization of biases] Gain
+    sqrt(2) for the hidden layers (openai/baselines', tanh or ReLU alike), 0.01 for the policy head,
+    whose first outputs are then near 0 (near-uniform choices, or means near 0), 1 for the value
+    head; biases 0."""
     torch.nn.init.orthogonal_(layer.weight, std)
     torch.nn.init.constant_(layer.bias, bias_const)
     return layer
 
 
-LSTMState = tuple[torch.Tensor, torch.Tensor]  # (h, c), each (1, num_envs, 128)
-
-
-def lstm_with_episode_resets(lstm: nn.LSTM, inputs: torch.Tensor, state: LSTMState,
-                             done: torch.Tensor) -> tuple[torch.Tensor, LSTMState]:
-    """The LSTM over T steps of E environments, its state reset to zeros where an episode begins:
-    inputs (T, E, features), done (T, E) 1 where step t begins a new episode; returns the outputs
-    (T, E, hidden) and the state after the last step: what one LSTM call a step computes, the state
-    times 1 - done[t] before step t (tests/test_ppo_atari_lstm.py checks that the two agree).
-    [Speed: the LSTM over whole stretches] It calls the LSTM once per stretch of steps in which no
-    environment begins an episode: a minibatch's 128 steps take a few calls instead of 128."""
+def lstm_with_episode_resets(lstm: nn.LSTM, inputs: torch.Tensor, state: tuple,
+                             done: torch.Tensor) -> tuple[torch.Tensor, tuple]:
+    """The LSTM over T steps of E environments (inputs (T, E, features); done (T, E), 1 where step t
+    begins an episode), its state reset to zeros where an episode begins: the outputs (T, E, hidden)
+    and the state after the last step, as one LSTM call a step would make them. [Speed: the LSTM
+    over whole stretches] One call per stretch in which no episode begins, not one a step."""
     num_steps = inputs.shape[0]
     starts = (done[1:].any(dim=1).nonzero().flatten() + 1).tolist() if num_steps > 1 else []
     bounds = [0, *starts, num_steps]  # within each stretch no episode begins after its first step
     outputs = []
     for begin, end in zip(bounds[:-1], bounds[1:]):
-        # [LSTM 3: Reset LSTM states at the end of the episode] the state times 1 - done: an
-        # environment whose episode begins at the stretch's first step starts it from zeros.
+        # [LSTM 3: Reset LSTM states at the end of the episode] an episode begins from zeros
         keep = (1.0 - done[begin]).view(1, -1, 1)
         output, state = lstm(inputs[begin:end], (keep * state[0], keep * state[1]))
         outputs.append(output)
@@ -191,8 +173,7 @@ def lstm_with_episode_resets(lstm: nn.LSTM, inputs: torch.Tensor, state: LSTMSta
 class Agent(nn.Module):
     """[Atari 8: Shared Nature-CNN] One convolutional trunk (Mnih et al., 2015) feeds both heads:
     both the policy and the value need the image's features, and learning them once is cheaper. It
-    replaces [Core 13: Separate MLP networks for policy and value functions] of ppo.py. Here an
-    LSTM follows the trunk, and both heads read its output."""
+    replaces [Core 13: Separate MLP networks for policy and value functions] of ppo.py."""
 
     def __init__(self, num_actions: int):
         super().__init__()
@@ -210,7 +191,7 @@ class Agent(nn.Module):
         # The convolutions' weights in channels-last layout: the same network, but the layout that
         # PyTorch's CPU convolutions (oneDNN) prefer, and there the update runs about 1.4x faster.
         self.network.to(memory_format=torch.channels_last)
-        self.lstm = nn.LSTM(512, 128)
+        self.lstm = nn.LSTM(512, 128)  # after the trunk: both heads read its output
         # [LSTM 1: Layer initialization for LSTM layers] orthogonal weights (gain 1), zero biases.
         for name, param in self.lstm.named_parameters():
             if "bias" in name:
@@ -221,34 +202,30 @@ class Agent(nn.Module):
         self.critic = layer_init(nn.Linear(128, 1), std=1.0)
 
     def features(self, obs: torch.Tensor) -> torch.Tensor:
-        # [Atari 9: Scaling the images to [0, 1]] frames are stored as uint8 (a quarter of the
-        # memory of float32) and scaled here, inside the network.
+        # [Atari 9: Scaling the images to [0, 1]] here: stored as uint8, a quarter of float32's size
         return self.network(obs.float() / 255.0)
 
-    def initial_state(self, num_envs: int, device: torch.device) -> LSTMState:
-        # [LSTM 2: Initialize the LSTM states to be zeros]
+    def initial_state(self, num_envs: int, device: torch.device) -> tuple:
+        # [LSTM 2: Initialize the LSTM states to be zeros] (h, c), each (1, num_envs, 128)
         zeros = torch.zeros(self.lstm.num_layers, num_envs, self.lstm.hidden_size, device=device)
         return zeros, zeros.clone()
 
-    def get_states(self, obs: torch.Tensor, lstm_state: LSTMState, done: torch.Tensor):
+    def get_states(self, obs: torch.Tensor, lstm_state: tuple, done: torch.Tensor):
         """The network over T steps of E environments, time-major (step t of environment e at t * E
-        + e): obs (T * E, 1, 84, 84), done (T * E,), from `lstm_state` before step 0. Returns the
-        outputs (T * E, 128) and the state after step T."""
-        hidden = self.features(obs)
+        + e), from `lstm_state`: the outputs (T * E, 128) and the state after step T."""
         num_envs = lstm_state[0].shape[1]
-        hidden = hidden.reshape(-1, num_envs, self.lstm.input_size)
+        hidden = self.features(obs).reshape(-1, num_envs, self.lstm.input_size)
         outputs, lstm_state = lstm_with_episode_resets(self.lstm, hidden, lstm_state,
                                                        done.reshape(-1, num_envs))
         return outputs.flatten(0, 1), lstm_state
 
-    def get_value(self, obs: torch.Tensor, lstm_state: LSTMState, done: torch.Tensor):
+    def get_value(self, obs: torch.Tensor, lstm_state: tuple, done: torch.Tensor):
         return self.critic(self.get_states(obs, lstm_state, done)[0])
 
     @speed.compiled  # with --compile the rollout's step is compiled too; else it runs as written
-    def get_action_and_value(self, obs: torch.Tensor, lstm_state: LSTMState, done: torch.Tensor,
+    def get_action_and_value(self, obs: torch.Tensor, lstm_state: tuple, done: torch.Tensor,
                              action: torch.Tensor | None = None):
-        """Sample actions (or score given ones) for a sequence: returns action, log-prob, entropy,
-        value and the LSTM state after the sequence."""
+        """Sample actions (or score given ones) for a sequence; its LSTM state after it, last."""
         hidden, lstm_state = self.get_states(obs, lstm_state, done)
         # The network's outputs need no argument validation, which would only cost time.
         distribution = Categorical(logits=self.actor(hidden), validate_args=False)
@@ -282,8 +259,7 @@ def compute_gae(rewards: np.ndarray, values: np.ndarray, dones: np.ndarray, next
 def ppo_loss(new_logprob: torch.Tensor, entropy: torch.Tensor, new_value: torch.Tensor,
              old_logprob: torch.Tensor, old_value: torch.Tensor, advantages: torch.Tensor,
              returns: torch.Tensor, clip_coef: float, args: Args) -> tuple[torch.Tensor, dict]:
-    """The PPO objective on one minibatch, with the clipping coefficient of this update; returns the
-    loss to minimize and detached statistics."""
+    """The PPO objective on one minibatch: the loss to minimize, and detached statistics."""
     # How much more (or less) likely each action is under the policy being updated than under the
     # one that played it in the rollout: ratio = pi_new(a|s) / pi_old(a|s), from log-probabilities.
     logratio = new_logprob - old_logprob
@@ -327,31 +303,28 @@ def ppo_loss(new_logprob: torch.Tensor, entropy: torch.Tensor, new_value: torch.
 @speed.compiled  # [Speed: torch.compile] with --compile, fused into a few kernels
 def minibatch_loss(agent: Agent, obs: torch.Tensor, dones: torch.Tensor, actions: torch.Tensor,
                    old_logprob: torch.Tensor, old_value: torch.Tensor, advantages: torch.Tensor,
-                   returns: torch.Tensor, initial_lstm_state: LSTMState, clip_coef: float,
+                   returns: torch.Tensor, initial_lstm_state: tuple, clip_coef: float,
                    args: Args) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """The network on one minibatch, then the PPO loss: the unit --compile compiles. Every tensor is
-    (num_steps, E) columns of the rollout, initial_lstm_state the state of those E environments.
-    [LSTM 5: Reconstruct LSTM states during training] The current network scores the rollout's
-    actions again, replaying the E environments' whole sequences from the LSTM state the rollout
-    started with; before any update they are the rollout's own log-probs and values."""
+    """The network on one minibatch, then the PPO loss: the unit --compile compiles. The tensors
+    are (num_steps, E) columns of the rollout. [LSTM 5: Reconstruct LSTM states during training]
+    The network replays the E environments' whole sequences from their state when the rollout
+    began (`initial_lstm_state`): before any update, the rollout's own log-probs and values."""
     _, new_logprob, entropy, new_value, _ = agent.get_action_and_value(
         obs.flatten(0, 1), initial_lstm_state, dones.flatten(), actions.flatten())
     return ppo_loss(new_logprob, entropy, new_value.flatten(), old_logprob.flatten(),
                     old_value.flatten(), advantages.flatten(), returns.flatten(), clip_coef, args)
 
 
-def truncated_value(agent: Agent, infos: dict, truncated: np.ndarray, lstm_state: LSTMState,
+def truncated_value(agent: Agent, infos: dict, truncated: np.ndarray, lstm_state: tuple,
                     device: torch.device) -> np.ndarray:
     """[Truncation: bootstrap the value of a time limit's final observation] (--bootstrap-truncated)
-    V(final observation) for each environment whose episode the time limit cut off (the episode
-    would have gone on), 0 elsewhere; info["final_obs"] holds that observation (SAME_STEP). The
-    caller adds gamma x this value to the step's reward: its target is r + gamma V(s_final)."""
+    V(final observation) where the time limit cut an episode off, 0 elsewhere (info["final_obs"],
+    SAME_STEP); the caller adds gamma x it to the step's reward: the target r + gamma V(s_final)."""
     values = np.zeros(len(truncated), dtype=np.float32)
     if truncated.any():
         final_obs = np.stack(infos["final_obs"][truncated])
         games = torch.as_tensor(np.flatnonzero(truncated), device=device)
-        # the memory of the step that led there, `lstm_state`, not reset
-        state = (lstm_state[0][:, games], lstm_state[1][:, games])
+        state = tuple(part[:, games] for part in lstm_state)  # the memory that led there, not reset
         with torch.no_grad():  # as the rollout: see its comment on inference_mode
             final_value = agent.get_value(torch.as_tensor(final_obs, dtype=torch.float32,
                                                           device=device), state,
@@ -362,7 +335,7 @@ def truncated_value(agent: Agent, infos: dict, truncated: np.ndarray, lstm_state
 
 def main(args: Args, checkpoint=None) -> dict:
     """Train as `args` says (resumed: from `checkpoint`); returns a summary for callers (tests)."""
-    # The run: its flags checked, its name and folder, its device (training.Run).
+    # The run: its flags checked, its device and name (training.Run).
     run = training.Run(args, checkpoint, env_package="ale-py")
     device = run.device
     batch_size = args.num_envs * args.num_steps
@@ -379,7 +352,7 @@ def main(args: Args, checkpoint=None) -> dict:
     # [Core 3: The Adam optimizer's epsilon parameter] 1e-5 as in the original code, not PyTorch's
     # 1e-8: Adam divides each step by sqrt(v) + eps, so the larger eps damps the steps of weights
     # whose tiny gradients it would scale up to full size. fused=True: one kernel for all weights.
-    # adam.Adam: torch.optim.Adam's update, bit for bit, without its import of the compiler.
+    # adam.Adam: torch.optim.Adam's update, bit for bit, 1.1 s faster to start (docs/ppo.md).
     optimizer = adam.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
 
     # Rollout storage, (num_steps, num_envs, ...). [Speed: one host transfer per step] What the
@@ -402,16 +375,14 @@ def main(args: Args, checkpoint=None) -> dict:
         agent.initial_state(args.num_envs, device))
 
     for iteration in run.iterations():  # resumed: from the checkpoint's; a stop signal ends them
-        # [Core 4: Adam learning rate annealing] linearly from learning_rate toward 0, reached at
-        # the run's end (the last iteration uses learning_rate / num_iterations); --anneal-clip too.
+        # [Core 4: Adam learning rate annealing] linearly, 0 just after the last iteration
         fraction_left = 1.0 - (iteration - 1.0) / num_iterations
         if args.anneal_lr:
             optimizer.param_groups[0]["lr"] = fraction_left * args.learning_rate
         clip_coef = fraction_left * args.clip_coef if args.anneal_clip else args.clip_coef
 
         # Rollout: num_steps steps in every environment with the current policy.
-        # The LSTM state goes from step to step; where it started is kept for the update's replay.
-        initial_lstm_state = (next_lstm_state[0].clone(), next_lstm_state[1].clone())
+        initial_lstm_state = tuple(part.clone() for part in next_lstm_state)  # the replay's start
         for step in range(args.num_steps):
             global_step += args.num_envs
             obs[step] = torch.as_tensor(next_obs, device=device)
@@ -425,7 +396,7 @@ def main(args: Args, checkpoint=None) -> dict:
                 action, logprob, _, value, lstm_state = agent.get_action_and_value(
                     obs[step], next_lstm_state, torch.as_tensor(dones[step], device=device))
             actions[step], logprobs[step], values[step] = action, logprob, value.flatten()
-            next_lstm_state = (lstm_state[0].clone(), lstm_state[1].clone())
+            next_lstm_state = tuple(part.clone() for part in lstm_state)  # goes on step to step
 
             # The step's one transfer to the host: the actions, which the games need.
             next_obs, reward, terminations, truncations, infos = envs.step(action.cpu().numpy())
@@ -450,8 +421,7 @@ def main(args: Args, checkpoint=None) -> dict:
                                           next_value.cpu().numpy().flatten(), next_done,
                                           args.gamma, args.gae_lambda)
 
-        # The batch stays (num_steps, num_envs, ...), whole sequences in its columns, not flattened.
-        # b_ names an array of the whole batch, mb_ one of a minibatch.
+        # The batch stays (num_steps, num_envs, ...): whole sequences in its columns (b_, mb_).
         b_obs, b_actions, b_logprobs, b_values = obs, actions, logprobs, values
         b_dones = torch.as_tensor(dones, device=device)
         b_advantages = torch.as_tensor(advantages, device=device)
@@ -467,30 +437,26 @@ def main(args: Args, checkpoint=None) -> dict:
             epoch_inds = torch.from_numpy(b_inds).to(device)
             for start in range(0, args.num_envs, envs_per_minibatch):
                 mb_inds = epoch_inds[start:start + envs_per_minibatch]
-                mb_lstm_state = (initial_lstm_state[0][:, mb_inds],
-                                 initial_lstm_state[1][:, mb_inds])
+                mb_lstm_state = tuple(state[:, mb_inds] for state in initial_lstm_state)
                 loss, stats = minibatch_loss(agent, b_obs[:, mb_inds], b_dones[:, mb_inds],
                                              b_actions[:, mb_inds], b_logprobs[:, mb_inds],
                                              b_values[:, mb_inds], b_advantages[:, mb_inds],
                                              b_returns[:, mb_inds], mb_lstm_state, clip_coef, args)
                 optimizer.zero_grad()
                 loss.backward()
-                # [Core 11: Global gradient clipping] when the norm of all gradients together
-                # exceeds max_grad_norm, all are scaled down alike: one extreme minibatch cannot
-                # throw the weights far, and the gradient keeps its direction.
+                # [Core 11: Global gradient clipping] all gradients scaled down alike when their
+                # norm exceeds max_grad_norm: one extreme minibatch cannot throw the weights far.
                 grad_norm = nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm,
                                                      foreach=True)
                 optimizer.step()
-                # [Speed: CUDA graphs] the statistics are copied: with --cudagraphs the next replay
-                # of the loss writes its outputs where these are.
+                # [Speed: CUDA graphs] copies: --cudagraphs' next replay writes where these are
                 minibatch_stats.append({**{key: value.clone() for key, value in stats.items()},
                                         "grad_norm": grad_norm})
             if args.target_kl is not None and minibatch_stats[-1]["approx_kl"] > args.target_kl:
                 break
 
-        # [Core 12: Debug variables] averaged over this update's minibatches. run.end_iteration: a
-        # NaN stops the run; else it logs these means, the explained variance of the values against
-        # the returns and the progress line and, when due, writes a checkpoint holding Resumable.
+        # [Core 12: Debug variables] averaged over this update's minibatches. The run logs them with
+        # the values' explained variance (a NaN stops it) and saves a checkpoint when one is due.
         means = {key: torch.stack([s[key] for s in minibatch_stats]).mean().item()
                  for key in minibatch_stats[0]}
         run.end_iteration(iteration, global_step, means, host_values.reshape(-1),
@@ -501,14 +467,13 @@ def main(args: Args, checkpoint=None) -> dict:
 
 
 def evaluate(args: Args, checkpoint) -> list[float]:
-    """--evaluate: play episodes with the saved agent, its actions sampled as in training. An
-    episode is a whole game, scored with the game's own rewards (RecordEpisodeStatistics)."""
+    """--evaluate: the saved agent plays whole games, scored with their own rewards."""
     evaluation = Evaluation(args, checkpoint)  # the device and seeds
     envs = make_envs(args.env_id, 1, args.capture_video, evaluation.video_folder,
                      video_episodes=args.eval_episodes)
     agent = evaluation.load(Agent(envs.single_action_space.n))
 
-    def policy(obs: np.ndarray, done: np.ndarray, lstm_state: LSTMState):
+    def policy(obs: np.ndarray, done: np.ndarray, lstm_state: tuple):
         # the LSTM state is reset where training resets it (done), at every lost life
         action, _, _, _, lstm_state = agent.get_action_and_value(
             torch.as_tensor(obs, dtype=torch.float32, device=evaluation.device), lstm_state,

@@ -7,14 +7,11 @@
     python ppo/ppo_atari_multigpu.py --evaluate runs/<run>/checkpoint.pt  # one process is enough
 
 ppo/ppo_atari.py with its environments split between N processes (ranks). Each rank collects its
-share of the rollout and computes gradients on its share of every minibatch; the gradients are
-averaged over the ranks before each optimizer step, so every rank applies the same update and the
-world trains one agent, as one process with all the environments would. Without torchrun the script
-runs as a world of one process. The 13 core details, the 9 Atari details and the 3 data-parallel
-ones are marked where they happen: Multi-GPU 1 and 2 in main, 3 in average_gradients;
-docs/ppo_atari_multigpu.md explains each.
-The run itself (its flags, checkpoints, logs, progress line and stop signals) comes from the modules
-beside this file, written once for every script: copy them along with it.
+share of the rollout and computes gradients on its share of every minibatch, averaged over the ranks
+before each step: every rank applies the same update, as one process with all the environments
+would. The 3 data-parallel details are marked where they happen (Multi-GPU 1 and 2 in main, 3 in
+average_gradients); docs/ppo_atari_multigpu.md explains each.
+The run around it (its flags, checkpoints, logs and stop signals) comes from the package ppo_utils.
 """
 
 import os
@@ -32,7 +29,7 @@ from ppo_utils import (adam, atari_wrappers, command_line, environments, exits,
                        ranks, speed, training)
 from ppo_utils.evaluation import Evaluation
 
-# written into checkpoints, so another variant's checkpoint is refused
+# names the script in its messages and checkpoints
 VARIANT = "ppo_atari_multigpu"
 GPU_NUMBERS = command_line.Rule("GPU numbers, 0 or more (or none)",
                                 lambda value: all(i >= 0 for i in value))
@@ -105,9 +102,8 @@ def make_env(env_id: str, idx: int, capture_video: bool, video_folder: str,
                        render_mode="rgb_array" if capture_video and idx == 0 else None)
         if capture_video and idx == 0:
             env = environments.record_video(env, video_folder, video_episodes)
-        # gymnasium's AtariPreprocessing carries out three details as the original wrappers do, but
-        # it max-pools two grayscale frames where they max-pool two color ones and then convert:
-        # Breakout's frames come out the same, 0.2% of Pong's pixels differ (docs/ppo_atari.md).
+        # gymnasium's AtariPreprocessing carries out three details; it max-pools grayscale frames
+        # where the original pools color ones (0.2% of Pong's pixels differ: docs/ppo_atari.md).
         env = gym.wrappers.AtariPreprocessing(
             env,
             # [Atari 1: NoopResetEnv] 1 to 30 no-op frames (random) at the start of each game
@@ -128,8 +124,7 @@ def make_env(env_id: str, idx: int, capture_video: bool, video_folder: str,
         if "FIRE" in env.unwrapped.get_action_meanings():
             # [Atari 4: FireResetEnv] FIRE, then action 2, after every reset and lost life
             env = atari_wrappers.FireReset(env)
-        # [Atari 6: ClipRewardEnv] the reward's sign: -1, 0 or +1, the same scale for every game.
-        # (gymnasium's ClipReward clips to a range; TransformReward with np.sign is the original.)
+        # [Atari 6: ClipRewardEnv] the reward's sign, -1, 0 or +1: one scale for every game.
         env = gym.wrappers.TransformReward(env, np.sign)
         # [Atari 7: FrameStack] the last 4 frames as one (4, 84, 84) observation, so that motion is
         # visible; on reset the stack is filled with the first frame, as the original does.
@@ -142,17 +137,13 @@ def make_env(env_id: str, idx: int, capture_video: bool, video_folder: str,
 def make_envs(env_id: str, num_envs: int, capture_video: bool = False, video_folder: str = "videos",
               saved_envs: list | None = None, async_envs: bool = False,
               video_episodes: int | None = None) -> gym.vector.VectorEnv:
-    """Build the vector of environments (from `saved_envs`, the very ones a checkpoint saved),
-    refusing those whose spaces this script cannot train on.
+    """[Core 1: Vectorized architecture] Each process steps `num_envs` copies of the environment in
+    lock step (its share of the world's), so its rollout holds num_envs x num_steps transitions.
+    Resumed: the very ones a checkpoint saved (`saved_envs`). Spaces this script cannot train on are
+    refused.
 
-    [Core 1: Vectorized architecture] Each process steps `num_envs` copies of the environment in
-    lock step, its share of the world's, so its rollout holds num_envs x num_steps transitions.
-
-    Autoreset: gymnasium's default resets a finished environment on the *next*
-    step(), which then returns the reset observation with reward 0, ignoring its action: stored, it
-    would teach an action that never happened. SAME_STEP mode resets within the step that ends the
-    episode: every step() is a real transition, and the observation it returns for a finished
-    environment is already the first of the next episode."""
+    Autoreset is SAME_STEP (environments.vector_env): a finished environment resets within the step
+    that ends its episode, so every step() is a real transition (docs/ppo.md, Episode ends)."""
     environments.check_gymnasium_id(env_id, atari=True)
     # [Speed: asynchronous environments] async_envs: each game in a worker process, all at once
     envs = environments.vector_env([make_env(env_id, i, capture_video, video_folder, video_episodes)
@@ -163,11 +154,10 @@ def make_envs(env_id: str, num_envs: int, capture_video: bool = False, video_fol
 
 
 def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Module:
-    """[Core 2: Orthogonal initialization of weights, constant initialization of biases] Orthogonal
-    weights with gain sqrt(2) for the hidden layers (openai/baselines' choice, tanh or ReLU alike;
-    sqrt(2) is the gain that suits ReLU), 0.01 for the policy head, so that the first policy's
-    outputs are close to 0 (near-uniform probabilities, or means near 0), 1 for the value head;
-    biases 0."""
+    """[Core 2: Orthogonal initialization of weights, constant initialization of biases] Gain
+    sqrt(2) for the hidden layers (openai/baselines', tanh or ReLU alike), 0.01 for the policy head,
+    whose first outputs are then near 0 (near-uniform choices, or means near 0), 1 for the value
+    head; biases 0."""
     torch.nn.init.orthogonal_(layer.weight, std)
     torch.nn.init.constant_(layer.bias, bias_const)
     return layer
@@ -198,8 +188,7 @@ class Agent(nn.Module):
         self.critic = layer_init(nn.Linear(512, 1), std=1.0)
 
     def features(self, obs: torch.Tensor) -> torch.Tensor:
-        # [Atari 9: Scaling the images to [0, 1]] frames are stored as uint8 (a quarter of the
-        # memory of float32) and scaled here, inside the network.
+        # [Atari 9: Scaling the images to [0, 1]] here: stored as uint8, a quarter of float32's size
         return self.network(obs.float() / 255.0)
 
     def get_value(self, obs: torch.Tensor) -> torch.Tensor:
@@ -239,9 +228,8 @@ def compute_gae(rewards: np.ndarray, values: np.ndarray, dones: np.ndarray, next
 
 
 def world_mean_and_std(x: torch.Tensor, world_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The mean and standard deviation of the world's minibatch, all ranks' shares together: what
-    x.mean() and x.std() of their concatenation would give. One all-reduce of three numbers, summed
-    in float64 so that the shortcut through the sum of squares loses nothing."""
+    """x.mean() and x.std() of all ranks' shares together: one all-reduce of three numbers, in
+    float64 so that the sum of squares loses nothing."""
     if world_size == 1:
         return x.mean(), x.std()
     x64 = x.double()
@@ -258,10 +246,8 @@ def world_mean_and_std(x: torch.Tensor, world_size: int) -> tuple[torch.Tensor, 
 def ppo_loss(new_logprob: torch.Tensor, entropy: torch.Tensor, new_value: torch.Tensor,
              old_logprob: torch.Tensor, old_value: torch.Tensor, advantages: torch.Tensor,
              returns: torch.Tensor, clip_coef: float, args: Args) -> tuple[torch.Tensor, dict]:
-    """The PPO objective on this rank's share of one minibatch, with the clipping coefficient of
-    this update and its advantages already normalized (by gradient_step); returns the loss to
-    minimize and detached statistics. Every term is a mean over the share, so the average of the
-    ranks' gradients is the gradient of the same loss over the whole minibatch."""
+    """The PPO objective on this rank's share of one minibatch (advantages normalized already): the
+    ranks' averaged gradients are the whole minibatch's."""
     logratio = new_logprob - old_logprob
     ratio = logratio.exp()
 
@@ -301,9 +287,8 @@ def minibatch_loss(agent: Agent, obs: torch.Tensor, actions: torch.Tensor,
                    old_logprob: torch.Tensor, old_value: torch.Tensor, advantages: torch.Tensor,
                    returns: torch.Tensor, clip_coef: float,
                    args: Args) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """The network on this rank's share of one minibatch, then the PPO loss: the unit that --compile
-    compiles. It talks to no other rank, so it compiles into one graph and records as one CUDA
-    graph."""
+    """The network on this rank's share of one minibatch, then the PPO loss: the unit --compile
+    compiles, into one graph, since it talks to no other rank."""
     _, new_logprob, entropy, new_value = agent.get_action_and_value(obs, actions)
     return ppo_loss(new_logprob, entropy, new_value.flatten(), old_logprob, old_value, advantages,
                     returns, clip_coef, args)
@@ -312,9 +297,8 @@ def minibatch_loss(agent: Agent, obs: torch.Tensor, actions: torch.Tensor,
 def truncated_value(agent: Agent, infos: dict, truncated: np.ndarray,
                     device: torch.device) -> np.ndarray:
     """[Truncation: bootstrap the value of a time limit's final observation] (--bootstrap-truncated)
-    V(final observation) for each environment whose episode the time limit cut off (the episode
-    would have gone on), 0 elsewhere; info["final_obs"] holds that observation (SAME_STEP). The
-    caller adds gamma x this value to the step's reward: its target is r + gamma V(s_final)."""
+    V(final observation) where the time limit cut an episode off, 0 elsewhere (info["final_obs"],
+    SAME_STEP); the caller adds gamma x it to the step's reward: the target r + gamma V(s_final)."""
     values = np.zeros(len(truncated), dtype=np.float32)
     if truncated.any():
         final_obs = np.stack(infos["final_obs"][truncated])
@@ -326,9 +310,8 @@ def truncated_value(agent: Agent, infos: dict, truncated: np.ndarray,
 
 
 def average_gradients(parameters: list[nn.Parameter], world_size: int) -> None:
-    """[Multi-GPU 3: Efficient gradient averaging] Replace every gradient by its mean over the
-    ranks, in one all-reduce of one flat vector, not one call per parameter: each call has a fixed
-    cost (a round trip between the processes), and this network has 12 parameter tensors."""
+    """[Multi-GPU 3: Efficient gradient averaging] Every gradient replaced by its mean over the
+    ranks, in one all-reduce of one flat vector, not one round trip per tensor (12 here)."""
     if world_size == 1:
         return
     grads = [p.grad for p in parameters if p.grad is not None]
@@ -343,17 +326,12 @@ def average_gradients(parameters: list[nn.Parameter], world_size: int) -> None:
 
 def gradient_step(agent: nn.Module, optimizer: adam.Adam, minibatch: tuple[torch.Tensor, ...],
                   clip_coef: float, args: Args, world_size: int) -> dict[str, torch.Tensor]:
-    """One optimizer step on this rank's share of a minibatch (obs, actions, log-probs, values,
-    advantages, returns). After the gradients' all-reduce every rank holds the same averaged
-    gradient, so every rank takes the same step and the copies of the agent stay identical. Both
-    all-reduces stay outside minibatch_loss, the function --compile compiles."""
+    """One optimizer step on this rank's share of a minibatch. Every rank takes the same step, on
+    the same averaged gradient: the copies of the agent stay identical."""
     obs, actions, old_logprob, old_value, advantages, returns = minibatch
     if args.norm_adv:
-        # [Core 7: Normalization of advantages] per minibatch, not per batch. The minibatch is the
-        # world's, so the statistics are too: normalizing each share by its own would make two ranks
-        # compute a slightly different update than one process on the whole minibatch. Done here, in
-        # plain PyTorch, so that no all-reduce lands inside the compiled loss: a CUDA graph cannot
-        # hold gloo's, whose reduction runs on the CPU.
+        # [Core 7: Normalization of advantages] per minibatch, by the world's statistics as one
+        # process would; outside the compiled loss: a CUDA graph cannot hold gloo's all-reduce.
         mean, std = world_mean_and_std(advantages, world_size)
         advantages = (advantages - mean) / (std + 1e-8)
     loss, stats = minibatch_loss(agent, obs, actions, old_logprob, old_value, advantages, returns,
@@ -361,27 +339,22 @@ def gradient_step(agent: nn.Module, optimizer: adam.Adam, minibatch: tuple[torch
     optimizer.zero_grad()
     loss.backward()
     average_gradients(list(agent.parameters()), world_size)
-    # [Core 11: Global gradient clipping] when the norm of all gradients together exceeds
-    # max_grad_norm, all are scaled down alike: one extreme minibatch cannot throw the weights far,
-    # and the gradient keeps its direction. After the averaging: all ranks clip the same gradient.
+    # [Core 11: Global gradient clipping] all gradients scaled down alike when their norm exceeds
+    # max_grad_norm: one extreme minibatch cannot throw the weights far (every rank's the same).
     grad_norm = nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm, foreach=True)
     optimizer.step()
-    # [Speed: CUDA graphs] the statistics are copied: with --cudagraphs the next replay of the loss
-    # writes its outputs where these are, and the caller keeps them.
+    # [Speed: CUDA graphs] copies: --cudagraphs' next replay writes where these are
     return {**{key: value.clone() for key, value in stats.items()}, "grad_norm": grad_norm}
 
 
 def main(args: Args, checkpoint=None) -> dict:
-    """Train as `args` says, from `checkpoint` (read by command_line.parse_args) with --resume;
-    returns a summary of the run for callers such as tests."""
-    # The run, in torchrun's world: this process is rank `rank` of `world_size` (rank 0 logs,
-    # prints and saves for the world), on a GPU of its node from --device-ids, or on the CPU.
+    """Train as `args` says (resumed: from `checkpoint`); returns a summary for callers (tests)."""
+    # The run, in torchrun's world: rank `rank` of `world_size` (rank 0 logs and saves for all).
     run = training.Run(args, checkpoint, env_package="ale-py", world=ranks.World)
     device, rank, world_size = run.device, run.world.rank, run.world.world_size
-    # [Multi-GPU 1: Shard the environments] The world's num_envs environments are split evenly
-    # between the ranks (training.Run refuses sizes that do not split). Each rank collects and
-    # learns from its share, so its batch and minibatches are 1/world_size of those of ppo_atari.py
-    # with the same settings; the iterations and the global step count the world's steps.
+    # [Multi-GPU 1: Shard the environments] The world's num_envs are split evenly between the
+    # ranks: each collects and learns from its share, 1/world_size of ppo_atari.py's batch and
+    # minibatches; the iterations and the global step count the world's steps.
     local_num_envs = args.num_envs // world_size
     local_batch_size = local_num_envs * args.num_steps
     local_minibatch_size = local_batch_size // args.num_minibatches
@@ -391,11 +364,9 @@ def main(args: Args, checkpoint=None) -> dict:
     # environments share the cores with the network, and so do the other ranks of this node.
     if "OMP_NUM_THREADS" not in os.environ:
         torch.set_num_threads(1)
-    # [Multi-GPU 2: Adjust seed per process] Each rank draws its actions, its minibatch order and
-    # its games from its own seed, so the ranks do not collect the same data; rank r's environments
-    # get the seeds seed + r x local_num_envs + i, so the world plays the same games as ppo_atari.py
-    # with all the environments in one process. The weights, though, must start identical on every
-    # rank, so torch is seeded with the shared seed until the agent is built.
+    # [Multi-GPU 2: Adjust seed per process] Each rank draws its actions, minibatch order and games
+    # from its own seed, rank r's environments seed + r x local_num_envs + i (ppo_atari.py's games).
+    # The weights must start identical on every rank: the shared seed until the agent is built.
     training.seed_everything(args.seed + rank, args.torch_deterministic)
     torch.manual_seed(args.seed)
 
@@ -407,18 +378,16 @@ def main(args: Args, checkpoint=None) -> dict:
     # [Core 3: The Adam optimizer's epsilon parameter] 1e-5 as in the original code, not PyTorch's
     # 1e-8: Adam divides each step by sqrt(v) + eps, so the larger eps damps the steps of weights
     # whose tiny gradients it would scale up to full size. fused=True: one kernel for all weights.
-    # adam.Adam: torch.optim.Adam's update, bit for bit, without its import of the compiler.
+    # adam.Adam: torch.optim.Adam's update, bit for bit, 1.1 s faster to start (docs/ppo.md).
     optimizer = adam.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
-    # Every input has been checked: only now join the others, so a mistake stops every rank the same
-    # way instead of leaving some waiting for the rest.
+    # Every input checked, join the others: a mistake stops every rank alike, none left waiting.
     if world_size > 1:
         if device.type == "cuda":
             torch.cuda.set_device(device)
         dist.init_process_group(backend=args.backend)  # address and rank from torchrun's variables
 
-    # This rank's rollout storage, (num_steps, local_num_envs, ...), refilled every iteration.
-    # [Speed: one host transfer per step] What the network reads or writes lives on its device (the
-    # frames as uint8, until the network scales them); rewards and dones stay on the host for GAE.
+    # Rollout storage, this rank's share. [Speed: one host transfer per step] What the
+    # network reads or writes stays on its device (frames as uint8); rewards and dones on the host.
     obs = torch.zeros((args.num_steps, local_num_envs) + obs_shape, dtype=torch.uint8,
                       device=device)
     actions = torch.zeros((args.num_steps, local_num_envs), dtype=torch.long, device=device)
@@ -439,8 +408,7 @@ def main(args: Args, checkpoint=None) -> dict:
         np.zeros(local_num_envs, dtype=bool))
 
     for iteration in run.iterations():  # resumed: from the checkpoint's; a stop signal ends them
-        # [Core 4: Adam learning rate annealing] linearly from learning_rate toward 0, reached at
-        # the run's end (the last iteration uses learning_rate / num_iterations); --anneal-clip too.
+        # [Core 4: Adam learning rate annealing] linearly, 0 just after the last iteration
         fraction_left = 1.0 - (iteration - 1.0) / num_iterations
         if args.anneal_lr:
             optimizer.param_groups[0]["lr"] = fraction_left * args.learning_rate
@@ -478,8 +446,7 @@ def main(args: Args, checkpoint=None) -> dict:
                                           next_value.cpu().numpy().flatten(), next_done,
                                           args.gamma, args.gae_lambda)
 
-        # Flatten the rollout into one batch of num_envs x num_steps transitions.
-        # b_ names an array of the whole batch, mb_ one of a minibatch.
+        # The rollout as one batch of num_envs x num_steps (b_: the batch's, mb_: a minibatch's).
         b_obs = obs.reshape((-1,) + obs_shape)
         b_actions = actions.reshape(-1)
         b_logprobs = logprobs.reshape(-1)
@@ -488,8 +455,8 @@ def main(args: Args, checkpoint=None) -> dict:
         b_returns = torch.as_tensor(returns.reshape(-1), device=device)
 
         # [Core 6: Mini-batch updates] several epochs over shuffled minibatches of the batch. Each
-        # rank takes local_minibatch_size samples of its own share; together they make a minibatch
-        # of the world, and gradient_step averages the ranks' gradients over it.
+        # rank takes local_minibatch_size samples of its share: together, a minibatch of the world,
+        # and gradient_step averages the ranks' gradients over it.
         b_inds = np.arange(local_batch_size)
         minibatch_stats = []
         for epoch in range(args.update_epochs):
@@ -509,11 +476,9 @@ def main(args: Args, checkpoint=None) -> dict:
                 if world_kl.item() / world_size > args.target_kl:
                     break
 
-        # [Core 12: Debug variables] averaged over this update's minibatches. run.end_iteration: a
-        # NaN stops the run; else it logs these means, the explained variance of the values against
-        # the returns and the progress line and, when due, writes a checkpoint holding Resumable.
-        # All ranks do this at once: a NaN or infinity on any rank stops them all, rank 0 logs the
-        # world's figures, and the checkpoint holds every rank's own state.
+        # [Core 12: Debug variables] averaged over this update's minibatches. The run logs them with
+        # the values' explained variance (a NaN stops it) and saves a checkpoint when one is due.
+        # All ranks at once: rank 0 logs the world's figures; the checkpoint holds each rank's.
         means = {key: torch.stack([s[key] for s in minibatch_stats]).mean().item()
                  for key in minibatch_stats[0]}
         run.end_iteration(iteration, global_step, means, host_values.reshape(-1),

@@ -11,8 +11,7 @@ happen, `[Core 5: Generalized Advantage Estimation]` for one: 1 in make_envs, 2 
 5 in compute_gae, 7 to 10 and 12 in ppo_loss, 3, 4, 6 and 11 in main; docs/ppo.md explains each.
 So are the 9 details for continuous actions: 1 to 4 in the agent, 5 and 9 in the rollout, 6 and 7
 in normalize_obs, 8 in RewardScaler; docs/ppo_continuous_action.md explains them.
-The run itself (its flags, checkpoints, logs, progress line and stop signals) comes from the modules
-beside this file, written once for every script: copy them along with it.
+The run around it (its flags, checkpoints, logs and stop signals) comes from the package ppo_utils.
 """
 
 from dataclasses import dataclass
@@ -29,7 +28,7 @@ from ppo_utils import adam, command_line, environments, numpy_policy, speed, tra
 from ppo_utils.checkpoint import restore_statistics, statistics_state
 from ppo_utils.evaluation import Evaluation
 
-# written into checkpoints, so another variant's checkpoint is refused
+# names the script in its messages and checkpoints
 VARIANT = "ppo_continuous_action"
 
 
@@ -85,8 +84,7 @@ class Args:
 def make_env(env_id: str, idx: int, capture_video: bool, video_folder: str,
              video_episodes: int | None = None):
     """Return a function that builds one environment; video is recorded from the first one only.
-    It stays raw (the agent normalizes, the loop scales rewards): logged returns are the task's own.
-    RecordEpisodeStatistics reports each episode's return and length as it ends."""
+    RecordEpisodeStatistics reports each episode's return and length as it ends: the task's own."""
 
     def thunk():
         if capture_video and idx == 0:
@@ -102,17 +100,12 @@ def make_env(env_id: str, idx: int, capture_video: bool, video_folder: str,
 def make_envs(env_id: str, num_envs: int, capture_video: bool = False, video_folder: str = "videos",
               saved_envs: list | None = None,
               video_episodes: int | None = None) -> gym.vector.SyncVectorEnv:
-    """Build the vector of environments (from `saved_envs`, the very ones a checkpoint saved),
-    refusing those whose spaces this script cannot train on.
+    """[Core 1: Vectorized architecture] One learner steps `num_envs` copies of the environment in
+    lock step, so each rollout holds num_envs x num_steps transitions. Resumed: the very ones a
+    checkpoint saved (`saved_envs`). Spaces this script cannot train on are refused.
 
-    [Core 1: Vectorized architecture] One learner steps `num_envs` copies of the environment in lock
-    step, so each rollout holds num_envs x num_steps transitions.
-
-    Autoreset: gymnasium's default resets a finished environment on the *next*
-    step(), which then returns the reset observation with reward 0, ignoring its action: stored, it
-    would teach an action that never happened. SAME_STEP mode resets within the step that ends the
-    episode: every step() is a real transition, and the observation it returns for a finished
-    environment is already the first of the next episode."""
+    Autoreset is SAME_STEP (environments.vector_env): a finished environment resets within the step
+    that ends its episode, so every step() is a real transition (docs/ppo.md, Episode ends)."""
     environments.check_gymnasium_id(env_id)
     envs = environments.vector_env([make_env(env_id, i, capture_video, video_folder, video_episodes)
                                 for i in range(num_envs)], env_id, saved_envs)
@@ -121,11 +114,10 @@ def make_envs(env_id: str, num_envs: int, capture_video: bool = False, video_fol
 
 
 def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Module:
-    """[Core 2: Orthogonal initialization of weights, constant initialization of biases] Orthogonal
-    weights with gain sqrt(2) for the hidden layers (openai/baselines' choice, tanh or ReLU alike;
-    sqrt(2) is the gain that suits ReLU), 0.01 for the policy head, so that the first policy's
-    outputs are close to 0 (near-uniform probabilities, or means near 0), 1 for the value head;
-    biases 0."""
+    """[Core 2: Orthogonal initialization of weights, constant initialization of biases] Gain
+    sqrt(2) for the hidden layers (openai/baselines', tanh or ReLU alike), 0.01 for the policy head,
+    whose first outputs are then near 0 (near-uniform choices, or means near 0), 1 for the value
+    head; biases 0."""
     torch.nn.init.orthogonal_(layer.weight, std)
     torch.nn.init.constant_(layer.bias, bias_const)
     return layer
@@ -133,10 +125,9 @@ def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.
 
 class Agent(nn.Module):
     """[Core 13: Separate MLP networks for policy and value functions] Two 64-64 tanh MLPs: on
-    simple tasks a shared trunk makes the policy and value objectives compete.
-    [Continuous 4: Separate MLP networks for policy and value functions] The actor gives the means
-    of the action distribution (openai/baselines' PPO for MuJoCo). The agent also owns the running
-    statistics of its observations (`normalize_obs`), without which its weights mean nothing."""
+    simple tasks a shared trunk makes the policy and value objectives compete. [Continuous 4:
+    Separate MLP networks for policy and value functions] The actor gives the Gaussian's means;
+    the agent owns its observation statistics (`normalize_obs`)."""
 
     def __init__(self, obs_size: int, action_size: int, obs_clip: float = 10.0):
         super().__init__()
@@ -154,15 +145,13 @@ class Agent(nn.Module):
             nn.Tanh(),
             layer_init(nn.Linear(64, action_size), std=0.01),
         )
-        # [Continuous 2: State-independent log standard deviation] one learned log std per action
-        # dimension, the same whatever the observation; 0 at first, so the first policy has std 1.
+        # [Continuous 2: State-independent log standard deviation] one per action dimension, 0 first
         self.actor_logstd = nn.Parameter(torch.zeros(1, action_size))
         self.obs_rms = RunningMeanStd(shape=(obs_size,))
         self.obs_clip = obs_clip
 
-    # PyTorch keeps what get_extra_state returns in state_dict() beside the weights, and hands it
-    # back to set_extra_state: the observation statistics travel with the weights into every
-    # checkpoint, and a loaded agent sees observations exactly as it did in training.
+    # state_dict() keeps what get_extra_state returns beside the weights: the observation statistics
+    # travel with them into every checkpoint, and a loaded agent sees as it did in training.
     def get_extra_state(self) -> dict:
         return statistics_state(self.obs_rms)
 
@@ -170,13 +159,9 @@ class Agent(nn.Module):
         restore_statistics(self.obs_rms, state)
 
     def normalize_obs(self, obs: np.ndarray, update: bool) -> np.ndarray:
-        """[Continuous 6: Normalization of observations] Each observation dimension is shifted and
-        scaled by the running mean and standard deviation of everything seen so far. Training passes
-        update=True: each observation the agent acts on enters the statistics once, as it arrives
-        (an episode's last one, in info["final_obs"] with SAME_STEP autoreset, is never acted on
-        and never counted); evaluation passes update=False and uses the statistics as saved.
-        [Continuous 7: Observation clipping] The result is clipped to [-obs_clip, obs_clip]. This
-        runs in NumPy, beside the environments: on 11 to 376 numbers it costs a few microseconds."""
+        """[Continuous 6: Normalization of observations] Shifted and scaled by the running mean and
+        std of those seen so far, each counted once in training (`update`), not in an evaluation.
+        [Continuous 7: Observation clipping] Then clipped to [-obs_clip, obs_clip]."""
         if update:
             self.obs_rms.update(obs)
         normalized = (obs - self.obs_rms.mean) / np.sqrt(self.obs_rms.var + 1e-8)
@@ -187,41 +172,30 @@ class Agent(nn.Module):
 
     @speed.compiled  # with --compile the rollout's step is compiled too; else it runs as written
     def get_action(self, obs: torch.Tensor) -> torch.Tensor:
-        """The rollout's policy step: sample actions, and nothing else. The rollout needs only the
-        actions at each step; their log-probabilities and values come after it, in one batched pass
-        (main). The draw is the one Normal(mean, std).sample() makes, without building the
-        distribution object."""
+        """The rollout's policy step: actions only, their log-probabilities and values computed
+        after the rollout in one batched pass; the draw of Normal(mean, std).sample()."""
         mean = self.actor_mean(obs)
         return torch.normal(mean, self.actor_logstd.exp().expand_as(mean))
 
     def get_action_and_value(self, obs: torch.Tensor, action: torch.Tensor | None = None):
         """Sample an action (or score a given one): returns action, log-prob, entropy and value.
-
-        [Continuous 1: Continuous actions via normal distributions] The policy is a Gaussian whose
-        mean comes from the actor network and whose std is exp(actor_logstd)."""
+        [Continuous 1: Continuous actions via normal distributions] means and a learned std"""
         mean = self.actor_mean(obs)
         std = self.actor_logstd.exp().expand_as(mean)
         # The network's outputs need no argument validation, which would only cost time.
         distribution = Normal(mean, std, validate_args=False)
         if action is None:
             action = distribution.sample()
-        # [Continuous 3: Independent action components] the action dimensions are independent
-        # Gaussians: an action's log-probability is the sum of theirs, and so is its entropy.
+        # [Continuous 3: Independent action components] log-probabilities and entropies sum up
         return (action, distribution.log_prob(action).sum(1), distribution.entropy().sum(1),
                 self.critic(obs))
 
 
 class RewardScaler:
-    """[Continuous 8: Reward scaling] Rewards are divided by the running standard deviation of the
-    discounted return (not of the rewards themselves, and without subtracting a mean), which keeps
-    the value targets in a range the value network learns well whatever the task's reward scale.
-
-    Per environment it keeps a return discounted by gamma; every step discounts it, adds the new
-    reward, updates the statistics with the returns, then scales the rewards by their std. As in the
-    reference implementation (gymnasium's NormalizeReward), a termination cuts the return (the
-    terminal step's return is its own reward alone) and a time-limit truncation does not. One set of
-    statistics serves all environments, as the one value network learns from all of them
-    (docs/notes/design.md weighs both choices against openai/baselines' VecNormalize)."""
+    """[Continuous 8: Reward scaling] Rewards divided by the running std of the discounted return
+    (no mean subtracted): value targets in a range the network learns well, whatever the task's
+    scale. As gymnasium's NormalizeReward, a termination cuts the return, a truncation does not; one
+    set of statistics serves all environments (docs/notes/design.md, against VecNormalize)."""
 
     def __init__(self, num_envs: int, gamma: float):
         self.gamma = gamma
@@ -258,8 +232,7 @@ def compute_gae(rewards: np.ndarray, values: np.ndarray, dones: np.ndarray, next
 def ppo_loss(new_logprob: torch.Tensor, entropy: torch.Tensor, new_value: torch.Tensor,
              old_logprob: torch.Tensor, old_value: torch.Tensor, advantages: torch.Tensor,
              returns: torch.Tensor, clip_coef: float, args: Args) -> tuple[torch.Tensor, dict]:
-    """The PPO objective on one minibatch, with the clipping coefficient of this update; returns the
-    loss to minimize and detached statistics."""
+    """The PPO objective on one minibatch: the loss to minimize, and detached statistics."""
     # How much more (or less) likely each action is under the policy being updated than under the
     # one that played it in the rollout: ratio = pi_new(a|s) / pi_old(a|s), from log-probabilities.
     logratio = new_logprob - old_logprob
@@ -314,10 +287,9 @@ def minibatch_loss(agent: Agent, obs: torch.Tensor, actions: torch.Tensor,
 def truncated_value(agent: Agent, infos: dict, truncated: np.ndarray,
                     device: torch.device) -> np.ndarray:
     """[Truncation: bootstrap the value of a time limit's final observation] (--bootstrap-truncated)
-    V(final observation) for each environment whose episode the time limit cut off (the episode
-    would have gone on), 0 elsewhere; info["final_obs"] holds that observation (SAME_STEP). The
-    caller adds gamma x this value to the step's reward: its target is r + gamma V(s_final). The
-    observation is valued as the agent would have seen it: normalized, not counted."""
+    V(final observation) where the time limit cut an episode off, 0 elsewhere (info["final_obs"],
+    SAME_STEP); the caller adds gamma x it to the step's reward: the target r + gamma V(s_final).
+    The observation is valued as the agent would have seen it: normalized, not counted."""
     values = np.zeros(len(truncated), dtype=np.float32)
     if truncated.any():
         final_obs = agent.normalize_obs(np.stack(infos["final_obs"][truncated]), update=False)
@@ -330,7 +302,7 @@ def truncated_value(agent: Agent, infos: dict, truncated: np.ndarray,
 
 def main(args: Args, checkpoint=None) -> dict:
     """Train as `args` says (resumed: from `checkpoint`); returns a summary for callers (tests)."""
-    # The run: its flags checked, its name and folder, its device (training.Run).
+    # The run: its flags checked, its device and name (training.Run).
     run = training.Run(args, checkpoint, env_package="mujoco")
     device = run.device
     batch_size = args.num_envs * args.num_steps
@@ -351,11 +323,10 @@ def main(args: Args, checkpoint=None) -> dict:
     # [Core 3: The Adam optimizer's epsilon parameter] 1e-5 as in the original code, not PyTorch's
     # 1e-8: Adam divides each step by sqrt(v) + eps, so the larger eps damps the steps of weights
     # whose tiny gradients it would scale up to full size. fused=True: one kernel for all weights.
-    # adam.Adam: torch.optim.Adam's update, bit for bit, without its import of the compiler.
+    # adam.Adam: torch.optim.Adam's update, bit for bit, 1.1 s faster to start (docs/ppo.md).
     optimizer = adam.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
 
-    # Rollout storage, (num_steps, num_envs, ...), refilled every iteration. It is kept in NumPy,
-    # beside the environments, and the whole batch moves to the training device once per iteration.
+    # Rollout storage, (num_steps, num_envs, ...), in NumPy: the batch moves to the device at once.
     # It holds what the agent saw and did: normalized observations, sampled actions, scaled rewards.
     obs = np.zeros((args.num_steps, args.num_envs) + obs_shape, dtype=np.float32)
     actions = np.zeros((args.num_steps, args.num_envs) + action_shape, dtype=np.float32)
@@ -364,7 +335,6 @@ def main(args: Args, checkpoint=None) -> dict:
 
     # The run starts: resumed, it takes back its weights, optimizer, random generators and where
     # its rollout stood; otherwise its environments begin new episodes, on seeds no sitting played.
-    # The weights carry the observation statistics; the reward scaler's come back by name.
     Rollout = NamedTuple("Rollout", [("next_obs", np.ndarray),
         ("next_done", np.ndarray), ("discounted_return", np.ndarray)])
     global_step, rollout = run.start(agent, optimizer, num_iterations, Rollout, envs,
@@ -375,8 +345,7 @@ def main(args: Args, checkpoint=None) -> dict:
         np.zeros(args.num_envs, dtype=bool), np.zeros(args.num_envs))
 
     for iteration in run.iterations():  # resumed: from the checkpoint's; a stop signal ends them
-        # [Core 4: Adam learning rate annealing] linearly from learning_rate toward 0, reached at
-        # the run's end (the last iteration uses learning_rate / num_iterations); --anneal-clip too.
+        # [Core 4: Adam learning rate annealing] linearly, 0 just after the last iteration
         fraction_left = 1.0 - (iteration - 1.0) / num_iterations
         if args.anneal_lr:
             optimizer.param_groups[0]["lr"] = fraction_left * args.learning_rate
@@ -397,14 +366,12 @@ def main(args: Args, checkpoint=None) -> dict:
                 with torch.inference_mode():
                     action = agent.get_action(torch.as_tensor(next_obs, dtype=torch.float32,
                                                               device=device))
-                # [Speed: one host transfer per step] the sampled action is the only thing the
-                # rollout brings back from the device; log-probabilities and values wait for the
-                # batched pass below.
+                # [Speed: one host transfer per step] the sampled action is all the rollout brings
+                # back from the device; log-probabilities and values wait for the batched pass.
                 actions[step] = action.cpu().numpy()
 
-            # [Continuous 5: Handling of action clipping to valid range and storage] The Gaussian's
-            # samples are unbounded; the environment gets them clipped to its bounds, but the
-            # rollout keeps the sample itself, the one whose log-probability the loss compares.
+            # [Continuous 5: Handling of action clipping to valid range and storage] the environment
+            # gets the sample clipped to its bounds; the rollout keeps it whole, for its log-prob.
             raw_obs, reward, terminations, truncations, infos = envs.step(
                 np.clip(actions[step], action_low, action_high))
             # A time limit ends the episode like a termination, as in the original PPO...
@@ -419,15 +386,12 @@ def main(args: Args, checkpoint=None) -> dict:
             # the episodes that ended, logged with their scores; and the progress line now and then
             run.record_step(global_step, environments.finished_episodes(infos))
 
-        # Flatten the rollout into one batch of num_envs x num_steps transitions.
-        # b_ names an array of the whole batch, mb_ one of a minibatch.
+        # The rollout as one batch of num_envs x num_steps (b_: the batch's, mb_: a minibatch's).
         b_obs = torch.as_tensor(obs.reshape((-1,) + obs_shape), device=device)
         b_actions = torch.as_tensor(actions.reshape((-1,) + action_shape), device=device)
 
-        # The policy did not change during the rollout, so the log-probabilities and values it had
-        # at each step can be computed now, in one batched pass instead of num_steps small ones (a
-        # second network call per step for the separate critic, where the Atari scripts' one trunk
-        # gives the value with the action).
+        # The policy did not change during the rollout: its log-probabilities and values come from
+        # one batched pass, not a second network call a step for the separate critic.
         with torch.no_grad():
             _, b_logprobs, _, b_values = agent.get_action_and_value(b_obs, b_actions)
             b_values = b_values.flatten()
@@ -455,22 +419,19 @@ def main(args: Args, checkpoint=None) -> dict:
                                              args)
                 optimizer.zero_grad()
                 loss.backward()
-                # [Core 11: Global gradient clipping] when the norm of all gradients together
-                # exceeds max_grad_norm, all are scaled down alike: one extreme minibatch cannot
-                # throw the weights far, and the gradient keeps its direction.
+                # [Core 11: Global gradient clipping] all gradients scaled down alike when their
+                # norm exceeds max_grad_norm: one extreme minibatch cannot throw the weights far.
                 grad_norm = nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm,
                                                      foreach=True)
                 optimizer.step()
-                # [Speed: CUDA graphs] the statistics are copied: with --cudagraphs the next replay
-                # of the loss writes its outputs where these are.
+                # [Speed: CUDA graphs] copies: --cudagraphs' next replay writes where these are
                 minibatch_stats.append({**{key: value.clone() for key, value in stats.items()},
                                         "grad_norm": grad_norm})
             if args.target_kl is not None and minibatch_stats[-1]["approx_kl"] > args.target_kl:
                 break
 
-        # [Core 12: Debug variables] averaged over this update's minibatches. run.end_iteration: a
-        # NaN stops the run; else it logs these means, the explained variance of the values against
-        # the returns and the progress line and, when due, writes a checkpoint holding Resumable.
+        # [Core 12: Debug variables] averaged over this update's minibatches. The run logs them with
+        # the values' explained variance (a NaN stops it) and saves a checkpoint when one is due.
         means = {key: torch.stack([s[key] for s in minibatch_stats]).mean().item()
                  for key in minibatch_stats[0]}
         run.end_iteration(iteration, global_step, means, host_values.reshape(-1),
@@ -482,8 +443,7 @@ def main(args: Args, checkpoint=None) -> dict:
 
 
 def evaluate(args: Args, checkpoint) -> list[float]:
-    """--evaluate: play episodes with the saved agent and its saved observation statistics, its
-    actions sampled and clipped as in training. Playing leaves the statistics as they were saved."""
+    """--evaluate: play episodes with the saved agent, its observation statistics as saved."""
     evaluation = Evaluation(args, checkpoint)  # the device and seeds
     envs = make_envs(args.env_id, 1, args.capture_video, evaluation.video_folder,
                      video_episodes=args.eval_episodes)

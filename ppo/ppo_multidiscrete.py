@@ -5,18 +5,12 @@
     python ppo/ppo_multidiscrete.py --resume runs/<run>/checkpoint.pt     # carry on
     python ppo/ppo_multidiscrete.py --evaluate runs/<run>/checkpoint.pt   # score a saved agent
 
-ppo.py, for MultiDiscrete actions: one categorical choice per part of the action, and a mask of the
-choices the environment allows at each step, whether it comes in an `action_mask` key of a Dict
-observation, in `info["action_mask"]` or from an `action_masks()` method.
-
-The file reads top to bottom: the settings, the environments, the agent, GAE and the clipped loss,
-then the training loop in `main()`. The 13 core implementation details of PPO are marked where they
-happen, `[Core 5: Generalized Advantage Estimation]` for one: 1 in make_envs, 2 and 13 in the agent,
-5 in compute_gae, 7 to 10 and 12 in ppo_loss, 3, 4, 6 and 11 in main; docs/ppo.md explains each.
-So are the MultiDiscrete detail and the masking ones, in ActionParts, the agent and minibatch_loss;
+ppo.py for MultiDiscrete actions: one categorical choice per part of the action, under a mask of
+the choices the environment allows at each step (an `action_mask` key of a Dict observation,
+`info["action_mask"]` or an `action_masks()` method). The core details are marked as in ppo.py, the
+MultiDiscrete and masking ones in ActionParts, the agent and minibatch_loss;
 docs/ppo_multidiscrete.md explains them.
-The run itself (its flags, checkpoints, logs, progress line and stop signals) comes from the modules
-beside this file, written once for every script: copy them along with it.
+The run around it (its flags, checkpoints, logs and stop signals) comes from the package ppo_utils.
 """
 
 import functools
@@ -30,10 +24,10 @@ import torch
 import torch.nn as nn
 from torch.distributions.categorical import Categorical
 
-from ppo_utils import adam, command_line, environments, exits, speed, training
+from ppo_utils import adam, command_line, environments, envpool_ids, exits, speed, training
 from ppo_utils.evaluation import Evaluation
 
-# written into checkpoints, so another variant's checkpoint is refused
+# names the script in its messages and checkpoints
 VARIANT = "ppo_multidiscrete"
 
 
@@ -145,18 +139,12 @@ def first_of(batch):
 
 
 class ActionParts(gym.Wrapper):
-    """[MultiDiscrete 1: Independent action components] The action as its parts: a MultiDiscrete
-    space from 0 whatever the environment's (Discrete is one part, an integer Box one per entry),
-    turned back into the environment's values at each step.
-
-    [Masking 1: The mask of each step, one row per part] Every info gets the environment's mask as
-    `action_mask`, sum(nvec) booleans (the first part's choices, the second's, ...), read from the
-    Dict observation's `action_mask`, the info's, or an `action_masks()` method (sb3-contrib's
-    convention); without any, every choice is allowed (a Dict key like it, `action_masks`, is
-    observed, with a warning). A mask of one row per part, padded to the longest, is read row by
-    row; a joint one, an entry per combination of the parts, is refused, as is one shaped as both
-    (nvec [2, k]). A part with every choice ruled out is drawn uniformly, with a warning. Dict and
-    Discrete observations are flattened into one vector (gymnasium.spaces.flatten)."""
+    """[MultiDiscrete 1: Independent action components] The action as its parts, a MultiDiscrete
+    from 0 (Discrete: one part; an integer Box: one per entry), turned back at each step.
+    [Masking 1: The mask of each step, one row per part] Every info gets the mask as `action_mask`,
+    sum(nvec) booleans, from the Dict observation's key, the info's, or sb3-contrib's
+    `action_masks()`; none: all allowed. Rows padded to the longest are read row by row; a joint
+    mask is refused (docs/ppo_multidiscrete.md). Dict and Discrete observations are flattened."""
 
     def __init__(self, env: gym.Env):
         super().__init__(env)
@@ -235,19 +223,16 @@ def warn_once(message: str) -> None:
 def make_envs(env_id: str, num_envs: int, capture_video: bool = False, video_folder: str = "videos",
               saved_envs: list | None = None,
               video_episodes: int | None = None) -> gym.vector.SyncVectorEnv:
-    """Build the vector of environments (from `saved_envs`, the very ones a checkpoint saved),
-    refusing those whose spaces this script cannot train on.
+    """[Core 1: Vectorized architecture] One learner steps `num_envs` copies of the environment in
+    lock step, so each rollout holds num_envs x num_steps transitions. Resumed: the very ones a
+    checkpoint saved (`saved_envs`). Spaces this script cannot train on are refused.
 
-    [Core 1: Vectorized architecture] One learner steps `num_envs` copies of the environment in lock
-    step, so each rollout holds num_envs x num_steps transitions.
-
-    Autoreset: SAME_STEP mode resets a finished environment within the step
-    that ends its episode: every step() is a real transition, and the observation and mask it
-    returns for a finished environment are already the next episode's first."""
+    Autoreset is SAME_STEP (environments.vector_env): a finished environment resets within the step
+    that ends its episode, so every step() is a real transition (docs/ppo.md, Episode ends)."""
     if env_id.startswith("Jumanji/"):
-        environments.check_envpool_id(env_id, None, "Jumanji/Cleaner-v0")
+        envpool_ids.check_envpool_id(env_id, None, "Jumanji/Cleaner-v0")
     else:
-        environments.check_gymnasium_id(env_id, envpool_namespace="Jumanji")
+        environments.check_gymnasium_id(env_id, hint=envpool_ids.port_hint(env_id, "Jumanji"))
     envs = environments.vector_env([make_env(env_id, i, capture_video, video_folder, video_episodes)
                                 for i in range(num_envs)], env_id, saved_envs)
     environments.check_spaces(envs, env_id, actions=(gym.spaces.MultiDiscrete,))
@@ -255,11 +240,10 @@ def make_envs(env_id: str, num_envs: int, capture_video: bool = False, video_fol
 
 
 def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Module:
-    """[Core 2: Orthogonal initialization of weights, constant initialization of biases] Orthogonal
-    weights with gain sqrt(2) for the hidden layers (openai/baselines' choice, tanh or ReLU alike;
-    sqrt(2) is the gain that suits ReLU), 0.01 for the policy head, so that the first policy's
-    outputs are close to 0 (near-uniform probabilities, or means near 0), 1 for the value head;
-    biases 0."""
+    """[Core 2: Orthogonal initialization of weights, constant initialization of biases] Gain
+    sqrt(2) for the hidden layers (openai/baselines', tanh or ReLU alike), 0.01 for the policy head,
+    whose first outputs are then near 0 (near-uniform choices, or means near 0), 1 for the value
+    head; biases 0."""
     torch.nn.init.orthogonal_(layer.weight, std)
     torch.nn.init.constant_(layer.bias, bias_const)
     return layer
@@ -294,11 +278,9 @@ class Agent(nn.Module):
         return self.critic(obs)
 
     def logits_of_parts(self, obs: torch.Tensor, mask: torch.Tensor) -> list[torch.Tensor]:
-        """[Masking 2: Invalid logits replaced] Each ruled-out choice's logit becomes the most
-        negative float, so its probability is exactly 0: it is never sampled, and, as masked_fill
-        writes a constant, no gradient reaches it. A part with one valid choice takes it with
-        probability 1 (log-probability and entropy 0). Not -inf: in a part whose choices are all
-        ruled out, normalizing would give -inf - (-inf) = NaN; here such a part stays uniform.
+        """[Masking 2: Invalid logits replaced] A ruled-out choice's logit becomes the most negative
+        float: probability exactly 0, never sampled, no gradient (masked_fill writes a constant).
+        Not -inf, which normalizes to NaN where a part has no valid choice (it stays uniform here).
         Then the logits split into one row per part."""
         logits = self.actor(obs)
         if self.action_masks:
@@ -307,22 +289,17 @@ class Agent(nn.Module):
 
     @speed.compiled  # with --compile the rollout's step is compiled too; else it runs as written
     def get_action(self, obs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """The rollout's policy step: sample each part's choice, and nothing else. Log-probabilities
-        and values come after the rollout, in one batched pass (main). [Speed: one draw in three
-        operations] Each part's draw is the one Categorical(logits=...).sample() makes (ppo.py)."""
+        """The rollout's policy step: each part's choice, drawn as Categorical(...).sample() draws
+        it ([Speed: one draw in three operations], as ppo.py); log-probs and values come later."""
         probs = [logits.softmax(dim=-1) for logits in self.logits_of_parts(obs, mask)]
         return torch.stack([(part / torch.empty_like(part).exponential_()).argmax(dim=-1)
                             for part in probs], dim=-1)
 
     def get_action_and_value(self, obs: torch.Tensor, mask: torch.Tensor,
                              action: torch.Tensor | None = None):
-        """Sample an action (or score a given one) under `mask`: returns action, log-prob, entropy
-        and value.
-
-        [MultiDiscrete 1: Independent action components] The parts are drawn independently, so the
-        action's probability is the product of theirs: its log-probability, and the entropy, are
-        sums over the parts. [Masking 3: Entropy over the valid choices] The ruled-out choices have
-        probability 0 and add nothing to a part's entropy."""
+        """Sample an action (or score a given one) under `mask`: action, log-prob, entropy, value.
+        [MultiDiscrete 1: Independent action components] log-probabilities and entropies sum over
+        the parts. [Masking 3: Entropy over the valid choices] ruled-out choices add nothing."""
         parts = [Categorical(logits=logits, validate_args=False)
                  for logits in self.logits_of_parts(obs, mask)]
         if action is None:
@@ -357,8 +334,7 @@ def compute_gae(rewards: np.ndarray, values: np.ndarray, dones: np.ndarray, next
 def ppo_loss(new_logprob: torch.Tensor, entropy: torch.Tensor, new_value: torch.Tensor,
              old_logprob: torch.Tensor, old_value: torch.Tensor, advantages: torch.Tensor,
              returns: torch.Tensor, clip_coef: float, args: Args) -> tuple[torch.Tensor, dict]:
-    """The PPO objective on one minibatch, with the clipping coefficient of this update; returns the
-    loss to minimize and detached statistics."""
+    """The PPO objective on one minibatch: the loss to minimize, and detached statistics."""
     # How much more (or less) likely each action is under the policy being updated than under the
     # one that played it in the rollout: ratio = pi_new(a|s) / pi_old(a|s), from log-probabilities.
     logratio = new_logprob - old_logprob
@@ -415,9 +391,8 @@ def minibatch_loss(agent: Agent, obs: torch.Tensor, masks: torch.Tensor,
 def truncated_value(agent: Agent, infos: dict, truncated: np.ndarray,
                     device: torch.device) -> np.ndarray:
     """[Truncation: bootstrap the value of a time limit's final observation] (--bootstrap-truncated)
-    V(final observation) for each environment whose episode the time limit cut off (the episode
-    would have gone on), 0 elsewhere; info["final_obs"] holds that observation (SAME_STEP). The
-    caller adds gamma x this value to the step's reward: its target is r + gamma V(s_final)."""
+    V(final observation) where the time limit cut an episode off, 0 elsewhere (info["final_obs"],
+    SAME_STEP); the caller adds gamma x it to the step's reward: the target r + gamma V(s_final)."""
     values = np.zeros(len(truncated), dtype=np.float32)
     if truncated.any():
         final_obs = np.stack(infos["final_obs"][truncated])
@@ -429,8 +404,7 @@ def truncated_value(agent: Agent, infos: dict, truncated: np.ndarray,
 
 
 def ruled_out_share(actions: np.ndarray, masks: np.ndarray, nvec: list[int]) -> float:
-    """The share of the rollout's actions with a part that the mask ruled out: 0 when masked
-    (unless a part had no valid choice at all), what masking spares with --no-action-masks."""
+    """The share of the rollout's actions with a part the mask ruled out (--no-action-masks)."""
     first_choice_of_part = np.cumsum([0, *nvec[:-1]])
     allowed = np.take_along_axis(masks, actions + first_choice_of_part, axis=-1)
     return float((~allowed).any(axis=-1).mean())
@@ -438,7 +412,7 @@ def ruled_out_share(actions: np.ndarray, masks: np.ndarray, nvec: list[int]) -> 
 
 def main(args: Args, checkpoint=None) -> dict:
     """Train as `args` says (resumed: from `checkpoint`); returns a summary for callers (tests)."""
-    # The run: its flags checked, its name and folder, its device (training.Run).
+    # The run: its flags checked, its device and name (training.Run).
     run = training.Run(args, checkpoint,
                        env_package="envpool" if args.env_id.startswith("Jumanji/") else None)
     device = run.device
@@ -458,11 +432,10 @@ def main(args: Args, checkpoint=None) -> dict:
     # [Core 3: The Adam optimizer's epsilon parameter] 1e-5 as in the original code, not PyTorch's
     # 1e-8: Adam divides each step by sqrt(v) + eps, so the larger eps damps the steps of weights
     # whose tiny gradients it would scale up to full size. fused=True: one kernel for all weights.
-    # adam.Adam: torch.optim.Adam's update, bit for bit, without its import of the compiler.
+    # adam.Adam: torch.optim.Adam's update, bit for bit, 1.1 s faster to start (docs/ppo.md).
     optimizer = adam.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
 
-    # Rollout storage, (num_steps, num_envs, ...), refilled every iteration. It is kept in NumPy,
-    # beside the environments, and the whole batch moves to the training device once per iteration.
+    # Rollout storage, (num_steps, num_envs, ...), in NumPy: the batch moves to the device at once.
     obs = np.zeros((args.num_steps, args.num_envs) + obs_shape, dtype=np.float32)
     actions = np.zeros((args.num_steps, args.num_envs, len(nvec)), dtype=np.int64)
     masks = np.zeros((args.num_steps, args.num_envs, sum(nvec)), dtype=bool)
@@ -481,8 +454,7 @@ def main(args: Args, checkpoint=None) -> dict:
         next_mask, next_done = infos["action_mask"], np.zeros(args.num_envs, dtype=bool)
 
     for iteration in run.iterations():  # resumed: from the checkpoint's; a stop signal ends them
-        # [Core 4: Adam learning rate annealing] linearly from learning_rate toward 0, reached at
-        # the run's end (the last iteration uses learning_rate / num_iterations); --anneal-clip too.
+        # [Core 4: Adam learning rate annealing] linearly, 0 just after the last iteration
         fraction_left = 1.0 - (iteration - 1.0) / num_iterations
         if args.anneal_lr:
             optimizer.param_groups[0]["lr"] = fraction_left * args.learning_rate
@@ -514,16 +486,13 @@ def main(args: Args, checkpoint=None) -> dict:
             # the episodes that ended, logged with their scores; and the progress line now and then
             run.record_step(global_step, environments.finished_episodes(infos))
 
-        # Flatten the rollout into one batch of num_envs x num_steps transitions.
-        # b_ names an array of the whole batch, mb_ one of a minibatch.
+        # The rollout as one batch of num_envs x num_steps (b_: the batch's, mb_: a minibatch's).
         b_obs = torch.as_tensor(obs.reshape((-1,) + obs_shape), device=device)
         b_actions = torch.as_tensor(actions.reshape(-1, len(nvec)), device=device)
         b_masks = torch.as_tensor(masks.reshape(-1, sum(nvec)), device=device)
 
-        # The policy did not change during the rollout, so the log-probabilities and values it had
-        # at each step can be computed now, in one batched pass instead of num_steps small ones (a
-        # second network call per step for the separate critic, where the Atari scripts' one trunk
-        # gives the value with the action).
+        # The policy did not change during the rollout: its log-probabilities and values come from
+        # one batched pass, not a second network call a step for the separate critic.
         with torch.no_grad():
             _, b_logprobs, _, b_values = agent.get_action_and_value(b_obs, b_masks, b_actions)
             b_values = b_values.flatten()
@@ -551,22 +520,19 @@ def main(args: Args, checkpoint=None) -> dict:
                                              b_returns[mb_inds], clip_coef, args)
                 optimizer.zero_grad()
                 loss.backward()
-                # [Core 11: Global gradient clipping] when the norm of all gradients together
-                # exceeds max_grad_norm, all are scaled down alike: one extreme minibatch cannot
-                # throw the weights far, and the gradient keeps its direction.
+                # [Core 11: Global gradient clipping] all gradients scaled down alike when their
+                # norm exceeds max_grad_norm: one extreme minibatch cannot throw the weights far.
                 grad_norm = nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm,
                                                      foreach=True)
                 optimizer.step()
-                # [Speed: CUDA graphs] the statistics are copied: with --cudagraphs the next replay
-                # of the loss writes its outputs where these are.
+                # [Speed: CUDA graphs] copies: --cudagraphs' next replay writes where these are
                 minibatch_stats.append({**{key: value.clone() for key, value in stats.items()},
                                         "grad_norm": grad_norm})
             if args.target_kl is not None and minibatch_stats[-1]["approx_kl"] > args.target_kl:
                 break
 
-        # [Core 12: Debug variables] averaged over this update's minibatches. run.end_iteration: a
-        # NaN stops the run; else it logs these means, the explained variance of the values against
-        # the returns and the progress line and, when due, writes a checkpoint holding Resumable.
+        # [Core 12: Debug variables] averaged over this update's minibatches. The run logs them with
+        # the values' explained variance (a NaN stops it) and saves a checkpoint when one is due.
         means = {key: torch.stack([s[key] for s in minibatch_stats]).mean().item()
                  for key in minibatch_stats[0]}
         run.end_iteration(iteration, global_step, means, host_values.reshape(-1),

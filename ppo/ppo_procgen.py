@@ -9,39 +9,26 @@ Procgen comes with the extra: pip install -e ".[procgen]" (OpenAI's procgen, on 
 procgen-mirror). The file follows ppo/ppo_atari.py, its core details marked where they happen as
 there, and so are the network, `[Procgen: IMPALA CNN]`, and openai/train-procgen's two settings that
 the other scripts lack (Procgen 1 in Args, 2 in RewardScaler); docs/ppo_procgen.md explains each.
-The run itself (its flags, checkpoints, logs, progress line and stop signals) comes from the modules
-beside this file, written once for every script: copy them along with it.
+The run around it (its flags, checkpoints, logs and stop signals) comes from the package ppo_utils.
 """
 
-import contextlib
-import io
 from dataclasses import dataclass
 from typing import Annotated, NamedTuple
 
-import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn as nn
 from gymnasium.wrappers.utils import RunningMeanStd
 from torch.distributions.categorical import Categorical
 
-from ppo_utils import adam, command_line, environments, speed, training
+from ppo_utils import adam, command_line, environments, procgen_games, speed, training
 from ppo_utils.evaluation import Evaluation
 
-try:
-    # procgen imports the retired `gym` package to register old-style environments, and gym prints
-    # a notice about itself on import that concerns neither this script nor its user.
-    with contextlib.redirect_stderr(io.StringIO()):
-        from procgen import ProcgenGym3Env
-except ImportError:  # environments.check_procgen_id says how to install it
-    ProcgenGym3Env = None
-
-# written into checkpoints, so another variant's checkpoint is refused
+# names the script in its messages and checkpoints
 VARIANT = "ppo_procgen"
 
-DISTRIBUTION_MODES = ("easy", "hard", "extreme", "memory", "exploration")
-ONE_OF_THE_MODES = command_line.Rule(f"one of {', '.join(DISTRIBUTION_MODES)}",
-                                     lambda value: value in DISTRIBUTION_MODES)
+MODES = procgen_games.DISTRIBUTION_MODES
+ONE_OF_THE_MODES = command_line.Rule(f"one of {', '.join(MODES)}", lambda value: value in MODES)
 LEVELS = command_line.Rule("0 (unlimited levels) or more", lambda value: value >= 0)
 
 
@@ -96,70 +83,15 @@ class Args:
     """scaled rewards are clipped to [-reward_clip, reward_clip]"""
 
 
-class ProcgenVectorEnv:
-    """`num_envs` Procgen games (`games`, gym3's) behind the calls of a gymnasium vector
-    environment. [Core 1: Vectorized architecture] One learner steps all games in lock step, in
-    Procgen's C++ threads, so each rollout holds num_envs x num_steps transitions. Procgen resets a
-    finished game within the step that ends it, as SAME_STEP mode does, and its time limits end
-    episodes like losses (`terminated`). reset(seed) builds the games anew, their levels drawn from
-    that seed. Each step's info reports the episodes that ended as RecordEpisodeStatistics does;
-    `video_folder` films the first game as the agent sees it."""
-
-    single_observation_space = gym.spaces.Box(0, 255, (64, 64, 3), np.uint8)
-    single_action_space = gym.spaces.Discrete(15)
-
-    def __init__(self, game: str, num_envs: int, distribution_mode: str = "easy",
-                 num_levels: int = 0, start_level: int = 0, video_folder: str | None = None):
-        self.num_envs = num_envs
-        self.options = dict(env_name=game, distribution_mode=distribution_mode)
-        if distribution_mode != "exploration":  # which sets its own level
-            self.options.update(num_levels=num_levels, start_level=start_level)
-        self.games, self.episode_return, self.episode_length = None, None, None
-        self.recorder = environments.VideoRecorder(video_folder) if video_folder else None
-
-    def reset(self, seed: int | None = None) -> tuple[np.ndarray, dict]:
-        if self.games is not None:
-            self.games.close()
-        # a 32-bit seed: a resumed run's or an evaluation's (--seed plus an offset) may pass 2**31
-        seed = None if seed is None else seed % 2**31
-        self.games = ProcgenGym3Env(num=self.num_envs, rand_seed=seed, **self.options)
-        _, obs, _ = self.games.observe()
-        self.episode_return = np.zeros(self.num_envs)
-        self.episode_length = np.zeros(self.num_envs, dtype=np.int64)
-        self.film(obs["rgb"], episode_ended=False)
-        return obs["rgb"], {}
-
-    def step(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray,
-                                                 dict]:
-        self.games.act(np.asarray(actions, dtype=np.int32))
-        reward, obs, first = self.games.observe()  # first: this observation begins a new episode
-        self.film(obs["rgb"], episode_ended=first[0])
-        self.episode_return += reward
-        self.episode_length += 1
-        info = {"final_info": {"episode": {"r": self.episode_return.copy(),
-                                           "l": self.episode_length.copy()}, "_episode": first}}
-        self.episode_return[first], self.episode_length[first] = 0.0, 0
-        return obs["rgb"], reward, first, np.zeros_like(first), info
-
-    def film(self, obs: np.ndarray, episode_ended: bool) -> None:
-        """--capture-video: the first game's frames, scaled up 4x, while the schedule films it."""
-        if self.recorder and episode_ended:
-            self.recorder.episode_ended()
-        if self.recorder and self.recorder.filming:
-            self.recorder.add(obs[0].repeat(4, axis=0).repeat(4, axis=1))
-
-    def close(self) -> None:
-        if self.games is not None:
-            self.games.close()
-
-
 def make_envs(env_id: str, num_envs: int, capture_video: bool = False, video_folder: str = "videos",
               distribution_mode: str = "easy", num_levels: int = 0, start_level: int = 0):
-    """Build the vector of games, checking that this script can train on them."""
-    environments.check_procgen_id(env_id, distribution_mode, num_levels, start_level,
-                                  installed=ProcgenGym3Env is not None)
-    return ProcgenVectorEnv(env_id, num_envs, distribution_mode, num_levels, start_level,
-                            video_folder if capture_video else None)
+    """[Core 1: Vectorized architecture] One learner steps `num_envs` games in lock step, in
+    Procgen's C++ threads, so each rollout holds num_envs x num_steps transitions. Procgen resets a
+    finished game within the step that ends it, as SAME_STEP mode does, and its time limits end
+    episodes like losses (`terminated`). Games and settings Procgen lacks are refused."""
+    procgen_games.check_procgen_id(env_id, distribution_mode, num_levels, start_level)
+    return procgen_games.Games(env_id, num_envs, distribution_mode, num_levels, start_level,
+                               video_folder if capture_video else None)
 
 
 def layer_init(layer: nn.Linear, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Linear:
@@ -281,8 +213,7 @@ def compute_gae(rewards: np.ndarray, values: np.ndarray, dones: np.ndarray, next
 def ppo_loss(new_logprob: torch.Tensor, entropy: torch.Tensor, new_value: torch.Tensor,
              old_logprob: torch.Tensor, old_value: torch.Tensor, advantages: torch.Tensor,
              returns: torch.Tensor, clip_coef: float, args: Args) -> tuple[torch.Tensor, dict]:
-    """The PPO objective on one minibatch, with the clipping coefficient of this update; returns the
-    loss to minimize and detached statistics."""
+    """The PPO objective on one minibatch: the loss to minimize, and detached statistics."""
     # How much more (or less) likely each action is under the policy being updated than under the
     # one that played it in the rollout: ratio = pi_new(a|s) / pi_old(a|s), from log-probabilities.
     logratio = new_logprob - old_logprob
@@ -336,7 +267,7 @@ def minibatch_loss(agent: Agent, obs: torch.Tensor, actions: torch.Tensor,
 
 def main(args: Args, checkpoint=None) -> dict:
     """Train as `args` says (resumed: from `checkpoint`); returns a summary for callers (tests)."""
-    # The run: its flags checked, its name and folder, its device (training.Run).
+    # The run: its flags checked, its device and name (training.Run).
     run = training.Run(args, checkpoint, env_package="procgen-mirror", recent_episodes=100)
     device = run.device
     batch_size = args.num_envs * args.num_steps
@@ -354,7 +285,7 @@ def main(args: Args, checkpoint=None) -> dict:
     # [Core 3: The Adam optimizer's epsilon parameter] 1e-5 as in the original code, not PyTorch's
     # 1e-8: Adam divides each step by sqrt(v) + eps, so the larger eps damps the steps of weights
     # whose tiny gradients it would scale up to full size. fused=True: one kernel for all weights.
-    # adam.Adam: torch.optim.Adam's update, bit for bit, without its import of the compiler.
+    # adam.Adam: torch.optim.Adam's update, bit for bit, 1.1 s faster to start (docs/ppo.md).
     optimizer = adam.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
 
     # Rollout storage, (num_steps, num_envs, ...). [Speed: one host transfer per step] What the
@@ -419,8 +350,7 @@ def main(args: Args, checkpoint=None) -> dict:
                                           next_value.cpu().numpy().flatten(), next_done,
                                           args.gamma, args.gae_lambda)
 
-        # Flatten the rollout into one batch of num_envs x num_steps transitions.
-        # b_ names an array of the whole batch, mb_ one of a minibatch.
+        # The rollout as one batch of num_envs x num_steps (b_: the batch's, mb_: a minibatch's).
         b_obs = obs.reshape((-1,) + obs_shape)
         b_actions = actions.reshape(-1)
         b_logprobs = logprobs.reshape(-1)
@@ -442,22 +372,19 @@ def main(args: Args, checkpoint=None) -> dict:
                                              args)
                 optimizer.zero_grad()
                 loss.backward()
-                # [Core 11: Global gradient clipping] when the norm of all gradients together
-                # exceeds max_grad_norm, all are scaled down alike: one extreme minibatch cannot
-                # throw the weights far, and the gradient keeps its direction.
+                # [Core 11: Global gradient clipping] all gradients scaled down alike when their
+                # norm exceeds max_grad_norm: one extreme minibatch cannot throw the weights far.
                 grad_norm = nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm,
                                                      foreach=True)
                 optimizer.step()
-                # [Speed: CUDA graphs] the statistics are copied: with --cudagraphs the next replay
-                # of the loss writes its outputs where these are.
+                # [Speed: CUDA graphs] copies: --cudagraphs' next replay writes where these are
                 minibatch_stats.append({**{key: value.clone() for key, value in stats.items()},
                                         "grad_norm": grad_norm})
             if args.target_kl is not None and minibatch_stats[-1]["approx_kl"] > args.target_kl:
                 break
 
-        # [Core 12: Debug variables] averaged over this update's minibatches. run.end_iteration: a
-        # NaN stops the run; else it logs these means, the explained variance of the values against
-        # the returns and the progress line and, when due, writes a checkpoint holding Resumable.
+        # [Core 12: Debug variables] averaged over this update's minibatches. The run logs them with
+        # the values' explained variance (a NaN stops it) and saves a checkpoint when one is due.
         means = {key: torch.stack([s[key] for s in minibatch_stats]).mean().item()
                  for key in minibatch_stats[0]}
         run.end_iteration(iteration, global_step, means, host_values.reshape(-1),

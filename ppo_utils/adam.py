@@ -1,14 +1,8 @@
-"""Adam as torch.optim.Adam computes it, without what torch.optim.Optimizer costs at a start.
-
-Every method of torch.optim.Optimizer (building it, step, zero_grad, state_dict) first imports
-torch._dynamo, the compiler's front end, with SymPy and more behind it: 1 to 2 seconds of every
-process that trains, as long as PyTorch's own import, for a compiler that only --compile uses. On a
-CPU that is a tenth of a 100,000-step CartPole run, and a tuner's study pays it in every trial.
-
-`Adam` keeps the parameters' moments itself and hands them to torch.optim.adam.adam, the function
-that torch.optim.Adam.step calls, with the same arguments: the same kernel (the fused one, as the
-scripts ask) makes the same numbers, bit for bit. Its state_dict() is torch.optim.Adam's, so either
-class loads what the other saved, and checkpoints written before it existed resume.
+"""Adam as torch.optim.Adam computes it, without the second that torch.optim.Optimizer adds to each
+start (1.1 s, docs/ppo.md): its methods import torch._dynamo, which only --compile uses.
+`Adam` keeps the moments itself and calls torch.optim.adam.adam, the function torch.optim.Adam.step
+calls, with the same arguments: the same numbers, bit for bit, and the same state_dict layout, so
+either class loads what the other saved.
 """
 
 import torch
@@ -16,9 +10,8 @@ from torch.optim.adam import adam
 
 
 class Adam:
-    """Adam (Kingma and Ba, 2015) over `params`, one parameter group, as torch.optim.Adam(params,
-    lr=lr, eps=eps, fused=fused) computes it. `param_groups[0]["lr"]` may be changed between steps
-    (the scripts anneal it); the other settings are torch.optim.Adam's defaults."""
+    """torch.optim.Adam(params, lr=lr, eps=eps, fused=fused), one parameter group, whose "lr" the
+    scripts anneal between steps."""
 
     def __init__(self, params, lr: float, eps: float = 1e-8, fused: bool | None = None):
         self.params = list(params)
@@ -26,8 +19,7 @@ class Adam:
             "lr": lr, "betas": (0.9, 0.999), "eps": eps, "weight_decay": 0, "amsgrad": False,
             "maximize": False, "foreach": None, "capturable": False, "differentiable": False,
             "fused": fused, "decoupled_weight_decay": False, "params": self.params}]
-        # Per parameter, from its first step on: the step count and the moving averages of the
-        # gradient and of its square.
+        # per parameter, from its first step: the step count and the two moving averages
         self.state: dict[torch.Tensor, dict[str, torch.Tensor]] = {}
 
     def zero_grad(self) -> None:
@@ -36,7 +28,6 @@ class Adam:
 
     @torch.no_grad()
     def step(self) -> None:
-        """One update of every parameter that has a gradient, as torch.optim.Adam.step makes it."""
         group = self.param_groups[0]
         params = [param for param in self.params if param.grad is not None]
         for param in params:
@@ -49,9 +40,8 @@ class Adam:
                     "exp_avg_sq": torch.zeros_like(param, memory_format=torch.preserve_format)}
         states = [self.state[param] for param in params]
         beta1, beta2 = group["betas"]
-        # Every argument but `decoupled_weight_decay` (PyTorch 2.7 and later; its default, False,
-        # is this group's and changes nothing with no weight decay): torch 2.6's adam() has no such
-        # argument, and tests/test_floors.py runs this step on the floor.
+        # every argument but decoupled_weight_decay, which torch 2.6 (the floor) lacks: its
+        # default, False, changes nothing without weight decay
         adam(params, [param.grad for param in params], [state["exp_avg"] for state in states],
              [state["exp_avg_sq"] for state in states], [], [state["step"] for state in states],
              amsgrad=group["amsgrad"], has_complex=False, beta1=beta1, beta2=beta2, lr=group["lr"],
@@ -60,15 +50,13 @@ class Adam:
              differentiable=group["differentiable"], fused=group["fused"])
 
     def state_dict(self) -> dict:
-        """torch.optim.Adam's layout: the parameters by their position, the group's settings."""
         position = {param: i for i, param in enumerate(self.params)}
         settings = {key: value for key, value in self.param_groups[0].items() if key != "params"}
         return {"state": {position[param]: state for param, state in self.state.items()},
                 "param_groups": [{**settings, "params": list(range(len(self.params)))}]}
 
     def load_state_dict(self, state_dict: dict) -> None:
-        """What state_dict(), or torch.optim.Adam's, saved: the settings and each parameter's state,
-        moved to the parameter's device as torch.optim.Adam moves them."""
+        """Settings and state as either class saved them, on the parameters' devices."""
         (saved_group,) = state_dict["param_groups"]
         if len(saved_group["params"]) != len(self.params):
             raise ValueError(f"the saved optimizer holds {len(saved_group['params'])} parameters, "

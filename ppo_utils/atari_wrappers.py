@@ -1,22 +1,15 @@
-"""The two Atari wrappers that gymnasium lacks, shared by the ale-py scripts: a lost life ends the
-training episode (EpisodicLife), and FIRE starts the games that wait for it (FireReset).
-
-gymnasium's AtariPreprocessing carries out the other preprocessing details; these two are written
-here once for ppo_atari.py, ppo_atari_lstm.py and ppo_atari_multigpu.py, as CleanRL's Atari scripts
-import them from Stable-Baselines3. Each script marks the detail where it wraps its games
-(`[Atari 3]`, `[Atari 4]` in make_env); envpool carries out both in C++ (ppo_atari_envpool.py).
-They hold only data (lives, whether the game is over), so checkpoints save them with the game.
+"""The two Atari wrappers gymnasium lacks, for the ale-py scripts (CleanRL's import them from
+Stable-Baselines3): a lost life ends the training episode (EpisodicLife), and FIRE starts the games
+that wait for it (FireReset). They hold only data, which checkpoints save with the game.
 """
 
 import gymnasium as gym
 
 
 class EpisodicLife(gym.Wrapper):
-    """[Atari 3: EpisodicLifeEnv] Losing a life ends the episode for training (terminated=True), so
-    the value of the state before a lost life is not bootstrapped from the next life. The game
-    itself goes on: after a lost life, reset() takes one no-op step instead of restarting the game.
-    (gymnasium's AtariPreprocessing(terminal_on_life_loss=True) lets the vector env reset the game
-    at every lost life: the agent would never see a game's later stages.)"""
+    """[Atari 3: EpisodicLifeEnv] A lost life ends the episode for training (terminated=True): the
+    state before it is not bootstrapped from the next life. The game goes on: reset() then takes a
+    no-op step. (AtariPreprocessing(terminal_on_life_loss=True) would restart the game instead.)"""
 
     def __init__(self, env: gym.Env):
         super().__init__(env)
@@ -27,8 +20,7 @@ class EpisodicLife(gym.Wrapper):
         obs, reward, terminated, truncated, info = self.env.step(action)
         self.game_over = terminated or truncated
         lives = self.env.unwrapped.ale.lives()
-        # `0 < lives`: the last life's loss is left to the game's own termination, which some games
-        # signal a few frames later.
+        # the last life's loss is left to the game's own end, a few frames later in some games
         if 0 < lives < self.lives:
             terminated = True
         self.lives = lives
@@ -47,9 +39,8 @@ class EpisodicLife(gym.Wrapper):
 
 
 class FireReset(gym.Wrapper):
-    """[Atari 4: FireResetEnv] For games that wait for FIRE before they start (Breakout launches its
-    ball only then), press FIRE after every reset, including the reset that follows a lost life, and
-    then action 2, as the original wrapper does. gymnasium has no such wrapper."""
+    """[Atari 4: FireResetEnv] In games that wait for FIRE (Breakout's ball), press FIRE after every
+    reset, a lost life's too, then action 2, as the original wrapper does."""
 
     def reset(self, **kwargs):
         self.env.reset(**kwargs)

@@ -1,5 +1,5 @@
-"""A run's checkpoint: what it holds, declared once (Checkpoint), written atomically, and read as
-data, so that reading one runs no code that it names."""
+"""A run's checkpoint: what it holds, declared once (Checkpoint), written atomically and read as
+data, so that reading one runs no code it names."""
 
 import contextlib
 import os
@@ -12,15 +12,15 @@ from gymnasium.wrappers.utils import RunningMeanStd
 
 from ppo_utils.exits import WrongInput
 
-# The format written here. Each change of what a checkpoint holds raises it, and the checkpoints of
-# earlier formats are refused, naming the last commit whose scripts read them.
+# Each change of what a checkpoint holds raises FORMAT; an earlier format is refused, naming the
+# last commit whose scripts read it.
 FORMAT = 3
 LAST_COMMIT_READING = {1: "3e60c83", 2: "3e60c83"}
 
 
 @dataclass
 class ProcessState:
-    """What one process of a run keeps of its own; under torchrun, each rank's."""
+    """What one process keeps of its own; under torchrun, each rank's."""
 
     rng: dict  # Python's, NumPy's and PyTorch's (and CUDA's) random generators
     rollout: dict  # where the script's rollout stood: its Rollout's fields
@@ -77,10 +77,8 @@ class Checkpoint:
 
 
 def numpy_types() -> list:
-    """The types a checkpoint may hold beside tensors, plain containers, numbers and text: NumPy's
-    arrays and scalars of booleans and numbers (arrays of Python objects stay refused), under the
-    names NumPy 1 and NumPy 2 pickle them with; and `bytes`, which torch.save's pickle protocol
-    calls for an empty one."""
+    """What a checkpoint may hold beside tensors, containers, numbers and text: NumPy's arrays and
+    scalars of numbers, by NumPy 1's and 2's names; `bytes`, which an empty one pickles as."""
     try:
         from numpy._core import multiarray
     except ImportError:  # NumPy before 1.26
@@ -95,7 +93,7 @@ def numpy_types() -> list:
 
 def read_data(path: str):
     """torch.load(weights_only=True) with `numpy_types`: a file that names anything else (a function
-    that unpickling would call, a class it would build) is refused in one line that names it."""
+    to call, a class to build) is refused in one line that names it."""
     with torch.serialization.safe_globals(numpy_types()):
         try:
             return torch.load(path, map_location="cpu", weights_only=True)
@@ -109,7 +107,7 @@ def read_data(path: str):
     if found:
         held = f"{', '.join(found)}, which loading it would call or build"
     elif lines[0].startswith("Weights only load failed") and len(lines) > 2:
-        held = f"what a checkpoint never holds ({lines[-2]})"  # torch's reason, between its advice
+        held = f"what a checkpoint never holds ({lines[-2]})"  # torch's reason, amid its advice
     else:
         raise WrongInput(f"cannot read checkpoint {path!r}: {lines[0]}")
     raise WrongInput(f"refusing {path!r}: it holds {held}; the checkpoints of these scripts hold "
@@ -118,10 +116,10 @@ def read_data(path: str):
 
 
 def write_atomically(path: str, state: dict) -> None:
-    """Replace the file at `path` atomically: a process killed while writing, or stopped by a second
-    Ctrl-C, leaves the previous checkpoint whole and nothing beside it. The new one is written to a
-    file without a name (Linux's O_TMPFILE), which vanishes with a process that dies, and is named
-    once complete; where the file system has no such files, to `<path>.tmp`, removed on failure."""
+    """Replace `path` atomically: a process killed while writing, or stopped by a second Ctrl-C,
+    leaves the previous checkpoint whole and nothing beside it. The new one is written to a file
+    without a name (Linux's O_TMPFILE), which dies with the process, named once complete; elsewhere
+    to `<path>.tmp`, removed on failure."""
     folder = os.path.dirname(path) or "."
     os.makedirs(folder, exist_ok=True)
     temporary = f"{path}.tmp"
@@ -145,7 +143,7 @@ def write_atomically(path: str, state: dict) -> None:
 
 
 def name_file(descriptor: int, path: str) -> None:
-    """Give the unnamed file open at `descriptor` the name `path`, through /proc's link to it."""
+    """Name the unnamed file open at `descriptor` `path`, through /proc's link to it."""
     with contextlib.suppress(FileNotFoundError):  # left by a save killed just here
         os.remove(path)
     descriptors = os.open("/proc/self/fd", os.O_RDONLY | os.O_DIRECTORY)
@@ -156,23 +154,21 @@ def name_file(descriptor: int, path: str) -> None:
 
 
 def all_finite(state: dict) -> bool:
-    """Whether every floating-point tensor of a state_dict is free of NaN and infinities."""
+    """Whether no floating-point tensor of a state_dict holds NaN or an infinity."""
     return all(bool(torch.isfinite(value).all()) for value in state.values()
                if isinstance(value, torch.Tensor) and value.is_floating_point())
 
 
 def statistics_state(statistics: RunningMeanStd) -> dict:
-    """gymnasium's running mean and variance as a checkpoint keeps them."""
     return {"mean": statistics.mean.copy(), "var": statistics.var.copy(), "count": statistics.count}
 
 
 def restore_statistics(statistics: RunningMeanStd, state: dict) -> None:
-    statistics.mean, statistics.var = state["mean"].copy(), state["var"].copy()
-    statistics.count = state["count"]
+    statistics.mean, statistics.var, statistics.count = (state["mean"].copy(), state["var"].copy(),
+                                                         state["count"])
 
 
 def rng_state(device: torch.device) -> dict:
-    """The state of every random generator a run draws from."""
     return {"python": random.getstate(), "numpy": np.random.get_state(),
             "torch": torch.get_rng_state(),
             "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None}

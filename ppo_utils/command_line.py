@@ -1,6 +1,5 @@
-"""The command line of every script: the run's flags, declared once beside each script's own; a
-checkpoint's settings as the defaults of --resume and --evaluate; the rules every flag follows,
-checked before anything is built; and the device the flags ask for."""
+"""The command line of every script: the run's flags beside the script's own, a checkpoint's
+settings as the defaults of --resume and --evaluate, and the rules every flag follows."""
 
 import math
 import sys
@@ -19,8 +18,7 @@ T = TypeVar("T")
 
 
 class Rule(NamedTuple):
-    """What a flag's value must be, as the refusal says it, and the test of a value (of the value
-    and all the settings, `with_args`, for a rule that involves other flags)."""
+    """What a flag must be, as a refusal says it, and its test (`with_args`: of value and args)."""
 
     requirement: str
     allowed: Callable[..., bool]
@@ -33,8 +31,7 @@ ZERO_OR_MORE = Rule("0 or more", lambda value: value >= 0)
 FINITE_ABOVE_ZERO = Rule("a finite number above 0", lambda value: 0 < value < math.inf)
 BETWEEN_ZERO_AND_ONE = Rule("between 0 and 1", lambda value: 0 <= value <= 1)
 
-# The rules of the flags every script has. A script declares the rule of a flag of its own with the
-# field (`Annotated[float, command_line.ABOVE_ZERO]`); a Literal flag must be one of its choices.
+# The flags every script has; a script's own carry theirs (`Annotated[float, ABOVE_ZERO]`).
 RULES = {
     "env_id": Rule("an environment id such as {default}", lambda value: value.strip() != ""),
     "seed": Rule("a whole number from 0 to 2**31 - 1", lambda value: 0 <= value < 2**31),
@@ -52,17 +49,11 @@ RULES = {
 }
 
 
-class Marker(NamedTuple):
-    """A mark on a field: which runs may give it another value than the checkpoint they read."""
-
-    name: str
-
-
-RESUME_MAY_CHANGE = Marker("a resumed run may change it: how the run goes, not what it learns")
-EVALUATION_MAY_CHANGE = Marker("an evaluation reads it and may change it")
-EVALUATION_KEEPS = Marker("an evaluation reads it and keeps the checkpoint's value")
-# `cuda: ResumeMayChange[bool] = True`: the field's type, marked. An evaluation starts from the
-# defaults of these and may change them too.
+# Which runs may change a field's value from the checkpoint's (`cuda: ResumeMayChange[bool]`): an
+# evaluation starts from the defaults of the ResumeMayChange fields.
+RESUME_MAY_CHANGE = "a resumed run may change it: how the run goes, not what it learns"
+EVALUATION_MAY_CHANGE = "an evaluation reads it and may change it"
+EVALUATION_KEEPS = "an evaluation reads it and keeps the checkpoint's value"
 ResumeMayChange = Annotated[T, RESUME_MAY_CHANGE]
 EvaluationMayChange = Annotated[T, EVALUATION_MAY_CHANGE]
 EvaluationKeeps = Annotated[T, EVALUATION_KEEPS]
@@ -70,7 +61,7 @@ EvaluationKeeps = Annotated[T, EVALUATION_KEEPS]
 
 @dataclass
 class RunFlags:
-    """The run's flags, the same in every script; `with_run_flags` puts them after a script's."""
+    """The run's flags, the same in every script, after its own (`with_run_flags`)."""
 
     exp_name: str = ""
     """the name of this experiment, part of the run name"""
@@ -107,36 +98,27 @@ class RunFlags:
 
 
 def with_run_flags(variant: str) -> Callable[[type], type]:
-    """A class decorator: the script's `Args` followed by the run's flags (RunFlags), in one
-    dataclass of the same name, as --help lists them. The class names its script, `variant` (the
-    experiment's default name), once for the whole run."""
+    """The script's `Args`, then RunFlags; `variant` names the script for the whole run."""
     def combined(algorithm: type) -> type:
         namespace = {"__module__": algorithm.__module__, "__qualname__": algorithm.__qualname__,
                      "__doc__": algorithm.__doc__, "__annotations__": {"exp_name": str},
                      "exp_name": variant, "variant": variant}
-        # Fields come in the order of the bases' reversed method resolution: the algorithm's first.
+        # fields in the bases' reversed method resolution order: the algorithm's first
         return dataclass(type(algorithm.__name__, (RunFlags, algorithm), namespace))
 
     return combined
 
 
-def marked(args_class: type, marker: Marker) -> set[str]:
-    """The fields of `args_class` whose type carries `marker`."""
+def marked(args_class: type, marker: str) -> set[str]:
     hints = typing.get_type_hints(args_class, include_extras=True)
     return {name for name, hint in hints.items() if marker in getattr(hint, "__metadata__", ())}
 
 
 def parse_args(args_class: type, argv: list[str] | None = None,
                doc: str = "") -> tuple[Any, Checkpoint | None]:
-    """Read the command line into `args_class`; returns the settings and the checkpoint that
-    --resume or --evaluate names (None without either). --help begins with the first two paragraphs
-    of `doc`, the script's docstring: what it is for, and its commands.
-
-    With a checkpoint its settings are the defaults, so `--resume PATH` alone continues the run. A
-    resumed run may change only the fields marked ResumeMayChange (how it runs, not what it learns).
-    An evaluation starts from the defaults of those, may change the fields marked
-    EvaluationMayChange too (the seed of its games, say), keeps the environment and the fields
-    marked EvaluationKeeps, and refuses every other training flag, which it would ignore."""
+    """The command line as `args_class`, and the checkpoint --resume or --evaluate names (or None),
+    whose settings are the defaults. A resumed run may change only the ResumeMayChange fields; an
+    evaluation those and the EvaluationMayChange ones, and refuses every training flag."""
     description = "\n\n".join(doc.split("\n\n")[:2])
     args = tyro.cli(args_class, args=argv, description=description)
     if args.resume and args.evaluate:
@@ -174,11 +156,8 @@ def parse_args(args_class: type, argv: list[str] | None = None,
 
 def run_script(main: Callable, evaluate: Callable, args_class: type, doc: str,
                pip_extra: str) -> NoReturn:
-    """`python ppo/<variant>.py ...`, as `absl.app.run(main)` runs a program: read the command line,
-    then train (`main`) or, with --evaluate, play the saved agent (`evaluate`), and exit with 0, or
-    with STOPPED (130) when a stop signal ended the training after an iteration; exits.exit_codes
-    gives every other ending its code and line. `pip_extra` is the script's extra in pyproject.toml,
-    named when a package is missing."""
+    """`python ppo/<variant>.py ...`: read the command line, train (`main`) or play the saved agent
+    (`evaluate`), and exit with the ending's code (exits); `pip_extra` is the script's extra."""
     with exits.exit_codes(f"{args_class.variant}.py"):
         args, checkpoint = parse_args(args_class, doc=doc)
         with exits.missing_packages(pip_extra, args.capture_video):
@@ -187,10 +166,8 @@ def run_script(main: Callable, evaluate: Callable, args_class: type, doc: str,
 
 
 def check_args(args) -> None:
-    """Refuse settings that cannot make a run, before anything is built: each flag on its own
-    (RULES, a rule the script declared with its field, a Literal's choices), naming the flag, the
-    rule, the value and the default; then the batch, num_envs x num_steps transitions, which must
-    split into --num-minibatches equal minibatches and fit in --total-timesteps."""
+    """Refuse settings that cannot make a run: a flag that breaks its rules (RULES, the script's, a
+    Literal's choices), a batch that does not split or fit, --cudagraphs without CUDA."""
     defaults, hints = type(args)(), typing.get_type_hints(type(args), include_extras=True)
     for field in fields(args):
         hint = hints[field.name]
@@ -224,5 +201,4 @@ def check_args(args) -> None:
 
 
 def device(args) -> torch.device:
-    """CUDA when it is there and --cuda allows it, else the CPU."""
     return torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")

@@ -1,8 +1,5 @@
-"""One environment's state as a checkpoint holds it: saved as data, layer by layer from the
-outermost wrapper in (env_state), and put back into the same environment built anew (restore_env),
-so that a resumed run continues its very episodes. Which environments a run saves, and where (a game
-in its worker process with --async-envs), is environments.py's.
-"""
+"""One environment's state as data, layer by layer from the outermost wrapper in (env_state), put
+back into the same environment built anew (restore_env): a resumed run goes on with its episodes."""
 
 import types
 from collections import deque
@@ -14,27 +11,19 @@ import numpy as np
 from ppo_utils.exits import WrongInput
 
 
-# An environment's state goes into a checkpoint as data (env_state) and back into an environment
-# built anew (restore_env). Layer by layer, from the outermost wrapper to the environment itself,
-# what a layer holds is saved as data, or is a random generator (its state is data), or a simulator
-# (its state is arrays or bytes), or else it was made when the layer was built and never changes,
-# and the rebuilt layer has it: these attributes, by name (the arguments that built it, ALE's action
-# set) and by kind (spaces, functions such as TransformReward's np.sign, MuJoCo's model and its
-# renderer).
+# A layer holds data, random generators, a simulator, or what building it made, which the rebuilt
+# layer has: these, by name and by kind (spaces, functions such as np.sign, MuJoCo's model).
 REBUILT_ATTRIBUTES = {"env", "spec", "_saved_kwargs", "_ezpickle_args", "_ezpickle_kwargs",
                       "_action_set"}
 REBUILT_TYPES = (gym.Space, gym.envs.registration.EnvSpec, types.FunctionType,
                  types.BuiltinFunctionType, types.MethodType, np.ufunc)
 REBUILT_CLASS_NAMES = {"MjModel", "MujocoRenderer"}
 SIMULATORS = {"MjData", "ALEInterface"}  # MuJoCo's simulation data, ale-py's emulator
-# NumPy's, by the name in their state
 BIT_GENERATORS = {"PCG64", "PCG64DXSM", "MT19937", "Philox", "SFC64"}
 
 
 class EnvStateMismatch(WrongInput):
-    """A saved environment's state that does not fit the environment built to take it back (another
-    version of the wrappers, an altered file): found where the environments are built, which may be
-    a worker process of --async-envs."""
+    """A saved state that does not fit the environment built to take it back."""
 
 
 def mismatch(detail: str) -> EnvStateMismatch:
@@ -42,13 +31,12 @@ def mismatch(detail: str) -> EnvStateMismatch:
 
 
 class NotSavableAsData(Exception):
-    """Raised for a value that is not data: the state that holds it cannot be saved."""
+    """A value that is no data: the state that holds it cannot be saved."""
 
 
 def as_data(value):
-    """`value` as data a checkpoint holds (None, booleans, numbers, strings, bytes, NumPy arrays and
-    scalars of numbers, and tuples, lists and dicts of these), its arrays copied; NotSavableAsData
-    otherwise."""
+    """`value` as a checkpoint holds it (numbers, text, bytes, NumPy's numbers, containers of
+    these), arrays copied; else NotSavableAsData."""
     if value is None or type(value) in (bool, int, float, str, bytes):
         return value
     if type(value) is np.ndarray or isinstance(value, np.generic):
@@ -63,10 +51,8 @@ def as_data(value):
 
 
 def simulator_state(simulator) -> dict:
-    """The state of a simulator of SIMULATORS, for `restore_simulator`. MuJoCo: the time and all of
-    MjData's arrays: positions and velocities, the solver's warm start, and the quantities derived
-    from them, which some tasks read before a step (Ant's position). ale-py: the emulator's own
-    state, with its random generator, as the bytes ALE serializes it to."""
+    """MuJoCo's: the time and all of MjData's arrays (some tasks read derived ones before a step);
+    ale-py's: the emulator's state with its random generator, as ALE's bytes."""
     kind = type(simulator).__name__
     if kind == "MjData":
         arrays = {name: getattr(simulator, name) for name in dir(simulator)
@@ -78,9 +64,8 @@ def simulator_state(simulator) -> dict:
 
 
 def restore_simulator(simulator, state: dict) -> None:
-    """Put back a simulator's state from `simulator_state`. MuJoCo's arrays whose size depends on
-    the contacts of the moment (they differ from a new MjData's) are left: each step computes them
-    anew."""
+    """Put back what `simulator_state` saved (but MuJoCo's arrays sized by the moment's contacts,
+    which each step computes anew)."""
     kind = type(simulator).__name__
     if kind == "MjData" and isinstance(state.get("mujoco"), dict):
         for name, array in state["mujoco"]["arrays"].items():
@@ -91,7 +76,6 @@ def restore_simulator(simulator, state: dict) -> None:
     elif kind == "ALEInterface" and isinstance(state.get("ale"), bytes):
         import ale_py  # installed, since an ale-py game was built
 
-        # as pickle rebuilds one, from its bytes
         emulator = ale_py.ALEState.__new__(ale_py.ALEState)
         emulator.__setstate__(state["ale"])
         simulator.restoreState(emulator)
@@ -100,10 +84,8 @@ def restore_simulator(simulator, state: dict) -> None:
 
 
 def layer_state(layer, simulators: set[int]) -> dict:
-    """One layer's state: its class, its attributes that are data, the state of each of its random
-    generators and of its simulator (saved with the first layer that holds it: ale-py's wrappers
-    hold the game's too). Raises NotSavableAsData for an attribute that is none of these, nor made
-    when it was built."""
+    """One layer's class, data, random generators and simulator (saved with the first layer that
+    holds it); NotSavableAsData for an attribute that is none of these, nor rebuilt."""
     state = {"class": type(layer).__name__, "data": {}, "generators": {}, "simulators": {}}
     for name, value in vars(layer).items():
         rebuilt = (name in REBUILT_ATTRIBUTES or isinstance(value, REBUILT_TYPES)
@@ -124,12 +106,8 @@ def layer_state(layer, simulators: set[int]) -> dict:
 
 
 def env_state(env: gym.Env) -> list[dict] | None:
-    """One environment's full state as data (`layer_state` of each layer, outermost first), so that
-    a resumed run continues its very episode: classic control's `state`, MuJoCo's physics, the Atari
-    emulator, the time limit's count, the frame stack, the lives, the running game statistics, and
-    the random generators. None where some of it cannot be saved as data: a video recorder (its file
-    half written), or an object of a kind not known here (a Box2D world, say); a resumed run then
-    starts new episodes."""
+    """One environment's layers' states, the outermost first; None where some of it is no data (a
+    video half written, a Box2D world): a resumed run then plays new episodes."""
     layers, simulators = [], set()
     while True:
         if isinstance(env, gym.wrappers.RecordVideo):
@@ -144,9 +122,8 @@ def env_state(env: gym.Env) -> list[dict] | None:
 
 
 def restore_layer(layer, state: dict) -> None:
-    """Put back one layer's state from `layer_state`: into attributes that the rebuilt layer holds
-    data in or has not made yet (classic control's `state` is made at the first reset), and into its
-    random generators and simulator; never over anything else (a method, a space)."""
+    """Put back one layer's state, into attributes that hold data or are not made yet (classic
+    control's `state`), never over anything else (a method, a space)."""
     for name, value in state["data"].items():
         attribute = name.isidentifier() and not name.startswith("__")
         current = getattr(layer, name, None) if attribute else NotSavableAsData
@@ -172,9 +149,7 @@ def restore_layer(layer, state: dict) -> None:
 
 
 def restore_env(make_env: Callable[[], gym.Env], layers: list[dict]) -> gym.Env:
-    """The environment `make_env` builds, with the state `env_state` saved put back. Raises
-    EnvStateMismatch where the saved layers do not fit the ones built (another version of the
-    wrappers)."""
+    """The environment `make_env` builds, `layers` put back; EnvStateMismatch if they misfit."""
     env = make_env()
     layer = env
     try:

@@ -1,31 +1,21 @@
-"""envpool's Atari games as the ale-py scripts see theirs, for ppo_atari_envpool.py: what
-gymnasium's RecordEpisodeStatistics and RecordVideo add to a vector environment of games, which no
-gymnasium wrapper can add to an envpool (CleanRL's envpool script writes its own for the first),
-and the episodes' final observations that a gymnasium vector environment reports.
-
-An envpool ends an *episode* at every lost life (episodic_life) and clips its rewards; a *game* is
-over when envpool's info["terminated"] says so, or when the time limit cuts it off. The score that
-matters is the game's: the sum of the unclipped rewards, info["reward"], over all its lives. Like
-atari_wrappers, this is not run machinery; it imports only environments of this folder, and envpool
-is never imported: the pools are built by the script.
+"""envpool's Atari games as the ale-py scripts see theirs, for ppo_atari_envpool.py: the game
+scores and videos that gymnasium's wrappers add to the others (no gymnasium wrapper fits an
+envpool), and the episodes' final observations. An envpool ends an *episode* at every lost life and
+clips its rewards; a *game* is over when info["terminated"] says so or the time limit cuts it off,
+and its score is the sum of its unclipped rewards, info["reward"], over all its lives.
 """
 
 import numpy as np
 
-from ppo_utils import environments
+from ppo_utils.video_recorder import VideoRecorder
 
 
 class Games:
-    """The envpools that the script made (`pools`: one, or two with --async-envs; game i of them all
-    seeded `seed` + i) behind the calls of one gymnasium vector environment of all their games, plus
-    envpool's two that split a step: send() a pool its actions, recv() what its games return, so
-    that the caller can work while they play. Pool k plays the games `pool_games[k]`, in order.
-
-    Each step's info reports the games that ended as a gymnasium vector env files
-    RecordEpisodeStatistics' report, under info["final_info"]["episode"] (which
-    environments.finished_episodes reads): score and length (envpool's info["elapsed_step"]); and,
-    as info["final_obs"], the last observation of each episode that ended.
-    `video_folder` films the first game."""
+    """The script's envpools (one, or two with --async-envs; game i of all seeded `seed` + i) as one
+    gymnasium vector environment of all their games, plus envpool's send() and recv(), which split
+    a step so that the caller can work while they play. Each step's info reports the games that
+    ended as RecordEpisodeStatistics does (info["final_info"]["episode"]), and the last observation
+    of each episode that ended (info["final_obs"]). `video_folder` films the first game."""
 
     def __init__(self, pools: list, seed: int, video_folder: str | None = None):
         self.pools, self.seed = pools, seed
@@ -36,7 +26,7 @@ class Games:
         self.single_observation_space = pools[0].observation_space
         self.single_action_space = pools[0].action_space
         self.score = np.zeros(self.num_envs)  # of each game so far
-        self.recorder = environments.VideoRecorder(video_folder) if video_folder else None
+        self.recorder = VideoRecorder(video_folder) if video_folder else None
 
     def reset(self, seed: int | None = None) -> tuple[np.ndarray, dict]:
         """The games' first observations. envpool seeds its games when it makes them: a `seed`

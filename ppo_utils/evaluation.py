@@ -1,5 +1,4 @@
-"""--evaluate: a saved agent plays episodes, each score printed as its episode ends, then their
-mean."""
+"""--evaluate: a saved agent plays episodes, each score printed as it ends, then their mean."""
 
 from typing import Callable
 
@@ -13,9 +12,8 @@ from ppo_utils.exits import WrongInput
 
 
 class Evaluation:
-    """--evaluate: the flags checked, the device, the videos' folder and the seeds of an evaluation,
-    the saved agent (`load`), and the episodes it plays (`play`), each score printed as the episode
-    ends, and their mean and standard deviation at the end."""
+    """An evaluation: its device, videos' folder and seed, the saved agent (`load`), its episodes
+    (`play`)."""
 
     def __init__(self, args, checkpoint: Checkpoint):
         command_line.check_args(args)
@@ -31,8 +29,7 @@ class Evaluation:
         self.seed = args.seed + 100_000
 
     def load(self, agent: torch.nn.Module) -> torch.nn.Module:
-        """The agent with the checkpoint's weights (and whatever else its state_dict holds), on the
-        device, its actions drawn from --seed."""
+        """The agent with the checkpoint's weights, on the device, its actions drawn from --seed."""
         agent.load_state_dict(self.checkpoint.model)
         agent.to(self.device).eval()
         torch.manual_seed(self.args.seed)
@@ -40,14 +37,13 @@ class Evaluation:
 
     def play(self, envs: gym.vector.VectorEnv, policy: Callable, state=None,
              infos_too: bool = False) -> list[float]:
-        """Play --eval-episodes episodes in `envs` (one environment, reset on the evaluation's seed)
-        with `policy(obs, done)`, which returns the actions for an observation (`done`: whether the
-        step before it ended an episode). A recurrent policy is given its `state` too, and returns
-        its next state with the actions; with `infos_too`, the policy is given the infos (an action
-        mask). Each episode's score is RecordEpisodeStatistics'. Returns the scores."""
+        """Play --eval-episodes episodes in `envs` with `policy(obs, done)` (`done`: the step before
+        ended an episode), which returns the actions; a recurrent policy takes its `state` and
+        returns the next with them; with `infos_too` it takes the infos (an action mask) too.
+        Returns the scores."""
         obs, infos = envs.reset(seed=self.seed)
         done = np.zeros(envs.num_envs, dtype=bool)
-        while self.playing:
+        while len(self.scores) < self.args.eval_episodes:
             with torch.inference_mode():
                 if state is not None:
                     action, state = policy(obs, done, state)
@@ -56,20 +52,9 @@ class Evaluation:
             obs, _, terminated, truncated, infos = envs.step(action)
             done = terminated | truncated
             for score, length in environments.finished_episodes(infos):
-                self.episode_ended(score, length)
+                self.scores.append(score)
+                print(f"episode {len(self.scores)}: return {score:.1f} ({length} steps)")
         envs.close()
-        return self.report()
-
-    @property
-    def playing(self) -> bool:
-        return len(self.scores) < self.args.eval_episodes
-
-    def episode_ended(self, score: float, length: int | None = None) -> None:
-        self.scores.append(float(score))
-        print(f"episode {len(self.scores)}: return {score:.1f}"
-              + ("" if length is None else f" ({length} steps)"))
-
-    def report(self) -> list[float]:
         print(f"{self.args.env_id}: mean return {np.mean(self.scores):.2f} +- "
               f"{np.std(self.scores):.2f} over {len(self.scores)} episodes")
         if self.args.capture_video:

@@ -1,5 +1,5 @@
-"""torchrun's processes, for ppo_atari_multigpu.py alone: who this process is among them (World),
-the sizes they can share, each one's device, and what they gather once an iteration."""
+"""torchrun's processes, for ppo_atari_multigpu.py: who this one is among them (World), its device,
+the sizes they can share and what they gather once an iteration."""
 
 import os
 
@@ -10,8 +10,7 @@ from ppo_utils.exits import WrongInput
 
 
 def check_world_sizes(args, world_size: int) -> None:
-    """Refuse sizes that the `world_size` processes cannot share: the world's --num-envs split
-    evenly between them, and each one's share of the batch into --num-minibatches equal ones."""
+    """Refuse sizes the processes cannot share evenly: the environments, each one's minibatches."""
     if args.num_envs % world_size != 0:
         raise WrongInput(f"--num-envs {args.num_envs} does not split evenly between {world_size} "
                          f"processes: make it a multiple of {world_size} or start another number "
@@ -26,8 +25,7 @@ def check_world_sizes(args, world_size: int) -> None:
 
 def device_of_rank(cuda: bool, device_ids: list[int], backend: str, local_rank: int,
                    local_world_size: int) -> torch.device:
-    """A GPU from `device_ids` (or GPU local_rank, modulo the GPUs there are) when CUDA is there and
-    wanted, else the CPU. Refuses settings that cannot work."""
+    """The GPU `device_ids` gives this process (or local_rank's, modulo the GPUs), else the CPU."""
     if device_ids and len(device_ids) != local_world_size:
         raise WrongInput(f"--device-ids names {len(device_ids)} GPUs for the {local_world_size} "
                          f"processes of this node: give one id per process (torchrun "
@@ -51,10 +49,8 @@ def device_of_rank(cuda: bool, device_ids: list[int], backend: str, local_rank: 
 
 
 class World:
-    """This process among the processes torchrun started, as its environment variables tell it: its
-    rank among all (on all nodes) and their number, its rank on its node and their number there, and
-    its device. Without torchrun, a world of one process. A run (training.Run) takes it for its
-    `world`: rank 0 logs the world's figures, and the ranks agree on stopping and saving."""
+    """This process among those torchrun started (its variables say which): its rank on all nodes
+    and on its own, their numbers, its device. Without torchrun, a world of one."""
 
     gathers = True
 
@@ -68,8 +64,7 @@ class World:
                                      self.local_world_size)
 
     def gathered(self, item) -> list:
-        """[item of rank 0, item of rank 1, ...] on every rank (any picklable item): once an
-        iteration, for what is logged and for the checkpoint, never per step."""
+        """[rank 0's item, rank 1's, ...] on every rank: once an iteration, never per step."""
         if self.world_size == 1:
             return [item]
         items = [None] * self.world_size
@@ -78,10 +73,9 @@ class World:
 
     def gathered_iteration(self, update_means: dict, values, returns, episodes: list, stop: bool,
                            save: bool) -> tuple:
-        """Every rank's figures of an iteration: the means of the ranks' means, every rank's values
-        and returns, the episodes that ended on any rank, and whether any rank would stop, or save
-        (a signal that reaches one rank, or clocks a moment apart, must not split them: a rank that
-        saved alone would wait forever)."""
+        """The world's figures of an iteration: the ranks' mean means, all values, returns and
+        episodes, and whether any rank would stop, or save (a rank that saved alone would wait
+        forever)."""
         reports = self.gathered({"means": update_means, "values": values, "returns": returns,
                                  "episodes": episodes, "stop": stop, "save": save})
         return ({key: np.mean([report["means"][key] for report in reports])

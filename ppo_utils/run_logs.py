@@ -1,6 +1,6 @@
-"""A run's name, folder and logs: runs/<name>/ claimed for it, TensorBoard's log there (and, with
---track, a W&B run that mirrors it), opened with the settings and the software's releases as tables,
-what the run logs into it, what it says at its start and end, and its closing."""
+"""A run's name, folder and logs: runs/<name>/ claimed for it, TensorBoard's log there (with
+--track mirrored to W&B) with the settings and releases as tables, and what the run says at start
+and end."""
 
 import contextlib
 import os
@@ -9,23 +9,20 @@ import time
 
 from torch.utils.tensorboard import SummaryWriter
 
-from ppo_utils.exits import WrongInput
-from ppo_utils.stop_signals import StopOnInterrupt
+from ppo_utils.exits import StopOnInterrupt, WrongInput
 
-# The packages whose release can change what any run learns; a script names its environments'
-# package too (Run's `env_package`): MuJoCo 3.5.0, for one, changed Hopper's contacts.
+# The packages whose release can change what a run learns, with the script's `env_package`:
+# MuJoCo 3.5.0, for one, changed Hopper's contacts.
 CORE_PACKAGES = ("torch", "gymnasium", "numpy")
 
 
 def text_table(key_header: str, value_header: str, rows: dict) -> str:
-    """A two-column markdown table, as the run logs its settings and releases to TensorBoard's text
-    tab (benchmark/report.py reads them back)."""
+    """A two-column markdown table for TensorBoard's text tab (benchmark/report.py reads it)."""
     rows_text = "\n".join(f"|{key}|{value}|" for key, value in rows.items())
     return f"|{key_header}|{value_header}|\n|-|-|\n" + rows_text
 
 
 def software_versions(env_package: str | None) -> dict[str, str]:
-    """{package: release} of Python, the CORE_PACKAGES and `env_package` (those installed)."""
     from importlib.metadata import PackageNotFoundError, version
 
     releases = {"python": sys.version.split()[0]}
@@ -42,8 +39,7 @@ def cannot_write(folder: str, error: OSError) -> WrongInput:
 
 def claim_run_folder(name: str) -> str:
     """Make runs/<name> and return the name. os.mkdir is atomic: of two runs started in the same
-    second with the same settings (a tuner's workers, a shell loop), one makes the folder, the other
-    finds it taken and takes <name>-2 (or -3, ...) instead, and says so."""
+    second with the same settings (a tuner's workers), one takes <name>, the other <name>-2."""
     try:
         os.makedirs("runs", exist_ok=True)
     except OSError as error:  # `runs` is a file, or a folder we may not write
@@ -64,11 +60,9 @@ def claim_run_folder(name: str) -> str:
 
 
 class RunLogs:
-    """The logs of one run, written by rank 0 only. A new run is named
-    `<env_id>__<exp_name>__<seed>__<unix time>` and keeps its log and checkpoint in runs/<name>/,
-    claimed when the logs open. A resumed run (`checkpoint`) keeps its name and goes on in the
-    folder of the checkpoint it was given, from wherever it is started. `env_package`'s release is
-    recorded with PyTorch's, gymnasium's and NumPy's."""
+    """The logs of one run, written by rank 0: a new run's in
+    runs/<env_id>__<exp_name>__<seed>__<unix time>/, claimed when they open; a resumed run's in the
+    folder of its checkpoint, under its name."""
 
     def __init__(self, args, checkpoint, rank: int = 0, env_package: str | None = None):
         self.args, self.checkpoint, self.rank = args, checkpoint, rank
@@ -82,7 +76,6 @@ class RunLogs:
         self.writer = None
 
     def check_track(self) -> None:
-        """With --track: refuse the run now if wandb is missing (W&B starts in `open`)."""
         if self.args.track:
             try:
                 import wandb  # noqa: F401
@@ -90,9 +83,8 @@ class RunLogs:
                 raise WrongInput("--track needs wandb: pip install wandb") from None
 
     def open(self, settings: dict) -> None:
-        """A new run's folder, claimed; the TensorBoard writer (and, with --track, a W&B run that
-        mirrors it), with the `settings` as a table; nothing on ranks other than 0. After a resume,
-        TensorBoard drops whatever the interrupted run logged past the checkpoint (purge_step)."""
+        """Claim a new run's folder, start TensorBoard's writer (and W&B) with the `settings` as a
+        table. Resumed, TensorBoard drops what the run logged past its checkpoint (purge_step)."""
         if self.rank != 0:
             return
         if not self.checkpoint:
@@ -125,8 +117,7 @@ class RunLogs:
 
     def say_start(self, global_step: int, finished: bool, checkpoint_path: str,
                   new_episodes: bool, device) -> None:
-        """The start line: what runs where, and where its logs and checkpoint go; or that a resumed
-        run is already `finished`."""
+        """What runs where, where its logs and checkpoint go; or that the run is `finished`."""
         total = f"{self.args.total_timesteps:,}"
         if finished:
             print(f"{self.name} is already finished ({global_step:,} of {total} steps): evaluate "
@@ -141,7 +132,6 @@ class RunLogs:
 
     def say_end(self, global_step: int, stopped: bool, checkpoint_path: str,
                 torchrun: bool) -> None:
-        """What comes next: how to resume a `stopped` run, or where its checkpoint is."""
         if stopped:
             how = (f"resume with the same launch command and --resume {checkpoint_path}"
                    if torchrun else
@@ -158,8 +148,6 @@ class RunLogs:
 
     def log_update(self, global_step: int, learning_rate: float, update_means: dict[str, float],
                    explained_variance: float, steps_per_second: int, charts: dict | None) -> None:
-        """An iteration's figures: the learning rate, the update's means, the explained variance,
-        the SPS and the script's own `charts` (as charts/<name>)."""
         self.writer.add_scalar("charts/learning_rate", learning_rate, global_step)
         for key in ("value_loss", "policy_loss", "entropy", "old_approx_kl", "approx_kl",
                     "clipfrac"):
@@ -170,15 +158,14 @@ class RunLogs:
             self.writer.add_scalar(f"charts/{name}", value, global_step)
 
     def close(self) -> None:
-        """Flush and close TensorBoard's log and, with --track, the W&B run."""
         if self.writer is None:
             return
         self.writer.close()
         if self.args.track:
             import wandb
 
-            # wandb.finish() takes seconds, and a Ctrl-C inside it crashes W&B's service and loses
-            # the run's upload: a first Ctrl-C here only says so, a second one abandons the upload.
+            # wandb.finish() takes seconds, and a Ctrl-C in it loses the upload: a first one here
+            # only says so, a second abandons it.
             print("saving the W&B run...", flush=True)
             still_saving = StopOnInterrupt("{signal}: W&B is still saving the run ({again} to "
                                            "abandon it)")

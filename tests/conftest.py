@@ -337,7 +337,7 @@ def tiny(request, tmp_path_factory):
     import torch
 
     script = importlib.import_module(f"ppo.{request.param}")
-    if request.param == "ppo_procgen" and script.ProcgenGym3Env is None:
+    if request.param == "ppo_procgen" and importlib.import_module("ppo_utils.procgen_games").ProcgenGym3Env is None:
         pytest.skip("procgen is not installed")
     if request.param not in TRAINED:
         directory, previous, threads = tmp_path_factory.mktemp(request.param), Path.cwd(), torch.get_num_threads()
@@ -352,7 +352,7 @@ def tiny(request, tmp_path_factory):
     return script, TRAINED[request.param]
 
 
-# The progress line of ppo/training.py's Iterations.print_progress, and its numbers: step, total, SPS.
+# The progress line of ppo_utils/training.py's Run.print_progress, and its numbers: step, total, SPS.
 PROGRESS_LINE = re.compile(r"^step +([\d,]+)/([\d,]+) \| +([\d,]+) SPS \| \d+:\d\d:\d\d elapsed, (?:\d+:\d\d:\d\d|\?) "
                            r"left \| mean return +(?:-?[\d.]+|n/a) \(last \d+ episodes\)$", re.MULTILINE)
 

@@ -8,6 +8,7 @@ import torch
 
 from conftest import parse_args
 
+from ppo_utils import procgen_games  # noqa: E402
 from ppo_utils import evaluation  # noqa: E402  (the scripts' Evaluation, whose play() every evaluate() calls)
 
 
@@ -80,8 +81,8 @@ def recording_seeds(script, monkeypatch) -> list[int]:
     for vector_env in (gym.vector.SyncVectorEnv, gym.vector.AsyncVectorEnv):
         monkeypatch.setattr(vector_env, "reset", recording(vector_env.reset, lambda envs: envs.num_envs))
     if script.VARIANT == "ppo_procgen":
-        monkeypatch.setattr(script.ProcgenVectorEnv, "reset",
-                            recording(script.ProcgenVectorEnv.reset, lambda envs: envs.num_envs))
+        monkeypatch.setattr(procgen_games.Games, "reset",
+                            recording(procgen_games.Games.reset, lambda envs: envs.num_envs))
     if script.VARIANT == "ppo_atari_envpool":
         from ppo_utils import envpool_games
 

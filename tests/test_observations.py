@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 import torch
 
+from ppo_utils import procgen_games  # noqa: E402
 from ppo_utils.environments import finished_episodes
 
 ALE_SCRIPTS = ["ppo_atari", "ppo_atari_lstm", "ppo_atari_multigpu"]
@@ -769,7 +770,7 @@ def test_procgen_observations_are_the_games_own_frames_with_the_mode_and_levels_
     the number of levels and the first level reach Procgen. The control, so that a setting lost on
     the way could not pass unseen: procgen made with any one of them changed gives other frames."""
     script = importlib.import_module("ppo.ppo_procgen")
-    if script.ProcgenGym3Env is None:
+    if procgen_games.ProcgenGym3Env is None:
         pytest.skip("procgen is not installed: pip install -e '.[procgen]'")
     game, seed = "starpilot", 7
     actions = np.random.default_rng(0).integers(15, size=(80, 2))
@@ -816,8 +817,8 @@ def test_procgen_training_acts_on_raw_frames_with_rewards_scaled_by_the_return_s
             shift = np.arange(self.num, dtype=np.uint8)[:, None, None, None] * 40 + np.uint8(7 * self.t.sum() % 50)
             return reward, {"rgb": obs["rgb"] + shift}, first
 
-    monkeypatch.setattr(script, "ProcgenGym3Env", RecordingGames)
-    outputs = record_outputs(monkeypatch, script.ProcgenVectorEnv)
+    monkeypatch.setattr(procgen_games, "ProcgenGym3Env", RecordingGames)
+    outputs = record_outputs(monkeypatch, procgen_games.Games)
     gae_rewards = record_calls(monkeypatch, script, "compute_gae", lambda rewards, *rest: rewards.copy())
     acted = record_calls(monkeypatch, script.Agent, "get_action_and_value",
                          lambda agent, obs, action=None: obs.clone() if action is None else None)

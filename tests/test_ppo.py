@@ -303,7 +303,7 @@ def test_a_signal_delivered_twice_is_one_request_and_a_second_one_stops_at_once(
     on: a SIGTERM within a second of the first stop signal is the same request, and so is SIGUSR1, Slurm's
     warning, whenever it comes again. A later SIGTERM, or a second Ctrl-C however soon, stops at once."""
     from ppo_utils import exits
-    from ppo_utils import stop_signals, training
+    from ppo_utils import training
 
     now = [100.0]
     monkeypatch.setattr(training.time, "monotonic", lambda: now[0])
@@ -315,7 +315,7 @@ def test_a_signal_delivered_twice_is_one_request_and_a_second_one_stops_at_once(
             return True
         return False
 
-    stop = stop_signals.StopOnInterrupt()
+    stop = exits.StopOnInterrupt()
     try:
         assert not stops_at_once(signal.SIGTERM) and stop.requested
         assert "SIGTERM: stopping after this iteration (Ctrl-C or SIGTERM to quit at once)" in capsys.readouterr().out
@@ -326,7 +326,7 @@ def test_a_signal_delivered_twice_is_one_request_and_a_second_one_stops_at_once(
         assert stops_at_once(signal.SIGTERM)
     finally:
         stop.restore()
-    stop = stop_signals.StopOnInterrupt()
+    stop = exits.StopOnInterrupt()
     try:
         assert not stops_at_once(signal.SIGINT)
         assert stops_at_once(signal.SIGINT)  # pressed twice at once: two presses

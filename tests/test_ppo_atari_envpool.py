@@ -19,7 +19,7 @@ from conftest import (parse_args, write_checkpoint, assert_compiled_loss_matches
                       assert_each_update_starts_at_ratio_one, assert_anneal_clip_lowers_the_clipping_coefficient,
                       assert_progress_is_printed_within_a_rollout, assert_stopped_with_its_logs_flushed)
 from ppo.ppo_atari_envpool import Args, main, make_envs  # noqa: E402
-from ppo_utils import stop_signals, training  # noqa: E402
+from ppo_utils import exits, training  # noqa: E402
 
 TINY = ["--num-envs", "2", "--num-steps", "16", "--num-minibatches", "2", "--no-cuda"]
 TINY_ARGS = dict(num_envs=2, num_steps=16, num_minibatches=2, cuda=False)
@@ -258,7 +258,7 @@ def test_a_resumed_run_trains_the_saved_weights(workdir, monkeypatch):
     """envpool's games restart on --resume, so no unbroken run can be compared with: the resumed
     run's first update must start from the checkpoint's weights, and shuffle its batch with the
     checkpoint's NumPy generator (the rollout between draws nothing from it)."""
-    class StopAfterTheFirstIteration(stop_signals.StopOnInterrupt):
+    class StopAfterTheFirstIteration(exits.StopOnInterrupt):
         def __init__(self, **options):
             super().__init__(**options)
             self.requested = True  # as if Ctrl-C came during the first iteration

@@ -281,7 +281,7 @@ def test_a_compiled_run_trains_and_cudagraphs_needs_cuda(capsys, workdir):
 
 def test_minibatches_must_hold_whole_environments(capsys, workdir):
     expect_usage_error(capsys, lambda: main(Args(num_envs=6, num_minibatches=4)), "ppo_atari_lstm.py",
-                       "--num-minibatches must be a divisor of --num-envs", "whole environment sequences", "got 4")
+                       "--num-minibatches must be a divisor of --num-envs", "whole sequences", "got 4")
     expect_usage_error(capsys, lambda: main(Args(env_id="CartPole-v1", **TINY_ARGS)), "ppo_atari_lstm.py",
                        "ppo/ppo.py")
 

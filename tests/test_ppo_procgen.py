@@ -16,6 +16,7 @@ from conftest import (assert_compiled_loss_matches_plain, assert_run_with_option
                       assert_one_copy_to_the_host_per_step, assert_logged_losses_are_the_updates_own,
                       assert_anneal_clip_lowers_the_clipping_coefficient,
                       PROGRESS_LINE, assert_progress_is_printed_within_a_rollout, assert_stopped_with_its_logs_flushed)
+from ppo_utils import procgen_games  # noqa: E402
 from ppo import ppo_procgen as script
 from conftest import parse_args as parse_args_of
 from ppo.ppo_procgen import Agent, Args, evaluate, main, minibatch_loss
@@ -44,7 +45,7 @@ def one_torch_thread():
 @pytest.fixture
 def procgen():
     """Skip a test that needs the real games where the optional package is not installed."""
-    if script.ProcgenGym3Env is None:
+    if procgen_games.ProcgenGym3Env is None:
         pytest.skip("procgen is not installed: pip install -e '.[procgen]'")
 
 
@@ -156,7 +157,7 @@ class FakeGames:
 
 
 def test_episodes_end_within_the_step_and_score_the_real_game_reward(workdir, monkeypatch):
-    monkeypatch.setattr(script, "ProcgenGym3Env", FakeGames)
+    monkeypatch.setattr(procgen_games, "ProcgenGym3Env", FakeGames)
     envs = script.make_envs("starpilot", 2)
     obs, _ = envs.reset(seed=0)
     assert obs.shape == (2, 64, 64, 3) and obs.dtype == np.uint8
@@ -177,7 +178,7 @@ def test_episodes_end_within_the_step_and_score_the_real_game_reward(workdir, mo
 
 def test_capture_video_writes_the_first_games_scheduled_episodes(workdir, monkeypatch):
     pytest.importorskip("moviepy", reason="moviepy is not installed: pip install -e '.[video]'")
-    monkeypatch.setattr(script, "ProcgenGym3Env", FakeGames)
+    monkeypatch.setattr(procgen_games, "ProcgenGym3Env", FakeGames)
     envs = script.make_envs("starpilot", 2, capture_video=True, video_folder="videos/run")
     envs.reset(seed=0)
     for _ in range(3 * EPISODE_LENGTH):
@@ -237,19 +238,19 @@ def test_the_first_minibatch_of_each_update_replays_the_rollout(workdir, monkeyp
 
 def test_anneal_clip_lowers_the_clipping_coefficient_with_each_iteration(workdir, monkeypatch):
     """On the stand-in games."""
-    monkeypatch.setattr(script, "ProcgenGym3Env", FakeGames)
+    monkeypatch.setattr(procgen_games, "ProcgenGym3Env", FakeGames)
     assert_anneal_clip_lowers_the_clipping_coefficient(script, Args(total_timesteps=192, **SMALL), monkeypatch)
 
 
 def test_the_progress_line_speaks_within_long_rollouts_too(workdir, capsys, monkeypatch):
     """On the stand-in games."""
-    monkeypatch.setattr(script, "ProcgenGym3Env", FakeGames)
-    assert_progress_is_printed_within_a_rollout(script, Args(total_timesteps=128, **SMALL), capsys, script.ProcgenVectorEnv)
+    monkeypatch.setattr(procgen_games, "ProcgenGym3Env", FakeGames)
+    assert_progress_is_printed_within_a_rollout(script, Args(total_timesteps=128, **SMALL), capsys, procgen_games.Games)
 
 
 def test_the_rollout_copies_only_the_actions_to_the_host(workdir, monkeypatch, procgen):
     assert_one_copy_to_the_host_per_step(script, Args(total_timesteps=128, **SMALL), monkeypatch,
-                                         script.ProcgenVectorEnv, action_shape=(4,))
+                                         procgen_games.Games, action_shape=(4,))
 
 
 def test_the_logged_losses_are_the_updates_own(workdir, monkeypatch, procgen):
@@ -272,7 +273,7 @@ def test_interrupted_and_resumed_run_ends_exactly_like_an_unbroken_one(workdir, 
     args = Args(env_id="bigfish", seed=3, total_timesteps=192, save_model=True, **SMALL)
     # SIGTERM during the 20th step, in the second iteration: that iteration finishes, then the run stops.
     unbroken, stopped, checkpoint_path = run_unbroken_and_interrupted_in_process(
-        main, args, workdir, script.ProcgenVectorEnv, interrupt_at_step=20, stop_signal=signal.SIGTERM)
+        main, args, workdir, procgen_games.Games, interrupt_at_step=20, stop_signal=signal.SIGTERM)
     assert stopped["interrupted"] and stopped["global_step"] == 128
     assert_stopped_with_its_logs_flushed(checkpoint_path)
 
@@ -309,13 +310,13 @@ def test_compiled_minibatch_loss_equals_the_plain_one():
 
 def test_compiled_run_logs_every_metric_and_resumes_exactly(workdir, monkeypatch):
     """On the stand-in games."""
-    monkeypatch.setattr(script, "ProcgenGym3Env", FakeGames)
+    monkeypatch.setattr(procgen_games, "ProcgenGym3Env", FakeGames)
     args = Args(env_id="starpilot", seed=3, total_timesteps=192, save_model=True, compile=True, **SMALL)
-    assert_run_with_option_resumes_exactly(script, args, workdir, script.ProcgenVectorEnv, interrupt_at_step=20)
+    assert_run_with_option_resumes_exactly(script, args, workdir, procgen_games.Games, interrupt_at_step=20)
 
 
 def test_cudagraphs_without_a_gpu_is_a_one_line_error(capsys, workdir, monkeypatch):
-    monkeypatch.setattr(script, "ProcgenGym3Env", FakeGames)
+    monkeypatch.setattr(procgen_games, "ProcgenGym3Env", FakeGames)
     expect_usage_error(capsys, lambda: main(Args(total_timesteps=128, cudagraphs=True, **SMALL)), SCRIPT,
                        "--cudagraphs needs a CUDA device")
 
@@ -355,7 +356,7 @@ def test_the_modes_only_some_games_have(capsys, workdir, procgen):
 
 
 def test_missing_procgen_names_the_extra(capsys, workdir, monkeypatch):
-    monkeypatch.setattr(script, "ProcgenGym3Env", None)  # as the script is where procgen is not installed
+    monkeypatch.setattr(procgen_games, "ProcgenGym3Env", None)  # as the script is where procgen is not installed
     expect_usage_error(capsys, lambda: main(Args(**SMALL, total_timesteps=128)), SCRIPT, 'pip install -e ".[procgen]"')
 
 
