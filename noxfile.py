@@ -48,7 +48,8 @@ STACKS = {
     "procgen": ("test-procgen", "procgen", ["tests/test_ppo_procgen.py", "tests/test_algorithm.py",
                                             "tests/test_bad_input.py", "tests/test_checkpoints.py",
                                             "tests/test_evaluation.py", "tests/test_observations.py",
-                                            "tests/test_own_environment.py"]),
+                                            "tests/test_own_environment.py", "tests/test_spaces.py",
+                                            "tests/test_watch_and_export.py"]),
 }
 
 nox.options.default_venv_backend = "uv"

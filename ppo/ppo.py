@@ -21,7 +21,7 @@ import torch
 import torch.nn as nn
 from torch.distributions.categorical import Categorical
 
-from ppo_utils import adam, command_line, environments, numpy_policy, speed, training
+from ppo_utils import adam, command_line, environments, numpy_policy, spaces, speed, training
 from ppo_utils.evaluation import Evaluation
 
 # names the script in its messages and checkpoints
@@ -84,10 +84,9 @@ def make_env(env_id: str, idx: int, capture_video: bool, video_folder: str,
                                             video_folder, video_episodes)
         else:
             env = gym.make(env_id)
-        if isinstance(env.observation_space, gym.spaces.Discrete):
-            # A Discrete observation (FrozenLake's square) as its one-hot vector, one input per
-            # state: the index of a state is not a quantity (state 5 is not "more" than state 4).
-            env = gym.wrappers.FlattenObservation(env)
+        # Observations as one vector (FrozenLake's square as its one-hot: state 5 is not "more"
+        # than state 4), and Discrete actions counted from 0, as the network reads and writes them.
+        env = spaces.as_vectors(env)
         return gym.wrappers.RecordEpisodeStatistics(env)
 
     return thunk
@@ -98,22 +97,19 @@ def make_envs(env_id: str, num_envs: int, capture_video: bool = False, video_fol
               video_episodes: int | None = None) -> gym.vector.SyncVectorEnv:
     """[Core 1: Vectorized architecture] One learner steps `num_envs` copies of the environment in
     lock step, so each rollout holds num_envs x num_steps transitions. Resumed: the very ones a
-    checkpoint saved (`saved_envs`). Spaces this script cannot train on are refused.
-
-    Autoreset is SAME_STEP (environments.vector_env): a finished environment resets within the step
-    that ends its episode, so every step() is a real transition (docs/ppo.md, Episode ends)."""
-    environments.check_gymnasium_id(env_id)
+    checkpoint saved (`saved_envs`). Spaces this script cannot train on are refused. Autoreset is
+    SAME_STEP: every step() is a real transition (docs/ppo.md, Episode ends)."""
+    spaces.check_gymnasium_id(env_id, filmed=capture_video)
     envs = environments.vector_env([make_env(env_id, i, capture_video, video_folder, video_episodes)
                                 for i in range(num_envs)], env_id, saved_envs)
-    environments.check_spaces(envs, env_id, actions=(gym.spaces.Discrete,))
+    spaces.check_spaces(envs, env_id, actions=(gym.spaces.Discrete,))
     return envs
 
 
 def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Module:
     """[Core 2: Orthogonal initialization of weights, constant initialization of biases] Gain
-    sqrt(2) for the hidden layers (openai/baselines', tanh or ReLU alike), 0.01 for the policy head,
-    whose first outputs are then near 0 (near-uniform choices, or means near 0), 1 for the value
-    head; biases 0."""
+    sqrt(2) for the hidden layers, 0.01 for the policy head (near-uniform first choices, means near
+    0), 1 for the value head; biases 0."""
     torch.nn.init.orthogonal_(layer.weight, std)
     torch.nn.init.constant_(layer.bias, bias_const)
     return layer
@@ -384,7 +380,7 @@ def main(args: Args, checkpoint=None) -> dict:
 def evaluate(args: Args, checkpoint) -> list[float]:
     """--evaluate: play episodes with the saved agent, its actions sampled as in training."""
     evaluation = Evaluation(args, checkpoint)  # the device and seeds
-    envs = make_envs(args.env_id, 1, args.capture_video, evaluation.video_folder,
+    envs = make_envs(args.env_id, 1, evaluation.renders, evaluation.video_folder,
                      video_episodes=args.eval_episodes)
     agent = evaluation.load(Agent(envs.single_observation_space.shape[0],
                                   envs.single_action_space.n))

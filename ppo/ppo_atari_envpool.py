@@ -123,9 +123,8 @@ def make_envs(env_id: str, num_envs: int, capture_video: bool = False, video_fol
 
 def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Module:
     """[Core 2: Orthogonal initialization of weights, constant initialization of biases] Gain
-    sqrt(2) for the hidden layers (openai/baselines', tanh or ReLU alike), 0.01 for the policy head,
-    whose first outputs are then near 0 (near-uniform choices, or means near 0), 1 for the value
-    head; biases 0."""
+    sqrt(2) for the hidden layers, 0.01 for the policy head (near-uniform first choices, means near
+    0), 1 for the value head; biases 0."""
     torch.nn.init.orthogonal_(layer.weight, std)
     torch.nn.init.constant_(layer.bias, bias_const)
     return layer
@@ -416,7 +415,7 @@ def evaluate(args: Args, checkpoint) -> list[float]:
     """--evaluate: play episodes with the saved agent, its actions sampled as in training. An
     episode is a whole game, scored with the sum of envpool's unclipped rewards over its lives."""
     evaluation = Evaluation(args, checkpoint)  # the device and seeds
-    envs = make_envs(args.env_id, 1, args.capture_video, evaluation.video_folder,
+    envs = make_envs(args.env_id, 1, evaluation.renders, evaluation.video_folder,
                      seed=evaluation.seed)
     agent = evaluation.load(Agent(envs.single_action_space.n))
     return evaluation.play(envs, lambda obs, _: agent.get_action_and_value(

@@ -20,7 +20,7 @@ import torch
 import torch.nn as nn
 from torch.distributions.categorical import Categorical
 
-from ppo_utils import adam, atari_wrappers, command_line, environments, speed, training
+from ppo_utils import adam, atari_games, command_line, environments, speed, training
 from ppo_utils.evaluation import Evaluation
 
 # names the script in its messages and checkpoints
@@ -110,16 +110,16 @@ def make_env(env_id: str, idx: int, capture_video: bool, video_folder: str,
         # the game's unclipped score and length when the game is over, not when a life is lost.
         env = gym.wrappers.RecordEpisodeStatistics(env)
         # [Atari 3: EpisodicLifeEnv] a lost life ends the training episode; the game goes on
-        env = atari_wrappers.EpisodicLife(env)
+        env = atari_games.EpisodicLife(env)
         if "FIRE" in env.unwrapped.get_action_meanings():
             # [Atari 4: FireResetEnv] FIRE, then action 2, after every reset and lost life
-            env = atari_wrappers.FireReset(env)
+            env = atari_games.FireReset(env)
         # [Atari 6: ClipRewardEnv] the reward's sign, -1, 0 or +1: one scale for every game.
         env = gym.wrappers.TransformReward(env, np.sign)
         # [Atari 7: FrameStack] with 1 frame: the LSTM remembers the earlier frames instead of a
         # stack of 4; the wrapper only adds the channel axis, (1, 84, 84).
         env = gym.wrappers.FrameStackObservation(env, stack_size=1)
-        return environments.SavableGame(env)  # saves the game for a checkpoint, where the game runs
+        return atari_games.SavableGame(env)  # saves the game for a checkpoint, where the game runs
 
     return thunk
 
@@ -129,24 +129,19 @@ def make_envs(env_id: str, num_envs: int, capture_video: bool = False, video_fol
               video_episodes: int | None = None) -> gym.vector.VectorEnv:
     """[Core 1: Vectorized architecture] One learner steps `num_envs` copies of the environment in
     lock step, so each rollout holds num_envs x num_steps transitions. Resumed: the very ones a
-    checkpoint saved (`saved_envs`). Spaces this script cannot train on are refused.
-
-    Autoreset is SAME_STEP (environments.vector_env): a finished environment resets within the step
-    that ends its episode, so every step() is a real transition (docs/ppo.md, Episode ends)."""
-    environments.check_gymnasium_id(env_id, atari=True)
+    checkpoint saved (`saved_envs`). Spaces this script cannot train on are refused. Autoreset is
+    SAME_STEP: every step() is a real transition (docs/ppo.md, Episode ends)."""
+    atari_games.check_atari_id(env_id)
     # [Speed: asynchronous environments] async_envs: each game in a worker process, all at once
     envs = environments.vector_env([make_env(env_id, i, capture_video, video_folder, video_episodes)
                                 for i in range(num_envs)], env_id, saved_envs, async_envs)
-    environments.check_spaces(envs, env_id, actions=(gym.spaces.Discrete,),
-                              vector_observations=False)
     return envs
 
 
 def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Module:
     """[Core 2: Orthogonal initialization of weights, constant initialization of biases] Gain
-    sqrt(2) for the hidden layers (openai/baselines', tanh or ReLU alike), 0.01 for the policy head,
-    whose first outputs are then near 0 (near-uniform choices, or means near 0), 1 for the value
-    head; biases 0."""
+    sqrt(2) for the hidden layers, 0.01 for the policy head (near-uniform first choices, means near
+    0), 1 for the value head; biases 0."""
     torch.nn.init.orthogonal_(layer.weight, std)
     torch.nn.init.constant_(layer.bias, bias_const)
     return layer
@@ -469,7 +464,7 @@ def main(args: Args, checkpoint=None) -> dict:
 def evaluate(args: Args, checkpoint) -> list[float]:
     """--evaluate: the saved agent plays whole games, scored with their own rewards."""
     evaluation = Evaluation(args, checkpoint)  # the device and seeds
-    envs = make_envs(args.env_id, 1, args.capture_video, evaluation.video_folder,
+    envs = make_envs(args.env_id, 1, evaluation.renders, evaluation.video_folder,
                      video_episodes=args.eval_episodes)
     agent = evaluation.load(Agent(envs.single_action_space.n))
 

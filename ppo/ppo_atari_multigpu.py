@@ -25,7 +25,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.distributions.categorical import Categorical
 
-from ppo_utils import (adam, atari_wrappers, command_line, environments, exits,
+from ppo_utils import (adam, atari_games, command_line, environments, exits,
                        ranks, speed, training)
 from ppo_utils.evaluation import Evaluation
 
@@ -120,16 +120,16 @@ def make_env(env_id: str, idx: int, capture_video: bool, video_folder: str,
         # the game's unclipped score and length when the game is over, not when a life is lost.
         env = gym.wrappers.RecordEpisodeStatistics(env)
         # [Atari 3: EpisodicLifeEnv] a lost life ends the training episode; the game goes on
-        env = atari_wrappers.EpisodicLife(env)
+        env = atari_games.EpisodicLife(env)
         if "FIRE" in env.unwrapped.get_action_meanings():
             # [Atari 4: FireResetEnv] FIRE, then action 2, after every reset and lost life
-            env = atari_wrappers.FireReset(env)
+            env = atari_games.FireReset(env)
         # [Atari 6: ClipRewardEnv] the reward's sign, -1, 0 or +1: one scale for every game.
         env = gym.wrappers.TransformReward(env, np.sign)
         # [Atari 7: FrameStack] the last 4 frames as one (4, 84, 84) observation, so that motion is
         # visible; on reset the stack is filled with the first frame, as the original does.
         env = gym.wrappers.FrameStackObservation(env, stack_size=4)
-        return environments.SavableGame(env)  # saves the game for a checkpoint, where the game runs
+        return atari_games.SavableGame(env)  # saves the game for a checkpoint, where the game runs
 
     return thunk
 
@@ -139,25 +139,19 @@ def make_envs(env_id: str, num_envs: int, capture_video: bool = False, video_fol
               video_episodes: int | None = None) -> gym.vector.VectorEnv:
     """[Core 1: Vectorized architecture] Each process steps `num_envs` copies of the environment in
     lock step (its share of the world's), so its rollout holds num_envs x num_steps transitions.
-    Resumed: the very ones a checkpoint saved (`saved_envs`). Spaces this script cannot train on are
-    refused.
-
-    Autoreset is SAME_STEP (environments.vector_env): a finished environment resets within the step
-    that ends its episode, so every step() is a real transition (docs/ppo.md, Episode ends)."""
-    environments.check_gymnasium_id(env_id, atari=True)
+    Resumed: the very ones a checkpoint saved (`saved_envs`). Spaces this script cannot train on
+    are refused. Autoreset is SAME_STEP: every step() is a real transition (docs/ppo.md)."""
+    atari_games.check_atari_id(env_id)
     # [Speed: asynchronous environments] async_envs: each game in a worker process, all at once
     envs = environments.vector_env([make_env(env_id, i, capture_video, video_folder, video_episodes)
                                 for i in range(num_envs)], env_id, saved_envs, async_envs)
-    environments.check_spaces(envs, env_id, actions=(gym.spaces.Discrete,),
-                              vector_observations=False)
     return envs
 
 
 def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Module:
     """[Core 2: Orthogonal initialization of weights, constant initialization of biases] Gain
-    sqrt(2) for the hidden layers (openai/baselines', tanh or ReLU alike), 0.01 for the policy head,
-    whose first outputs are then near 0 (near-uniform choices, or means near 0), 1 for the value
-    head; biases 0."""
+    sqrt(2) for the hidden layers, 0.01 for the policy head (near-uniform first choices, means near
+    0), 1 for the value head; biases 0."""
     torch.nn.init.orthogonal_(layer.weight, std)
     torch.nn.init.constant_(layer.bias, bias_const)
     return layer
@@ -498,7 +492,7 @@ def evaluate(args: Args, checkpoint) -> list[float]:
         raise exits.WrongInput(f"--evaluate plays in one process: run python ppo/{VARIANT}.py "
                                f"--evaluate {args.evaluate}")
     evaluation = Evaluation(args, checkpoint)  # the device and seeds
-    envs = make_envs(args.env_id, 1, args.capture_video, evaluation.video_folder,
+    envs = make_envs(args.env_id, 1, evaluation.renders, evaluation.video_folder,
                      video_episodes=args.eval_episodes)
     agent = evaluation.load(Agent(envs.single_action_space.n))
     return evaluation.play(envs, lambda obs, _: agent.get_action_and_value(

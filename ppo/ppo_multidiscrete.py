@@ -7,9 +7,8 @@
 
 ppo.py for MultiDiscrete actions: one categorical choice per part of the action, under a mask of
 the choices the environment allows at each step (an `action_mask` key of a Dict observation,
-`info["action_mask"]` or an `action_masks()` method). The core details are marked as in ppo.py, the
-MultiDiscrete and masking ones in ActionParts, the agent and minibatch_loss;
-docs/ppo_multidiscrete.md explains them.
+`info["action_mask"]` or an `action_masks()` method). The MultiDiscrete and masking details are
+marked in ActionParts, the agent and minibatch_loss; docs/ppo_multidiscrete.md explains them.
 The run around it (its flags, checkpoints, logs and stop signals) comes from the package ppo_utils.
 """
 
@@ -24,7 +23,8 @@ import torch
 import torch.nn as nn
 from torch.distributions.categorical import Categorical
 
-from ppo_utils import adam, command_line, environments, envpool_ids, exits, speed, training
+from ppo_utils import (adam, command_line, environments, envpool_games, envpool_ids, exits, spaces,
+                       speed, training)
 from ppo_utils.evaluation import Evaluation
 
 # names the script in its messages and checkpoints
@@ -82,15 +82,16 @@ def make_env(env_id: str, idx: int, capture_video: bool, video_folder: str,
     RecordEpisodeStatistics reports each episode's return and length as it ends."""
 
     def thunk():
+        render_mode = "rgb_array" if capture_video and idx == 0 else None
         if env_id.startswith("Jumanji/"):
-            env = JumanjiGame(env_id)
-        elif capture_video and idx == 0:
-            env = environments.record_video(gym.make(env_id, render_mode="rgb_array"),
-                                            video_folder, video_episodes)
+            env = envpool_games.JumanjiGame(env_id, render_mode)
         else:
-            env = gym.make(env_id)
+            env = gym.make(env_id, **({"render_mode": render_mode} if render_mode else {}))
+        if render_mode:
+            env = environments.record_video(env, video_folder, video_episodes)
         space = env.action_space  # other spaces are left for check_spaces to refuse
-        if isinstance(space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete)) or (
+        if isinstance(space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete,
+                              gym.spaces.MultiBinary)) or (
                 isinstance(space, gym.spaces.Box) and np.issubdtype(space.dtype, np.integer)):
             env = ActionParts(env)
         return gym.wrappers.RecordEpisodeStatistics(env)
@@ -98,53 +99,13 @@ def make_env(env_id: str, idx: int, capture_video: bool, video_folder: str,
     return thunk
 
 
-class JumanjiGame(gym.Env):
-    """One of envpool's C++ ports of Jumanji's tasks as a gymnasium environment: a pool of one game,
-    made anew on the seed a reset is given. envpool resets a finished game on the step after its
-    end, whatever that step's action: a reset after an episode's end is that step."""
-
-    def __init__(self, env_id: str):
-        import envpool
-
-        self.make_pool = lambda seed: envpool.make(env_id, env_type="gymnasium", num_envs=1,
-                                                   seed=seed)
-        try:
-            self.pool, self.finished = self.make_pool(0), False
-        except Exception as error:  # envpool's own: a game whose data its wheel lacks (Sudoku)
-            raise exits.WrongInput(f"envpool cannot make {env_id} ({str(error).splitlines()[0]}):"
-                                   " train on another of its Jumanji games")
-        self.observation_space, self.action_space = self.pool.observation_space, \
-            self.pool.action_space
-
-    def reset(self, *, seed: int | None = None, options: dict | None = None):
-        if seed is not None:
-            self.pool, self.finished = self.make_pool(seed), False
-        if self.finished:  # the pool's own reset: the step after the end, its action ignored
-            obs, *_, info = self.pool.step(np.zeros((1, *self.action_space.shape), np.int32))
-        else:
-            obs, info = self.pool.reset()
-        self.finished = False
-        return first_of(obs), first_of(info)
-
-    def step(self, action: np.ndarray):
-        obs, reward, terminated, truncated, info = map(first_of, self.pool.step(action[None]))
-        self.finished = bool(terminated or truncated)
-        return obs, float(reward), bool(terminated), bool(truncated), info
-
-
-def first_of(batch):
-    """The first environment's share of a pool's output: an array, or a dict of them (nested)."""
-    return ({key: first_of(value) for key, value in batch.items()} if isinstance(batch, dict)
-            else batch[0])
-
-
 class ActionParts(gym.Wrapper):
     """[MultiDiscrete 1: Independent action components] The action as its parts, a MultiDiscrete
-    from 0 (Discrete: one part; an integer Box: one per entry), turned back at each step.
-    [Masking 1: The mask of each step, one row per part] Every info gets the mask as `action_mask`,
-    sum(nvec) booleans, from the Dict observation's key, the info's, or sb3-contrib's
-    `action_masks()`; none: all allowed. Rows padded to the longest are read row by row; a joint
-    mask is refused (docs/ppo_multidiscrete.md). Dict and Discrete observations are flattened."""
+    from 0 (Discrete: one part; an integer Box, a MultiBinary: one per entry), turned back at each
+    step. [Masking 1: The mask of each step, one row per part] Every info gets the mask as
+    `action_mask`, sum(nvec) booleans, from the Dict observation's key, the info's or sb3-contrib's
+    `action_masks()` (none: all allowed); padded rows are read row by row, a joint mask refused
+    (docs/ppo_multidiscrete.md). Observations are flattened into one vector, as in ppo.py."""
 
     def __init__(self, env: gym.Env):
         super().__init__(env)
@@ -152,7 +113,9 @@ class ActionParts(gym.Wrapper):
         integers = space.n if isinstance(space, gym.spaces.Discrete) else getattr(space, "nvec", 0)
         self.first, self.nvec = ((space.low.flatten(), (space.high - space.low + 1).flatten())
                                  if isinstance(space, gym.spaces.Box) else
-                                 (np.atleast_1d(space.start), np.atleast_1d(integers)))
+                                 (np.zeros(space.n, int).flatten(), np.full(space.n, 2).flatten())
+                                 if isinstance(space, gym.spaces.MultiBinary) else
+                                 (np.ravel(space.start), np.ravel(integers)))
         self.action_space = gym.spaces.MultiDiscrete(self.nvec)
         observations = env.observation_space
         keys = getattr(observations, "spaces", {})
@@ -160,8 +123,9 @@ class ActionParts(gym.Wrapper):
         if self.mask_in_obs:  # flattening reads the other keys only
             observations = gym.spaces.Dict({key: part for key, part in observations.items()
                                             if key != "action_mask"})
-        # a Box stays as it is (check_spaces refuses images)
-        self.unflat_space = None if isinstance(observations, gym.spaces.Box) else observations
+        # flattened (but a flat Box), unless no network reads it: check_spaces refuses it
+        flat = isinstance(observations, gym.spaces.Box) and len(observations.shape) == 1
+        self.unflat_space = None if flat or spaces.unreadable(observations) else observations
         if self.unflat_space is not None:
             self.observation_space = gym.spaces.flatten_space(observations)
 
@@ -225,25 +189,23 @@ def make_envs(env_id: str, num_envs: int, capture_video: bool = False, video_fol
               video_episodes: int | None = None) -> gym.vector.SyncVectorEnv:
     """[Core 1: Vectorized architecture] One learner steps `num_envs` copies of the environment in
     lock step, so each rollout holds num_envs x num_steps transitions. Resumed: the very ones a
-    checkpoint saved (`saved_envs`). Spaces this script cannot train on are refused.
-
-    Autoreset is SAME_STEP (environments.vector_env): a finished environment resets within the step
-    that ends its episode, so every step() is a real transition (docs/ppo.md, Episode ends)."""
+    checkpoint saved (`saved_envs`). Spaces this script cannot train on are refused. Autoreset is
+    SAME_STEP: every step() is a real transition (docs/ppo.md, Episode ends)."""
     if env_id.startswith("Jumanji/"):
         envpool_ids.check_envpool_id(env_id, None, "Jumanji/Cleaner-v0")
     else:
-        environments.check_gymnasium_id(env_id, hint=envpool_ids.port_hint(env_id, "Jumanji"))
+        spaces.check_gymnasium_id(env_id, hint=envpool_ids.port_hint(env_id, "Jumanji"),
+                                        filmed=capture_video)
     envs = environments.vector_env([make_env(env_id, i, capture_video, video_folder, video_episodes)
                                 for i in range(num_envs)], env_id, saved_envs)
-    environments.check_spaces(envs, env_id, actions=(gym.spaces.MultiDiscrete,))
+    spaces.check_spaces(envs, env_id, actions=(gym.spaces.MultiDiscrete,))
     return envs
 
 
 def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Module:
     """[Core 2: Orthogonal initialization of weights, constant initialization of biases] Gain
-    sqrt(2) for the hidden layers (openai/baselines', tanh or ReLU alike), 0.01 for the policy head,
-    whose first outputs are then near 0 (near-uniform choices, or means near 0), 1 for the value
-    head; biases 0."""
+    sqrt(2) for the hidden layers, 0.01 for the policy head (near-uniform first choices, means near
+    0), 1 for the value head; biases 0."""
     torch.nn.init.orthogonal_(layer.weight, std)
     torch.nn.init.constant_(layer.bias, bias_const)
     return layer
@@ -252,9 +214,8 @@ def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.
 class Agent(nn.Module):
     """[Core 13: Separate MLP networks for policy and value functions] Two 64-64 tanh MLPs: on
     simple tasks a shared trunk makes the policy and value objectives compete. The policy's last
-    layer gives the logits of every part's choices side by side, sum(nvec) of them. With
-    --no-action-masks (`action_masks` False) it is given the masks and ignores them: the rollout
-    still stores them, and the run logs how often the policy picks a ruled-out choice."""
+    layer gives every part's logits side by side, sum(nvec); with --no-action-masks it ignores the
+    masks it is given, and the run logs how often it picks a ruled-out choice."""
 
     def __init__(self, obs_size: int, nvec: list[int], action_masks: bool = True):
         super().__init__()
@@ -546,7 +507,7 @@ def main(args: Args, checkpoint=None) -> dict:
 def evaluate(args: Args, checkpoint) -> list[float]:
     """--evaluate: play episodes with the saved agent, its actions sampled as in training."""
     evaluation = Evaluation(args, checkpoint)  # the device and seeds
-    envs = make_envs(args.env_id, 1, args.capture_video, evaluation.video_folder,
+    envs = make_envs(args.env_id, 1, evaluation.renders, evaluation.video_folder,
                      video_episodes=args.eval_episodes)
     agent = evaluation.load(Agent(envs.single_observation_space.shape[0],
                                   envs.single_action_space.nvec.tolist(), args.action_masks))

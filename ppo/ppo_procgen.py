@@ -401,7 +401,7 @@ def evaluate(args: Args, checkpoint) -> list[float]:
     """--evaluate: play episodes with the saved agent, its actions sampled as in training. With
     unlimited levels, the evaluation's seeds draw levels the agent most likely never saw."""
     evaluation = Evaluation(args, checkpoint)  # the device and seeds
-    envs = make_envs(args.env_id, 1, args.capture_video, evaluation.video_folder,
+    envs = make_envs(args.env_id, 1, evaluation.renders, evaluation.video_folder,
                      args.distribution_mode, args.num_levels, args.start_level)
     agent = evaluation.load(Agent(envs.single_action_space.n))
     return evaluation.play(envs, lambda obs, _: agent.get_action_and_value(

@@ -28,6 +28,9 @@ class ProcessState:
     statistics: dict  # the script's running statistics, by name (a reward scaler's)
 
 
+MODEL_FILE = "model.pt"  # an exported agent's checkpoint, in its folder (model_folder)
+
+
 @dataclass
 class Checkpoint:
     """What resuming a run needs; an evaluation reads the first four."""
@@ -49,7 +52,10 @@ class Checkpoint:
 
     @classmethod
     def read(cls, path: str, variant: str) -> "Checkpoint":
-        """The checkpoint at `path`, which the script `variant` wrote, read as data."""
+        """The checkpoint at `path`, which the script `variant` wrote, read as data; `path` may be
+        an exported agent's folder (--export), which holds it as MODEL_FILE."""
+        if os.path.isdir(path):
+            path = os.path.join(path, MODEL_FILE)
         if not os.path.isfile(path):
             several_nodes = int(os.environ.get("WORLD_SIZE", "1")) > int(
                 os.environ.get("LOCAL_WORLD_SIZE", "1"))

@@ -2,6 +2,7 @@
 settings as the defaults of --resume and --evaluate, and the rules every flag follows."""
 
 import math
+import os
 import sys
 import typing
 from dataclasses import dataclass, fields, replace
@@ -10,7 +11,7 @@ from typing import Annotated, Any, Callable, NamedTuple, NoReturn, TypeVar
 import torch
 import tyro
 
-from ppo_utils import exits
+from ppo_utils import exits, run_logs
 from ppo_utils.checkpoint import Checkpoint
 from ppo_utils.exits import WrongInput
 
@@ -38,6 +39,8 @@ RULES = {
     "save_interval": Rule("0 (save only at the end) or more", lambda value: value >= 0),
     "save_minutes": Rule("0 (never save by the clock) or more",
                          lambda value: 0 <= value < math.inf),
+    "watch_fps": Rule("above 0 (leave it out for the game's own rate)",
+                      lambda value: value is None or 0 < value < math.inf),
     "eval_episodes": AT_LEAST_ONE, "total_timesteps": AT_LEAST_ONE, "num_envs": AT_LEAST_ONE,
     "num_steps": AT_LEAST_ONE, "num_minibatches": AT_LEAST_ONE, "update_epochs": AT_LEAST_ONE,
     "learning_rate": FINITE_ABOVE_ZERO,
@@ -91,6 +94,12 @@ class RunFlags:
     """path of a checkpoint to evaluate instead of training"""
     eval_episodes: ResumeMayChange[int] = 10
     """number of episodes (games) to play with --evaluate"""
+    watch: ResumeMayChange[bool] = False
+    """with --evaluate, show the agent playing in a window"""
+    watch_fps: ResumeMayChange[float | None] = None
+    """frames a second --watch shows; None: the environment's own rate"""
+    export: ResumeMayChange[str | None] = None
+    """with --evaluate, write the agent, its evaluation and a model card to this new folder"""
     compile: ResumeMayChange[bool] = False
     """if toggled, torch.compile the policy step and minibatch loss (pays on a GPU, slow start)"""
     cudagraphs: ResumeMayChange[bool] = False
@@ -127,6 +136,9 @@ def parse_args(args_class: type, argv: list[str] | None = None,
     if not (args.resume or args.evaluate):
         return args, None
     path = args.resume or args.evaluate
+    if args.resume and os.path.isdir(path):
+        raise WrongInput(f"--resume {path}: that folder is an exported agent, which --evaluate "
+                         "plays; resume its run from the checkpoint in runs/")
     checkpoint = Checkpoint.read(path, args_class.variant)
     unknown = sorted(set(checkpoint.args) - {field.name for field in fields(args_class)})
     if unknown:
@@ -158,6 +170,7 @@ def run_script(main: Callable, evaluate: Callable, args_class: type, doc: str,
                pip_extra: str) -> NoReturn:
     """`python ppo/<variant>.py ...`: read the command line, train (`main`) or play the saved agent
     (`evaluate`), and exit with the ending's code (exits); `pip_extra` is the script's extra."""
+    run_logs.script_as_run = sys.argv[0]
     with exits.exit_codes(f"{args_class.variant}.py"):
         args, checkpoint = parse_args(args_class, doc=doc)
         with exits.missing_packages(pip_extra, args.capture_video):
@@ -183,6 +196,12 @@ def check_args(args) -> None:
                 raise WrongInput(f"--{field.name.replace('_', '-')} must be "
                                  f"{requirement.format(default=default)}, got {value!r}"
                                  + ("" if default is None else f": the default is {default!r}"))
+    for flag, given in (("--watch", args.watch), ("--export", args.export)):
+        if given and not args.evaluate:
+            raise WrongInput(f"{flag} goes with --evaluate CHECKPOINT: it shows or exports a saved "
+                             "agent")
+    if args.watch_fps is not None and not args.watch:
+        raise WrongInput("--watch-fps sets --watch's frame rate: add --watch, or drop it")
     batch_size = args.num_envs * args.num_steps
     if batch_size % args.num_minibatches != 0:
         raise WrongInput(f"--num-envs x --num-steps = {batch_size} does not divide into "

@@ -1,4 +1,4 @@
-"""The environments as the scripts use them: which ones a script trains on (refused in one line
+"""The environments as the scripts use them: which ids a script trains on (refused in one line
 naming the script to use instead), their vector (SAME_STEP autoreset, --async-envs), their states
 saved and put back where they run, the episodes that ended, and --capture-video's filming."""
 
@@ -16,39 +16,6 @@ import numpy as np
 
 from ppo_utils.env_states import env_state, mismatch, restore_env
 from ppo_utils.exits import STOP_SIGNALS, WrongInput
-
-# named when an environment is refused
-SCRIPT_FOR_ACTIONS = {"Discrete": "ppo/ppo.py", "Box": "ppo/ppo_continuous_action.py",
-                      "MultiDiscrete": "ppo/ppo_multidiscrete.py"}
-SCRIPT_FOR_IMAGES = "ppo/ppo_atari.py"
-
-
-def check_spaces(envs, env_id: str, actions: tuple[type, ...],
-                 vector_observations: bool = True) -> None:
-    """Refuse an action space that is none of `actions`, or (`vector_observations`) observations
-    that are no flat vector, naming the script that takes them."""
-    action_space = getattr(envs, "single_action_space", None) or envs.action_space
-    space = getattr(envs, "single_observation_space", None) or envs.observation_space
-    if not isinstance(action_space, actions):
-        envs.close()
-        kind = type(action_space).__name__
-        wanted = " or ".join(space.__name__ for space in actions)
-        hint = (f"use {SCRIPT_FOR_ACTIONS[kind]} for {kind} actions" if kind in SCRIPT_FOR_ACTIONS
-                else "no script here takes these: expose Discrete, MultiDiscrete or Box actions "
-                     "in your environment")
-        raise WrongInput(f"{env_id} has a {kind} action space, but this script trains on "
-                         f"{wanted} actions: {hint}")
-    if vector_observations and (not isinstance(space, gym.spaces.Box) or len(space.shape) != 1):
-        envs.close()
-        if isinstance(space, (gym.spaces.Dict, gym.spaces.Tuple)):
-            hint = (": flatten them into one vector (gymnasium.wrappers.FlattenObservation) in "
-                    "your environment")
-        else:
-            images = len(getattr(space, "shape", None) or ()) == 3
-            hint = f": use {SCRIPT_FOR_IMAGES} for images" if images else ""
-        raise WrongInput(f"{env_id} observations are {type(space).__name__}, but this script needs "
-                         f"flat vectors (a one-dimensional Box){hint}")
-
 
 def gymnasium_spec(env_id: str, hint: str = "") -> gym.envs.registration.EnvSpec:
     """The registration of `env_id`, or a refusal with `hint`. `module:EnvId` names one that the
@@ -69,30 +36,6 @@ def gymnasium_spec(env_id: str, hint: str = "") -> gym.envs.registration.EnvSpec
                              f"{bare_id!r} (gymnasium.register(id=..., entry_point=...) in the "
                              "module makes one)") from None
         raise WrongInput(f"unknown env id {env_id!r}{hint}: {error}") from None
-
-
-def check_gymnasium_id(env_id: str, atari: bool = False, hint: str = "") -> None:
-    """Refuse an id gymnasium does not know, with `hint`, or (`atari`) no game of ale-py, which
-    registers its games when asked, here."""
-    if not atari:
-        atari_id = "NoFrameskip" in env_id or env_id.startswith("ALE/")
-        gymnasium_spec(env_id, hint or (" (Atari ids need ppo/ppo_atari.py)" if atari_id else ""))
-        return
-    try:
-        import ale_py
-    except ImportError:
-        raise WrongInput("this script needs ale-py and opencv-python: pip install -e "
-                         "'.[atari]'") from None
-    gym.register_envs(ale_py)
-    ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Error)  # no banner for every game made
-    hint = ""
-    if env_id.endswith("-v5") and not env_id.startswith("ALE/"):
-        hint = (f" (ale-py names it ALE/{env_id}; envpool ids such as {env_id} need "
-                "ppo/ppo_atari_envpool.py)")
-    if gymnasium_spec(env_id, hint).entry_point != "ale_py.env:AtariEnv":
-        raise WrongInput(f"{env_id} is not an Atari game of ale-py: this script trains on Atari "
-                         "frames only; use ppo/ppo.py for vector observations and "
-                         "ppo/ppo_continuous_action.py for Box actions")
 
 
 @contextlib.contextmanager
@@ -145,14 +88,6 @@ def in_worker(make_env: Callable[[], gym.Env]) -> gym.Env:
     return make_env()
 
 
-class SavableGame(gym.Wrapper):
-    """The outermost wrapper of an ale-py game: saves it where it runs (maybe an --async-envs
-    worker)."""
-
-    def save_game(self) -> list[dict] | None:
-        return env_state(self)
-
-
 def save_envs(envs: gym.vector.VectorEnv) -> list[list[dict]] | None:
     """Every environment's state (env_states), or None where one cannot be saved (one that films).
     Saved in a worker or here, it is the same: --async-envs may differ on resuming."""
@@ -181,18 +116,23 @@ def finished_episodes(infos: dict) -> list[tuple[float, int]]:
             for i in np.flatnonzero(final["_episode"])]
 
 
-def render_off_screen() -> None:
-    """--capture-video draws off screen, which needs, before any environment is built, SDL's dummy
-    driver (pygame's, classic control's) and, without a display, EGL for MuJoCo."""
-    os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
+def render_off_screen(window: bool = False) -> None:
+    """The frames --capture-video films and --watch shows are drawn off screen, which needs, before
+    any environment is built, SDL's dummy driver (pygame's, classic control's) unless --watch's
+    `window` takes SDL's display, and, without a display, EGL for MuJoCo."""
+    if not window:
+        os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
     if sys.platform.startswith("linux") and not os.environ.get("DISPLAY"):
         os.environ.setdefault("MUJOCO_GL", "egl")
 
 
-def record_video(env: gym.Env, folder: str, episodes: int | None = None) -> gym.Env:
+def record_video(env: gym.Env, folder: str | None, episodes: int | None = None) -> gym.Env:
     """`env` filmed into `folder`, episodes 0, 1, 8, 27, ..., 1000, 2000, ... (an evaluation's, of
-    `episodes` episodes, none past its last)."""
+    `episodes` episodes, none past its last); not filmed without a folder (--watch alone)."""
     from gymnasium.utils.save_video import capped_cubic_video_schedule as schedule
+
+    if folder is None:
+        return env
 
     return gym.wrappers.RecordVideo(env, folder, episode_trigger=None if episodes is None else (
         lambda episode: episode < episodes and schedule(episode)))

@@ -8,6 +8,7 @@ import re
 import signal
 import sys
 import time
+import traceback
 from typing import Callable
 
 WRONG_INPUT, DIVERGED, STOPPED = 2, 3, 130
@@ -97,6 +98,12 @@ def exit_codes(program: str):
         by, kept = stop.args if isinstance(stop, StoppedAtOnce) else ("Ctrl-C", "")
         says(f"stopped at once by {by}" + (f": {kept}" if kept else ""))
         sys.exit(STOPPED)
+    except Exception:  # an environment that raised, a bug: the traceback, then what is kept
+        traceback.print_exc()
+        training = getattr(signal.getsignal(signal.SIGINT), "__self__", None)  # its stop handler
+        if isinstance(training, StopOnInterrupt) and training.kept():
+            says(f"{program}: the run stopped on the error above; {training.kept()}")
+        sys.exit(1)
     # The run is over: a late copy of its signal changes nothing.
     for signum in (signal.SIGTERM, signal.SIGUSR1):
         signal.signal(signum, signal.SIG_IGN)

@@ -62,6 +62,7 @@ class Games:
 
     single_observation_space = gym.spaces.Box(0, 255, (64, 64, 3), np.uint8)
     single_action_space = gym.spaces.Discrete(15)
+    metadata = {"render_fps": 15}  # Procgen's own rate, at which its videos play
 
     def __init__(self, game: str, num_envs: int, distribution_mode: str = "easy",
                  num_levels: int = 0, start_level: int = 0, video_folder: str | None = None):
@@ -102,6 +103,11 @@ class Games:
             self.recorder.episode_ended()
         if self.recorder and self.recorder.filming:
             self.recorder.add(obs[0].repeat(4, axis=0).repeat(4, axis=1))
+
+    def render(self) -> tuple[np.ndarray]:
+        """The first game as the agent sees it, 64x64: what --watch shows."""
+        _, obs, _ = self.games.observe()  # the latest observation again, no step taken
+        return (obs["rgb"][0],)
 
     def close(self) -> None:
         if self.games is not None:

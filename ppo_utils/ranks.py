@@ -54,9 +54,14 @@ class World:
 
     gathers = True
 
-    def __init__(self, args):
+    def __init__(self, args, checkpoint):
         self.rank, self.world_size = int(os.environ.get("RANK", "0")), int(
             os.environ.get("WORLD_SIZE", "1"))
+        if checkpoint and len(checkpoint.processes) != self.world_size:
+            written = len(checkpoint.processes)
+            raise WrongInput(f"the checkpoint was written by {written} processes, not "
+                             f"{self.world_size}: resume it with as many (torchrun "
+                             f"--nproc-per-node {written} on one node)")
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         self.local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
         check_world_sizes(args, self.world_size)

@@ -4,6 +4,7 @@ and end."""
 
 import contextlib
 import os
+import shlex
 import sys
 import time
 
@@ -14,6 +15,9 @@ from ppo_utils.exits import StopOnInterrupt, WrongInput
 # The packages whose release can change what a run learns, with the script's `env_package`:
 # MuJoCo 3.5.0, for one, changed Hopper's contacts.
 CORE_PACKAGES = ("torch", "gymnasium", "numpy")
+# The script's path as its command line gave it (command_line.run_script sets it), which the
+# commands a run prints begin with; None where main() is called from Python: ppo/<variant>.py.
+script_as_run: str | None = None
 
 
 def text_table(key_header: str, value_header: str, rows: dict) -> str:
@@ -57,6 +61,16 @@ def claim_run_folder(name: str) -> str:
                   f"{candidate}", flush=True)
         return candidate
     raise WrongInput(f"runs/{name} and its next 998 alternatives are all taken: clean up runs/")
+
+
+def command(variant: str, flag: str, path: str) -> str:
+    """The command that goes on with a checkpoint (or an exported agent) at `path`, to paste into
+    the shell the run was started from: the script's path as it was run, the checkpoint's from
+    there (an evaluation plays in one process, a resumed torchrun run in as many as before)."""
+    if flag == "--resume" and "TORCHELASTIC_RUN_ID" in os.environ:
+        return f"the same torchrun command with --resume {shlex.quote(path)}"
+    script = script_as_run or f"ppo/{variant}.py"
+    return f"python {shlex.quote(script)} {flag} {shlex.quote(path)}"
 
 
 class RunLogs:
@@ -115,13 +129,16 @@ class RunLogs:
         self.writer.add_text("versions",
                              text_table("package", "version", software_versions(self.env_package)))
 
+    def command(self, flag: str, checkpoint_path: str) -> str:
+        return command(self.args.variant, flag, checkpoint_path)
+
     def say_start(self, global_step: int, finished: bool, checkpoint_path: str,
                   new_episodes: bool, device) -> None:
         """What runs where, where its logs and checkpoint go; or that the run is `finished`."""
         total = f"{self.args.total_timesteps:,}"
         if finished:
             print(f"{self.name} is already finished ({global_step:,} of {total} steps): evaluate "
-                  f"it with: python ppo/{self.args.variant}.py --evaluate {checkpoint_path}")
+                  f"it with: {self.command('--evaluate', checkpoint_path)}")
             return
         saved = checkpoint_path if self.args.save_model else "none (--save-model keeps one)"
         new_episodes = " (with new episodes)" if new_episodes else ""
@@ -130,17 +147,14 @@ class RunLogs:
               + f" on {device}\n  logs in {self.folder}/ (tensorboard --logdir "
               f"{os.path.dirname(self.folder) or '.'}), checkpoint: {saved}", flush=True)
 
-    def say_end(self, global_step: int, stopped: bool, checkpoint_path: str,
-                torchrun: bool) -> None:
+    def say_end(self, global_step: int, stopped: bool, checkpoint_path: str) -> None:
         if stopped:
-            how = (f"resume with the same launch command and --resume {checkpoint_path}"
-                   if torchrun else
-                   f"resume with: python ppo/{self.args.variant}.py --resume {checkpoint_path}")
-            print(f"stopped at step {global_step:,}; " + (how if self.args.save_model else
-                  "no checkpoint written (run with --save-model to be able to resume)"))
+            print(f"stopped at step {global_step:,}; " + (
+                f"resume with: {self.command('--resume', checkpoint_path)}" if self.args.save_model
+                else "no checkpoint written (run with --save-model to be able to resume)"))
         elif self.args.save_model:
-            print(f"checkpoint: {checkpoint_path}\nevaluate it with: python "
-                  f"ppo/{self.args.variant}.py --evaluate {checkpoint_path}")
+            print(f"checkpoint: {checkpoint_path}\nevaluate it with: "
+                  f"{self.command('--evaluate', checkpoint_path)}")
 
     def log_episode(self, global_step: int, score: float, length: int) -> None:
         self.writer.add_scalar("charts/episodic_return", score, global_step)

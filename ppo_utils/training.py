@@ -15,7 +15,7 @@ import torch
 from ppo_utils import command_line, environments
 from ppo_utils.checkpoint import Checkpoint, ProcessState, all_finite, restore_rng, \
     restore_statistics, rng_state, statistics_state
-from ppo_utils.exits import Diverged, StopOnInterrupt, WrongInput
+from ppo_utils.exits import Diverged, StopOnInterrupt
 from ppo_utils.run_logs import RunLogs
 
 
@@ -71,7 +71,7 @@ class OneProcess:
 
     rank, world_size, gathers = 0, 1, False
 
-    def __init__(self, args):
+    def __init__(self, args, checkpoint: Checkpoint | None):
         self.device = command_line.device(args)
 
     def gathered(self, item) -> list:
@@ -85,13 +85,8 @@ class Run:
     def __init__(self, args, checkpoint: Checkpoint | None, env_package: str | None = None,
                  world: type = OneProcess, recent_episodes: int = 20):
         command_line.check_args(args)
-        self.world = world(args)
+        self.world = world(args, checkpoint)
         self.args, self.checkpoint, self.device = args, checkpoint, self.world.device
-        if checkpoint and len(checkpoint.processes) != self.world.world_size:
-            written = len(checkpoint.processes)
-            raise WrongInput(f"the checkpoint was written by {written} processes, not "
-                             f"{self.world.world_size}: resume it with as many (torchrun "
-                             f"--nproc-per-node {written} on one node)")
         self.logs = RunLogs(args, checkpoint, self.world.rank, env_package)
         # A resumed run's videos go into a folder of their own: its episode count starts again at 0.
         self.video_folder = f"videos/{self.logs.name}" + (
@@ -169,12 +164,13 @@ class Run:
         minutes = self.args.save_minutes
         return minutes > 0 and time.time() - self.last_save >= 60 * minutes
 
-    def kept(self) -> str:
-        """Which checkpoint a run that stops now leaves, if any."""
+    def kept(self, command: bool = True) -> str:
+        """Which checkpoint a run that stops now leaves, if any, and (`command`) how to resume."""
         if self.last_good is None:
             return "no checkpoint was written"
-        return (f"the last good checkpoint, {self.last_good[0]} (step {self.last_good[1]:,}), is "
-                "kept")
+        path, step = self.last_good
+        return (f"the last good checkpoint, {path} (step {step:,}), is kept" + (
+            f": resume with: {self.logs.command('--resume', path)}" if command else ""))
 
     def steps_per_second(self, global_step: int) -> int:
         """Of this sitting: a resumed run counts from where it resumed."""
@@ -270,7 +266,7 @@ class Run:
             self.logs.close()
         self.interrupt.restore()
         raise Diverged(f"at step {global_step:,}, {what_happened} in the update; likely cause: "
-                       f"{likely_cause(self.args)}; {self.kept()}")
+                       f"{likely_cause(self.args)}; {self.kept(command=False)}")
 
     def finish(self, global_step: int, **summary) -> dict:
         """Close the logs (a stop signal is the run's until then) and say how to go on. Returns a
@@ -281,7 +277,7 @@ class Run:
         finally:
             self.interrupt.restore()
         if self.world.rank == 0 and not self.finished_earlier:
-            self.logs.say_end(global_step, self.stopping, self.path, self.world.gathers)
+            self.logs.say_end(global_step, self.stopping, self.path)
         return {"run_name": self.logs.name, "global_step": global_step,
                 "interrupted": self.stopping, "recent_returns": list(self.recent_returns),
                 **summary}

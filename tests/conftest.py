@@ -4,6 +4,7 @@ import contextlib
 import importlib.util
 import os
 import re
+import runpy
 import signal
 import subprocess
 import sys
@@ -127,6 +128,21 @@ def run_script(script: str, *args: str, cwd: Path, timeout: float = HUNG_AFTER, 
         raise AssertionError(f"{script} {' '.join(args)} exited {result.returncode}\n"
                              f"stdout:\n{result.stdout[-3000:]}\nstderr:\n{result.stderr[-3000:]}")
     return result
+
+
+def run_script_here(script: str, argv: list[str], capsys) -> tuple[int, str, str]:
+    """`python ppo/<script>.py argv...` run in this process, as its `__main__` (runpy): its exit code,
+    stdout and stderr. Hundreds of tiny runs take seconds so, where as many processes take minutes."""
+    saved_argv, sys.argv = sys.argv, [f"ppo/{script}.py", *argv]
+    try:
+        runpy.run_path(str(REPO / "ppo" / f"{script}.py"), run_name="__main__")
+        code = 0
+    except SystemExit as exit:
+        code = exit.code
+    finally:
+        sys.argv = saved_argv
+    out, err = capsys.readouterr()
+    return code, out, err
 
 
 def read_scalars(run_dir: Path) -> dict[str, list[tuple[int, float]]]:

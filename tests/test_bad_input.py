@@ -30,6 +30,7 @@ COMMON = {
     "save_interval": ["-1"],
     "save_minutes": ["-1", "nan", "inf"],
     "eval_episodes": ["0", "-3"],
+    "watch_fps": ["0", "-5", "nan", "inf"],
     "total_timesteps": ["0"],
     "learning_rate": ["0", "-2.5e-4", "nan", "inf"],
     "num_envs": ["0"],
@@ -53,8 +54,9 @@ SPECIFIC = {
 }
 # Choice flags that tyro refuses itself (Literal types): refused in Python by check_args too.
 PARSED_BY_TYRO = {"ppo_atari_multigpu": {"backend": "mpi"}}
-# Free text that needs no rule: names, and checkpoint paths (load_checkpoint refuses a bad one).
-FREE_TEXT = {"exp_name", "wandb_project_name", "wandb_entity", "resume", "evaluate"}
+# Free text that needs no rule: names, checkpoint paths (load_checkpoint refuses a bad one), and
+# --export's folder (refused where it exists and holds files).
+FREE_TEXT = {"exp_name", "wandb_project_name", "wandb_entity", "resume", "evaluate", "export"}
 
 
 def table(script: str) -> dict[str, list[str]]:

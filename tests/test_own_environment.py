@@ -12,11 +12,13 @@ import sys
 import textwrap
 from pathlib import Path
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
 
-from conftest import HUNG_AFTER, REPO, expect_usage_error, read_scalars, run_script, script_command
+from conftest import (HUNG_AFTER, REPO, ctrl_c_during_step, expect_usage_error, only_run_dir, read_scalars,
+                      run_script, run_script_here, script_command, script_environment)
 
 MODULE = '''
 import gymnasium as gym
@@ -91,6 +93,8 @@ TRAINS = [  # (script, env id, flags of a tiny run, what it needs installed)
                                         "--num-minibatches", "2", "--update-epochs", "1"], ("ale_py", "cv2"))
       for script in ("ppo_atari.py", "ppo_atari_lstm.py", "ppo_atari_multigpu.py")),
     ("ppo_multidiscrete.py", "myenvs:MyMultiDiscrete-v0", ["--total-timesteps", "256", "--num-steps", "32"], ()),
+    # a Dict observation, flattened into one vector (tests/test_spaces.py: every space, every script)
+    ("ppo.py", "myenvs:MyDict-v0", ["--total-timesteps", "256", "--num-steps", "32"], ()),
 ]
 
 
@@ -119,7 +123,8 @@ def test_a_module_that_does_not_import_or_register_the_id_is_named(script, user_
 
 
 REFUSED = [  # (script, env id, what the line must say)
-    ("ppo", "myenvs:MyDict-v0", ["observations are Dict", "FlattenObservation"]),
+    ("ppo", "space_envs:Spaces-DictWithText-Discrete-v0", ["observes a Text within its Dict",
+                                                          "encode the text as numbers"]),
     ("ppo", "myenvs:MyMultiDiscrete-v0", ["MultiDiscrete action space", "ppo/ppo_multidiscrete.py"]),
     ("ppo_continuous_action", "myenvs:MyMultiDiscrete-v0", ["MultiDiscrete action space", "ppo/ppo_multidiscrete.py"]),
     ("ppo_continuous_action", "myenvs:MyCartPole-v0", ["Discrete action space", "ppo/ppo.py"]),
@@ -147,6 +152,173 @@ def test_discrete_observations_are_one_hot_encoded(workdir):
     envs.close()
     result = module.main(module.Args(env_id="FrozenLake-v1", total_timesteps=256, num_steps=32, cuda=False))
     assert result["agent"].critic[0].in_features == 16
+
+
+@pytest.mark.parametrize("script", ["ppo", "ppo_continuous_action", "ppo_multidiscrete"])
+def test_capture_video_refuses_an_environment_that_draws_no_frames(script, workdir, capsys):
+    """--capture-video films rgb_array frames: an environment with no such render mode is refused in one
+    line before any folder is made (it crashed mid-run, its run folder left behind)."""
+    code, _, err = run_script_here(script, ["--env-id", "space_envs:Spaces-Box-Box-v0", "--capture-video",
+                                            "--no-cuda"], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert err.startswith(f"{script}.py: error: --capture-video and --watch take the frames an environment "
+                          "draws, and space_envs:Spaces-Box-Box-v0 draws none (its render modes: none)"), err
+    assert sorted(os.listdir(workdir)) == []  # neither runs/ nor videos/
+
+
+# The run machinery's module names, each also the name of a module of the user's (`environments.py`
+# imports the others, and registers its environment only if every one is the user's own).
+MACHINERY_MODULES = sorted(path.stem for path in (REPO / "ppo_utils").glob("*.py") if path.stem != "__init__")
+USERS_ENVIRONMENTS = """\
+import importlib, os
+import gymnasium as gym
+here = os.path.dirname(os.path.abspath(__file__))
+for name in {others!r}:
+    assert os.path.dirname(os.path.abspath(importlib.import_module(name).__file__)) == here, name
+gym.register(id="MyCart-v0", entry_point="gymnasium.envs.classic_control.cartpole:CartPoleEnv", max_episode_steps=500)
+"""
+
+
+def test_a_users_modules_named_like_the_run_machinery_s_own_train(tmp_path):
+    """A user's module that bears the name of a module of the run machinery (`environments`, `training`,
+    ...) is the one `--env-id environments:MyCart-v0` imports: the machinery is the package ppo_utils,
+    found by its full name, and ppo/ holds only the scripts (issue 70: ppo/'s environments.py shadowed
+    the user's, and the error blamed the user's module)."""
+    code = tmp_path / "code"
+    code.mkdir()
+    others = [name for name in MACHINERY_MODULES if name != "environments"]
+    for name in others:
+        (code / f"{name}.py").write_text("USERS = True\n")
+    (code / "environments.py").write_text(USERS_ENVIRONMENTS.format(others=others))
+    result = run_script("ppo.py", "--env-id", "environments:MyCart-v0", "--total-timesteps", "256", "--num-steps",
+                        "32", "--no-cuda", cwd=tmp_path, env={"PYTHONPATH": str(code)})
+    assert read_scalars(only_run_dir(tmp_path))["charts/SPS"], result.stdout
+
+
+# ---------------------------------------------------------------------------------------------------
+# Going on after a stop or a crash: which checkpoint is kept, and the command that resumes it
+# ---------------------------------------------------------------------------------------------------
+
+SAVE_FLAGS = ["--env-id", "CartPole-v1", "--num-envs", "1", "--num-steps", "16", "--num-minibatches", "1",
+              "--update-epochs", "1", "--total-timesteps", "160", "--save-model", "--no-cuda"]
+
+
+@pytest.mark.parametrize("earlier", [True, False], ids=["over-an-earlier-one", "the-first"])
+def test_a_second_ctrl_c_during_a_save_keeps_only_the_earlier_checkpoint_and_says_which(
+        earlier, workdir, monkeypatch, capsys):
+    """Ctrl-C asks the run to stop after its iteration and save; a second Ctrl-C while it saves stops it
+    at once. The half-written checkpoint goes; the earlier one stays (or none: no checkpoint was written
+    before), and the last line says which, with the command that resumes it."""
+    import signal
+
+    from ppo_utils import checkpoint
+
+    saves, save = [], checkpoint.torch.save
+
+    def save_then_ctrl_c(state, file):
+        saves.append(state["global_step"])
+        if len(saves) == (2 if earlier else 1):  # this save: half written when Ctrl-C comes again
+            file.write(b"half a checkpoint")
+            signal.raise_signal(signal.SIGINT)
+        save(state, file)
+
+    monkeypatch.setattr(checkpoint.torch, "save", save_then_ctrl_c)
+    with ctrl_c_during_step(gym.envs.classic_control.CartPoleEnv, 24):  # in the second iteration
+        code, out, err = run_script_here("ppo", [*SAVE_FLAGS, "--save-interval", "1" if earlier else "0"], capsys)
+    assert code == 130, err
+    run_dir = only_run_dir(workdir)
+    left = sorted(path.name for path in run_dir.iterdir() if "checkpoint" in path.name)
+    last = err.strip().splitlines()[-1]
+    if earlier:
+        assert saves == [16, 32] and left == ["checkpoint.pt"]
+        assert torch.load(run_dir / "checkpoint.pt", weights_only=False)["global_step"] == 16
+        path = f"runs/{run_dir.name}/checkpoint.pt"
+        assert last == (f"stopped at once by Ctrl-C: the last good checkpoint, {path} (step 16), is kept: "
+                        f"resume with: python {REPO / 'ppo' / 'ppo.py'} --resume {path}"), last
+    else:
+        assert saves == [32] and left == []
+        assert last == "stopped at once by Ctrl-C: no checkpoint was written", last
+
+
+def stop_after_first_progress_line(command: list[str], cwd: Path) -> str:
+    """Start `command` in `cwd`, send SIGTERM (as `kill` does) once it printed its first progress line,
+    and return all it printed."""
+    import signal
+
+    process = subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               env=script_environment())
+    output = []
+    for line in process.stdout:
+        output.append(line)
+        if line.startswith("step"):
+            process.send_signal(signal.SIGTERM)
+            break
+    output.append(process.stdout.read())
+    assert process.wait(timeout=HUNG_AFTER) == 130, "".join(output)
+    return "".join(output)
+
+
+def printed_command(output: str, before: str) -> str:
+    (line,) = [line for line in output.splitlines() if before in line]
+    return line.split(before, 1)[1]
+
+
+def test_the_commands_a_run_prints_work_pasted_where_it_was_started(tmp_path):
+    """Started from another folder, by a relative path: the resume command a stopped run prints, pasted
+    into a shell in that folder, resumes it; the evaluate command the finished run prints evaluates it."""
+    elsewhere = tmp_path / "experiments" / "today"
+    elsewhere.mkdir(parents=True)
+    script = os.path.relpath(REPO / "ppo" / "ppo.py", elsewhere)
+    flags = ["--total-timesteps", "4096", "--num-steps", "128", "--save-model", "--no-cuda"]
+    stopped = stop_after_first_progress_line([sys.executable, script, *flags], elsewhere)
+    resume = printed_command(stopped, "resume with: ")
+    assert resume.startswith(f"python {script} --resume runs/"), resume
+    resumed = subprocess.run(resume, shell=True, cwd=elsewhere, capture_output=True, text=True, timeout=HUNG_AFTER,
+                             env={**script_environment(), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"})
+    assert resumed.returncode == 0 and "resuming " in resumed.stdout, resumed.stdout + resumed.stderr
+    evaluate = printed_command(resumed.stdout, "evaluate it with: ") + " --eval-episodes 1"
+    evaluated = subprocess.run(evaluate, shell=True, cwd=elsewhere, capture_output=True, text=True,
+                               timeout=HUNG_AFTER, env={**script_environment(),
+                                                        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"})
+    assert evaluated.returncode == 0 and "mean return" in evaluated.stdout, evaluated.stdout + evaluated.stderr
+
+
+class BreaksAtStep(gym.Env):
+    """An environment whose simulator raises at its `at`-th step."""
+
+    observation_space, action_space = gym.spaces.Box(-1.0, 1.0, (3,), np.float32), gym.spaces.Discrete(2)
+
+    def __init__(self, at: int):
+        self.at, self.t = at, 0
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(3, np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        if self.t == self.at:
+            raise RuntimeError("the simulator broke")
+        return np.zeros(3, np.float32), 1.0, False, self.t % 8 == 0, {}
+
+
+gym.register("BreaksAtStep40-v0", entry_point=BreaksAtStep, kwargs={"at": 40})
+
+
+@pytest.mark.parametrize("saved", [True, False], ids=["after-a-checkpoint", "before-any"])
+def test_an_environment_that_raises_mid_run_ends_naming_the_checkpoint_to_resume(saved, workdir, capsys):
+    """The environment's traceback, as Python prints it, then one last line: the checkpoint kept and the
+    command that resumes it, or that none was written."""
+    flags = [*SAVE_FLAGS[2:], "--env-id", "BreaksAtStep40-v0", "--save-interval", "1" if saved else "0"]
+    code, _, err = run_script_here("ppo", flags, capsys)
+    assert code == 1 and "RuntimeError: the simulator broke" in err, err
+    last = err.strip().splitlines()[-1]
+    if saved:
+        path = f"runs/{only_run_dir(workdir).name}/checkpoint.pt"
+        assert last == (f"ppo.py: the run stopped on the error above; the last good checkpoint, {path} (step 32), "
+                        f"is kept: resume with: python {REPO / 'ppo' / 'ppo.py'} --resume {path}"), last
+    else:
+        assert last == "ppo.py: the run stopped on the error above; no checkpoint was written", last
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -228,7 +228,7 @@ def test_interrupted_and_resumed_run_ends_with_the_same_weights(tmp_path, stop_s
     exits 130, and resumed it ends as an unbroken run. (SIGUSR1: the video test below.)"""
     flags = ["--seed", "3", "--total-timesteps", "2560", "--save-model", *SMALL_FLAGS]
     unbroken, interrupted, output = run_unbroken_and_interrupted("ppo.py", flags, tmp_path, stop_signal=stop_signal)
-    assert "resume with: python ppo/ppo.py --resume" in output
+    assert f"resume with: python {REPO / 'ppo' / 'ppo.py'} --resume runs/" in output  # the path as run
     run_dir = only_run_dir(interrupted)
     checkpoint_path = run_dir / "checkpoint.pt"
     stopped_at = assert_stopped_with_its_logs_flushed(checkpoint_path)
@@ -557,7 +557,8 @@ def test_a_finished_run_resumed_says_so_and_exits_0(tmp_path):
     before = checkpoint_path.read_bytes()
     result = run_script("ppo.py", "--resume", str(checkpoint_path), cwd=tmp_path)  # exit code 0, or it raises
     assert result.stdout.strip() == (f"{checkpoint_path.parent.name} is already finished (128 of 128 steps): "
-                                     f"evaluate it with: python ppo/ppo.py --evaluate {checkpoint_path}")
+                                     f"evaluate it with: python {REPO / 'ppo' / 'ppo.py'} --evaluate "
+                                     f"{checkpoint_path}")
     assert checkpoint_path.read_bytes() == before
 
 

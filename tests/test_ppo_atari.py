@@ -23,7 +23,7 @@ from conftest import (assert_compiled_loss_matches_plain, assert_compiles_whole,
 import ppo.ppo_atari as ppo_atari  # noqa: E402
 from conftest import parse_args as parse_args_of  # noqa: E402
 from ppo.ppo_atari import Agent, Args, main, make_env, make_envs, minibatch_loss  # noqa: E402
-from ppo_utils import atari_wrappers  # noqa: E402
+from ppo_utils import atari_games  # noqa: E402
 from ppo_utils.environments import finished_episodes, save_envs  # noqa: E402
 
 
@@ -71,7 +71,7 @@ def test_observations_are_stacked_84x84_grayscale_frames(script):
             env.reset()
     assert obs.std() > 0  # real frames, not a blank screen
     types = wrapper_types(env)
-    assert (types.index(atari_wrappers.FireReset) < types.index(atari_wrappers.EpisodicLife)
+    assert (types.index(atari_games.FireReset) < types.index(atari_games.EpisodicLife)
             < types.index(gym.wrappers.RecordEpisodeStatistics))
 
 

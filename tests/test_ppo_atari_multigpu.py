@@ -251,7 +251,7 @@ def test_a_stop_signal_to_one_rank_stops_the_group_after_that_iteration(tmp_path
     assert [path.name for path in run_dir.iterdir() if "checkpoint" in path.name] == ["checkpoint.pt"]
     stopped_at = assert_stopped_with_its_logs_flushed(run_dir / "checkpoint.pt")
     assert 0 < stopped_at < 320 and stopped_at % world_batch == 0
-    assert f"stopped at step {stopped_at:,}; resume with the same launch command" in output
+    assert f"stopped at step {stopped_at:,}; resume with: the same torchrun command with --resume" in output
 
     run_script("ppo_atari_multigpu.py", "--resume", str(run_dir / "checkpoint.pt"), cwd=interrupted,
                launcher=TWO_PROCESSES)

@@ -93,13 +93,6 @@ class TargetEnv(gym.Env):
         return self.target, -float(np.sum((action - self.target) ** 2)), True, False, {}
 
 
-class ImageEnv(gym.Env):
-    observation_space = gym.spaces.Box(0, 255, (64, 64, 3), np.uint8)
-    action_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
-
-
-gym.register(id="TightBounds-v0", entry_point=TightBoundsEnv)
-gym.register(id="ContinuousImage-v0", entry_point=ImageEnv)
 gym.register(id="Target-v0", entry_point=TargetEnv)
 
 
@@ -544,11 +537,6 @@ def test_cudagraphs_without_a_gpu_is_a_one_line_error(capsys, workdir):
 def test_discrete_actions_point_to_ppo_py(capsys, workdir):
     expect_usage_error(capsys, lambda: main(Args(env_id="CartPole-v1", cuda=False)), SCRIPT,
                        "Discrete action space", "ppo/ppo.py")
-
-
-def test_image_observations_point_to_the_cnn_scripts(capsys, workdir):
-    expect_usage_error(capsys, lambda: main(Args(env_id="ContinuousImage-v0", cuda=False)), SCRIPT,
-                       "flat vectors", "ppo/ppo_atari.py")
 
 
 def test_unknown_env_id_and_sizes(capsys, workdir):
