@@ -12,8 +12,9 @@
 #   bash benchmark/ppo.sh --slurm --partition gpu --gpus 1 --cpus-per-task 4 --time 12:00:00 atari
 #   bash benchmark/ppo.sh --slurm --requeue --time 12:00:00 atari   # a task at its time limit requeues itself
 #
-# Runs start in benchmark/ (BENCH_WORKDIR), so their TensorBoard logs go to benchmark/runs/, apart from
-# ad-hoc runs in ./runs/. Logs and .done markers go to benchmark/logs/; running the same family again
+# Runs start in benchmark/logs/ (BENCH_WORKDIR), so their TensorBoard logs go to benchmark/logs/runs/,
+# apart from ad-hoc runs in ./runs/; their output logs and .done markers go to benchmark/logs/ too. Only
+# the TensorBoard logs are committed: docs/results/ is made from them. Running the same family again
 # skips the runs that already finished and continues the others from their checkpoints (every run
 # keeps one at most --save-minutes M old, default 10; Ctrl-C lets the runs save before they stop).
 # NUM_SEEDS (default 3) and PYTHON (default python) can be set.
@@ -37,7 +38,7 @@ if [[ -n ${BENCH_WORKDIR:-} ]]; then BENCH_WORKDIR=$(from_caller "$BENCH_WORKDIR
 cd "$(dirname "$0")/.."
 WORKERS=${WORKERS:-1}
 NUM_SEEDS=${NUM_SEEDS:-3}
-BENCH_WORKDIR=${BENCH_WORKDIR:-benchmark}
+BENCH_WORKDIR=${BENCH_WORKDIR:-benchmark/logs}
 
 FAMILIES=(classic atari lstm envpool mujoco procgen multigpu multidiscrete)
 declare -A SCRIPT ENVS COMMAND TIME

@@ -1,8 +1,8 @@
 """Turn the TensorBoard logs of benchmark runs into result tables and learning curves, offline.
 
-    python benchmark/report.py                                    # benchmark/runs/ -> docs/results/
+    python benchmark/report.py                              # benchmark/logs/runs/ -> docs/results/
     python benchmark/report.py --runs-dir /data/runs --out-dir /tmp/results --variants ppo
-    python benchmark/report.py --runs-dir benchmark/ablations/X --out-dir /tmp/X --compare   # an ablation
+    python benchmark/report.py --runs-dir benchmark/logs/ablations/X --out-dir /tmp/X --compare   # an ablation
 
 For every variant (a run's exp_name) it writes `<out-dir>/<variant>.md`: one row per environment with
 the final return over seeds, throughput, wall time, the published numbers of
@@ -105,8 +105,8 @@ def build_report(runs_dir: Path, out_dir: Path, baselines_path: Path = DEFAULT_B
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--runs-dir", type=Path, default=HERE / "runs",
-                        help="TensorBoard runs (default benchmark/runs/, where benchmark/ppo.sh puts them)")
+    parser.add_argument("--runs-dir", type=Path, default=HERE / "logs" / "runs",
+                        help="TensorBoard runs (default benchmark/logs/runs/, where benchmark/ppo.sh puts them)")
     parser.add_argument("--out-dir", type=Path, default=HERE.parent / "docs" / "results",
                         help="where the markdown and plots go (default docs/results/)")
     parser.add_argument("--baselines", type=Path, default=DEFAULT_BASELINES, help="published numbers (TOML)")

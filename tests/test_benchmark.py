@@ -854,7 +854,7 @@ def test_ppo_sh_dry_run_of_a_family(tmp_path):
         for seed in (1, 2, 3):
             assert any(f"ppo.py --total-timesteps 500000 --env-id {env_id} --seed {seed}" in line
                        for line in commands)
-    assert all(line.startswith("(cd benchmark && ") for line in commands)
+    assert all(line.startswith("(cd benchmark/logs && ") for line in commands)
 
 
 def test_ppo_sh_skips_a_family_whose_script_is_missing(tmp_path):

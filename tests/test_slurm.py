@@ -298,9 +298,9 @@ def test_ppo_sh_slurm_dry_run_of_a_family(tmp_path):
     script = (tmp_path / SLURM_DIR / "ppo.sbatch").read_text()
     assert "#SBATCH --array=0-8" in sbatch_lines(script) and "#SBATCH --partition=cpu" in sbatch_lines(script)
     assert len([line for line in script.splitlines() if line.startswith("#   ")]) == 9
-    assert "--workdir benchmark --log-dir benchmark/logs" in script
+    assert "--workdir benchmark/logs --log-dir benchmark/logs" in script
     report = (tmp_path / SLURM_DIR / "ppo-report.sbatch").read_text()
-    assert report.splitlines()[-1].endswith("--runs-dir benchmark/runs --out-dir docs/results")
+    assert report.splitlines()[-1].endswith("--runs-dir benchmark/logs/runs --out-dir docs/results")
     assert "== report: by the report job above once its array is done" in result.stdout
 
     # Without sbatch, ppo.sh stops with run.py's error and its exit code 2.
