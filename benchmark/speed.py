@@ -17,7 +17,7 @@ time of its first event, written as the writer opens just before the first itera
 charts/SPS point, logged with its step at the end of every iteration. The CPU time of that span is
 the process's CPU rate between the first and the last reading within it of a thread that reads it
 every 50 ms beside the run; nothing in the script or its run machinery is replaced
-(benchmark/speed_clocks.py, docs/notes/speed.md for the checks). The ratio of training to raw
+(benchmark/timer/speed_clocks.py, docs/notes/speed.md for the checks). The ratio of training to raw
 throughput is what the training loop costs beyond the environments: 1.0 would mean learning for free.
 
 Wall-clock figures are what a user sees, but they drop whenever anything else runs on the machine;
@@ -26,7 +26,7 @@ a shared machine compare those. A run whose games play in worker processes (`--a
 ale-py scripts) has no CPU-time figure: the workers' CPU time is not this process's.
 
 `--parts` measures what bounds each part of a run, on the plain settings, and prints two more tables
-(benchmark/speed_parts.py). The first: the policy step alone (the agent's call of the rollout on one
+(benchmark/timer/speed_parts.py). The first: the policy step alone (the agent's call of the rollout on one
 step's observations, the action back on the host) and one gradient step alone (the script's
 `minibatch_loss`, backward, gradient clipping and Adam on one minibatch), each replaying the arguments
 that a one-iteration run passed them (seen with sys.setprofile, in that untimed run only); from those
@@ -56,8 +56,8 @@ from typing import NoReturn
 
 REPO = Path(__file__).resolve().parents[1]
 
-from benchmark.speed_clocks import fail, loop_split, training_speed  # (a run, timed)
-from benchmark.speed_parts import part_floors, raw_env_speed, start_seconds  # (the parts alone)
+from benchmark.timer.speed_clocks import fail, loop_split, training_speed  # (a run, timed)
+from benchmark.timer.speed_parts import part_floors, raw_env_speed, start_seconds  # (the parts alone)
 
 # What each script is measured on by default: env id, number of environments (the script's default)
 # and number of iterations: 4 (1 to warm up, 3 measured), 40 for ppo.py, whose iterations are short.

@@ -18,7 +18,7 @@ import pytest
 
 from ppo_utils import run_logs  # the scripts' run logs: how a run writes its text tables
 from benchmark import report
-from benchmark import local, run_plan
+from benchmark.runner import local, run_plan
 from conftest import (FAKE_SCRIPT, HUNG_AFTER, REPO, SLOW_PPO, SLOW_RUNS, assert_quick_runs_finished, assert_same_final_weights,
                       assert_stopped_with_its_logs_flushed, calls, expect_error_line, expect_usage_error, only_run_dir,
                       read_scalars, run_tool, table_rows)

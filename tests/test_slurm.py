@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmark.slurm import fill
+from benchmark.runner.slurm import fill
 from conftest import (FAKE_SCRIPT, HUNG_AFTER, REPO, SLOW_PPO, SLOW_RUNS, assert_quick_runs_finished, assert_same_final_weights,
                       calls, expect_error_line, run_tool, table_rows, wait_for_jobs)
 from slurm_cluster import OneNodeCluster

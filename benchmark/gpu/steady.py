@@ -6,7 +6,7 @@ by the wall clock, and a cProfile of the steady-state iterations alone.
         --warmup-iterations 20 --iterations 100 --profile pong.prof
 
 The script's `main()` trains in this process (in a temporary folder), as benchmark/speed.py runs it,
-untouched (benchmark/speed_clocks.py). Each iteration ends at the time of its charts/SPS point in the
+untouched (benchmark/timer/speed_clocks.py). Each iteration ends at the time of its charts/SPS point in the
 run's TensorBoard log, logged after the update's statistics came back to the host; its rollout ends
 where `main` reaches the value call for the last observations, after every game has answered and the
 last actions came back, as a thread that reads `main`'s line every millisecond sees it. Neither adds
@@ -29,7 +29,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 
 from benchmark import speed  # noqa: E402  (the raw rate, the --set parser, the script defaults)
-from benchmark.speed_clocks import iteration_parts  # noqa: E402  (each iteration's rollout and update)
+from benchmark.timer.speed_clocks import iteration_parts  # noqa: E402  (each iteration's rollout and update)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -23,7 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmark import report, run_plan
+from benchmark import report
+from benchmark.runner import run_plan
 from benchmark.tuner.study import Tuning
 from ppo_utils.exits import DIVERGED, STOPPED, WRONG_INPUT
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmark import slurm
+from benchmark.runner import slurm
 from benchmark.common import make_directory
 from benchmark.tuner.runner import (Failed, Pruned, Runner, TakeoverFailed, WorkerStopped, die_with_the_worker,
                                      plan_run)
@@ -191,7 +191,7 @@ def run_local_workers(args: argparse.Namespace) -> int:
 
 def submit_to_slurm(args: argparse.Namespace) -> int:
     """--slurm: a job array of --workers tasks, each a worker of the study, and a report job after it,
-    written from benchmark/slurm_template.sh and submitted with sbatch (benchmark/slurm.py's helpers)."""
+    written from benchmark/slurm_template.sh and submitted with sbatch (benchmark/runner/slurm.py's helpers)."""
     template = slurm.read_template(args.slurm_template or slurm.SLURM_TEMPLATE)
     program = None if args.dry_run else slurm.find_sbatch()
     slurm_dir = args.study_dir / "slurm"

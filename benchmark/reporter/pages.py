@@ -11,9 +11,9 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmark.plots import CURVE_WINDOW, file_stem, plot_comparison
-from benchmark.results import DEFAULT_BASELINES, PROGRESS_SPANS, EnvSummary, progress
-from benchmark.run_data import FINAL_FRACTION, RunData
+from benchmark.reporter.plots import CURVE_WINDOW, file_stem, plot_comparison
+from benchmark.reporter.results import DEFAULT_BASELINES, PROGRESS_SPANS, EnvSummary, progress
+from benchmark.reporter.run_data import FINAL_FRACTION, RunData
 
 
 def format_band(mean: float, std: float) -> str:

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from benchmark.common import REPO, fail, make_directory, refuse_a_file
-from benchmark.run_plan import Benchmark, Run
+from benchmark.runner.run_plan import Benchmark, Run
 
 RUNNER = REPO / "benchmark" / "run.py"
 SLURM_TEMPLATE = REPO / "benchmark" / "slurm_template.sh"

@@ -24,7 +24,7 @@ from typing import NoReturn
 
 import numpy as np
 
-from benchmark.run_data import find_run_dirs, logged_times
+from benchmark.reporter.run_data import find_run_dirs, logged_times
 
 # How often the sampler reads the clocks: every 50 ms for the CPU time of a training measurement, every
 # 1 ms for the split into rollout and update, whose iterations can be tens of milliseconds (CartPole's).

@@ -16,7 +16,7 @@ import time
 import numpy as np
 
 from benchmark.common import REPO
-from benchmark.speed_clocks import run_logged
+from benchmark.timer.speed_clocks import run_logged
 
 
 def timed(function) -> tuple[float, float]:

@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmark.run_plan import Run
+from benchmark.runner.run_plan import Run
 from ppo_utils.exits import DIVERGED, STOPPED
 
 

@@ -14,9 +14,9 @@ from typing import NoReturn
 
 import numpy as np
 
-from benchmark.run_data import RunData
+from benchmark.reporter.run_data import RunData
 
-DEFAULT_BASELINES = Path(__file__).resolve().parent / "baselines.toml"
+DEFAULT_BASELINES = Path(__file__).resolve().parents[1] / "baselines.toml"
 PROGRESS_SPANS = 10         # the progress table: the mean return in each tenth of the runs' steps
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmark.results import EnvSummary
+from benchmark.reporter.results import EnvSummary
 
 CURVE_POINTS = 200          # points of each learning curve
 CURVE_WINDOW = 0.05         # each curve point averages the episodes of the preceding 5% of the x range
