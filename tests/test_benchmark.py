@@ -19,6 +19,7 @@ import pytest
 from ppo_utils import run_logs  # the scripts' run logs: how a run writes its text tables
 from benchmark import report
 from benchmark.runner import local, run_plan
+from benchmark.reporter.pages import repository_name
 from conftest import (FAKE_SCRIPT, HUNG_AFTER, REPO, SLOW_PPO, SLOW_RUNS, assert_quick_runs_finished, assert_same_final_weights,
                       assert_stopped_with_its_logs_flushed, calls, expect_error_line, expect_usage_error, only_run_dir,
                       read_scalars, run_tool, table_rows)
@@ -830,6 +831,34 @@ def test_report_names_the_baselines_file_it_used(tmp_path):
                              (Path("/dev/null"), "No comparison: made with `--baselines /dev/null`")]:
         report.build_report(runs, tmp_path / "out", baselines_path=baselines)
         assert named in (tmp_path / "out" / "ppo.md").read_text()
+
+
+def test_docs_results_is_what_the_report_makes_of_the_committed_logs(tmp_path):
+    """`python benchmark/report.py` rewrites docs/results/ from benchmark/logs/runs/, its defaults. Made
+    again from the same logs, on any machine and at any time, every page and plot is the committed one
+    byte for byte, so `git diff` stays empty: a page names the logs by their path in the repository,
+    not by where this checkout lies, and holds no clock."""
+    assert report.main(["--out-dir", str(tmp_path)]) == 0
+    committed = REPO / "docs" / "results"
+
+    def files_under(folder: Path) -> list[Path]:
+        return sorted(path.relative_to(folder) for path in folder.rglob("*") if path.is_file())
+
+    assert files_under(tmp_path) == files_under(committed)
+    assert (tmp_path / "ppo.md").read_text().splitlines()[2] == \
+        "Made by `benchmark/report.py` from the TensorBoard logs in `benchmark/logs/runs`."
+    differ = [str(path) for path in files_under(committed)
+              if (tmp_path / path).read_bytes() != (committed / path).read_bytes()]
+    assert not differ, f"made again from benchmark/logs/runs/, these differ from docs/results/: {differ}"
+
+
+def test_a_page_names_what_lies_in_the_repository_by_its_path_there(monkeypatch):
+    """However the path is given (absolute, or relative to another folder than the root), what lies in
+    the repository is named from its root; what lies outside it, as it was given."""
+    monkeypatch.chdir(REPO / "docs")
+    for given in (REPO / "benchmark" / "logs" / "runs", Path("../benchmark/logs/runs")):
+        assert repository_name(given) == "benchmark/logs/runs"
+    assert repository_name(Path("/dev/null")) == "/dev/null"
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -6,11 +6,11 @@ formatted for them."""
 from __future__ import annotations
 
 import math
-import time
 from pathlib import Path
 
 import numpy as np
 
+from benchmark.common import REPO
 from benchmark.reporter.plots import CURVE_WINDOW, file_stem, plot_comparison
 from benchmark.reporter.results import DEFAULT_BASELINES, PROGRESS_SPANS, EnvSummary, progress
 from benchmark.reporter.run_data import FINAL_FRACTION, RunData
@@ -48,10 +48,12 @@ def format_step_count(steps: float) -> str:
     return f"{steps:.0f}"
 
 
-def baselines_name(path: Path) -> str:
-    """How a page names the baselines file it compares with: the repository's by its path in the
-    repository, another (--baselines) as it was given."""
-    return "benchmark/baselines.toml" if path.resolve() == DEFAULT_BASELINES else str(path)
+def repository_name(path: Path) -> str:
+    """How a page names a file or folder it was made from (the logs, the baselines): by its path in
+    the repository when it lies there, so that the page reads the same wherever the repository is
+    checked out; one outside it, as it was given."""
+    resolved = path.resolve()
+    return resolved.relative_to(REPO).as_posix() if resolved.is_relative_to(REPO) else str(path)
 
 
 def format_versions(versions: list[dict[str, str]]) -> str:
@@ -89,8 +91,8 @@ def variant_markdown(variant: str, rows: list[EnvSummary], baselines: dict, runs
     lines = [
         f"# Benchmark results: {variant}",
         "",
-        f"Made by `benchmark/report.py` from the TensorBoard logs in `{runs_dir}` on "
-        f"{time.strftime('%Y-%m-%d %H:%M')}.",
+        # Nothing of the machine or the moment: the same logs make the same page, byte for byte.
+        f"Made by `benchmark/report.py` from the TensorBoard logs in `{repository_name(runs_dir)}`.",
         "",
         *results_table(rows, ours_label, reference_label),
         "",
@@ -153,11 +155,11 @@ def baselines_notes(entry: dict, baselines: dict, rows: list[EnvSummary], baseli
     """Where the baselines come from and what limits the comparison, or why there is none."""
     if not entry:
         if not baselines.get("variants"):  # --baselines /dev/null: a report of runs, no comparison asked for
-            return [f"- No comparison: made with `--baselines {baselines_name(baselines_path)}`, which holds no "
+            return [f"- No comparison: made with `--baselines {repository_name(baselines_path)}`, which holds no "
                     "published numbers."]
-        return [f"- No published numbers for this variant in `{baselines_name(baselines_path)}`."]
+        return [f"- No published numbers for this variant in `{repository_name(baselines_path)}`."]
     source = baselines.get("source", {})
-    lines = [f"- **Baselines** from `{baselines_name(baselines_path)}`: {source.get('document', '')}, section "
+    lines = [f"- **Baselines** from `{repository_name(baselines_path)}`: {source.get('document', '')}, section "
              f"\"{entry.get('section', '')}\"; {source.get('citation', '')}."]
     if entry.get("note"):
         lines.append(f"- {entry['note']}")
