@@ -1,11 +1,12 @@
 """Turn the TensorBoard logs of benchmark runs into result tables and learning curves, offline.
 
-    python benchmark/report.py                              # benchmark/logs/runs/ -> docs/results/
+    python benchmark/report.py                      # benchmark/logs/runs/ -> docs/results/
     python benchmark/report.py --runs-dir /data/runs --out-dir /tmp/results --variants ppo
-    python benchmark/report.py --runs-dir benchmark/logs/ablations/X --out-dir /tmp/X --compare   # an ablation
+    python benchmark/report.py --runs-dir benchmark/logs/ablations/X \\
+        --out-dir /tmp/X --compare                  # an ablation
 
-For every variant (a run's exp_name) it writes `<out-dir>/<variant>.md`: one row per environment with
-the final return over seeds, throughput, wall time, the published numbers of
+For every variant (a run's exp_name) it writes `<out-dir>/<variant>.md`: one row per environment
+with the final return over seeds, throughput, wall time, the published numbers of
 benchmark/baselines.toml and whether the result falls below, within or above the published band,
 followed by learning curves `<out-dir>/<variant>/<env>.png` (return against global step) and
 `<env>-time.png` (return against wall-clock time). `<out-dir>/index.md` links the variant pages.
@@ -52,9 +53,9 @@ from benchmark.reporter.run_data import RunData, find_run_dirs, load_run, select
 def build_report(runs_dir: Path, out_dir: Path, baselines_path: Path = DEFAULT_BASELINES,
                  variants: list[str] | None = None, include_incomplete: bool = False,
                  compare: bool = False) -> dict[str, list[EnvSummary]]:
-    """Read every run under runs_dir and write the markdown pages and plots to out_dir (with `compare`,
-    also the page that sets the variants side by side, `comparison_markdown`). Returns the table rows
-    per variant; without a run to report, nothing is written and it is empty."""
+    """Read every run under runs_dir and write the markdown pages and plots to out_dir (with
+    `compare`, also the page that sets the variants side by side, `comparison_markdown`). Returns
+    the table rows per variant; without a run to report, nothing is written and it is empty."""
     # Wrong input is refused before the runs, which may be many, are read.
     if out_dir.exists() and not out_dir.is_dir():
         fail(f"--out-dir {out_dir} is a file: give a directory (it is made if it does not exist)")

@@ -1,18 +1,19 @@
-"""Run one PPO script on several environments and seeds, keep every run's output, skip finished runs.
+"""Run a PPO script on several environments and seeds, keep every run's output, skip finished runs.
 
     python benchmark/run.py --env-ids CartPole-v1 Acrobot-v1 \\
         --command "python ppo/ppo.py --total-timesteps 500000" --num-seeds 3 --workers 2
-    python benchmark/run.py ... --dry-run          # print the commands, run nothing
-    python benchmark/run.py --quick                # the whole pipeline on a tiny budget, in a temp dir
-    python benchmark/run.py ... --slurm --partition gpu --gpus 1 --time 12:00:00   # on a Slurm cluster
+    python benchmark/run.py ... --dry-run    # print the commands, run nothing
+    python benchmark/run.py --quick          # the whole pipeline on a tiny budget, in a temp dir
+    python benchmark/run.py ... --slurm --partition gpu --gpus 1 --time 12:00:00  # on Slurm
 
-While runs go, each one's step and time left (from the progress line in its log) and the whole
-benchmark's are shown: live on one line in a terminal, as a few lines a minute elsewhere (CI, Slurm).
+While runs go, each one's step and time left (from the progress line in its log) and the
+whole benchmark's are shown: live on one line in a terminal, as a few lines a minute
+elsewhere (CI, Slurm).
 
 Each run is `<command> --env-id ID --seed S`, started in --workdir (default: the current directory,
 so its TensorBoard logs land in ./runs/) with OMP_NUM_THREADS=1, since parallel runs would otherwise
-fight over cores; an OMP_NUM_THREADS you set, or a Slurm task's --cpus-per-task, is passed on instead.
-Its stdout and stderr go to `<log-dir>/<variant>/<env id>__seed<S>.log`; when it exits 0 a
+fight over cores; an OMP_NUM_THREADS you set, or a Slurm task's --cpus-per-task, is passed on
+instead. Its stdout and stderr go to `<log-dir>/<variant>/<env id>__seed<S>.log`; when it exits 0 a
 `.done` marker is written beside the log, and a later invocation with the same command skips it.
 Each run is also given `--save-model --save-minutes M` (--save-minutes, default 10), so it keeps a
 checkpoint no older than M minutes, and a later invocation continues a run that has a checkpoint and
@@ -95,8 +96,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """What argparse cannot check: the options that go together, each number in its range; and the
-    planning options' defaults, filled in once the quick mode is known not to have been given one."""
+    """What argparse cannot check: the options that go together, each number in its range; and
+    the planning options' defaults, filled in once the quick mode is known not to have been
+    given one."""
     planning = [flag for flag, value in [("--env-ids", args.env_ids), ("--command", args.command),
                                          ("--num-seeds", args.num_seeds), ("--start-seed", args.start_seed),
                                          ("--workdir", args.workdir), ("--log-dir", args.log_dir)]
@@ -154,8 +156,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_benchmark(args: argparse.Namespace) -> int:
-    """The runs here, one Slurm task's run (--task-index), their commands (--dry-run), or the job array
-    (--slurm); returns the exit code."""
+    """The runs here, one Slurm task's run (--task-index), their commands (--dry-run), or the job
+    array (--slurm); returns the exit code."""
     if args.slurm:
         # What a submission needs is checked before anything is written.
         template = slurm.read_template(args.slurm_template or slurm.SLURM_TEMPLATE)

@@ -1,9 +1,10 @@
 """Training speed of the scripts against the raw speed of their environments, measured in one run.
 
-    python benchmark/speed.py                                   # every script, speed options off and on
-    python benchmark/speed.py --scripts ppo.py                  # ppo.py on CartPole-v1
+    python benchmark/speed.py                      # every script, speed options off and on
+    python benchmark/speed.py --scripts ppo.py     # ppo.py on CartPole-v1
     python benchmark/speed.py --scripts ppo_atari_envpool.py --env-id Pong-v5 --num-envs 16 \\
-        --set clip_coef=0.2 num_minibatches=8 update_epochs=3 --options plain async_envs async_envs+compile
+        --set clip_coef=0.2 num_minibatches=8 update_epochs=3 \\
+        --options plain async_envs async_envs+compile
 
 For each script, its own vector environment (built by the script's `make_envs`, so with the same
 wrappers) is first stepped with random actions for `--raw-seconds`: the most the training could
@@ -17,28 +18,30 @@ time of its first event, written as the writer opens just before the first itera
 charts/SPS point, logged with its step at the end of every iteration. The CPU time of that span is
 the process's CPU rate between the first and the last reading within it of a thread that reads it
 every 50 ms beside the run; nothing in the script or its run machinery is replaced
-(benchmark/timer/speed_clocks.py, docs/notes/speed.md for the checks). The ratio of training to raw
-throughput is what the training loop costs beyond the environments: 1.0 would mean learning for free.
+(benchmark/timer/speed_clocks.py, docs/notes/speed.md for the checks). The ratio of training to
+raw throughput is what the training loop costs beyond the environments: 1.0 would mean learning
+for free.
 
 Wall-clock figures are what a user sees, but they drop whenever anything else runs on the machine;
 CPU-time figures (the CPU time of this process, its environment threads included) hardly move, so on
 a shared machine compare those. A run whose games play in worker processes (`--async-envs` of the
 ale-py scripts) has no CPU-time figure: the workers' CPU time is not this process's.
 
-`--parts` measures what bounds each part of a run, on the plain settings, and prints two more tables
-(benchmark/timer/speed_parts.py). The first: the policy step alone (the agent's call of the rollout on one
-step's observations, the action back on the host) and one gradient step alone (the script's
-`minibatch_loss`, backward, gradient clipping and Adam on one minibatch), each replaying the arguments
-that a one-iteration run passed them (seen with sys.setprofile, in that untimed run only); from those
-and the raw rate, the floor: the steps per second a run would reach if it did nothing but step the
-environments, take the policy steps and the gradient steps; and the start, a fresh Python process
-that imports the script and builds its optimizer, as every run does before its first step. The
-second splits a real run into its rollout and its update, each against its own floor, to show which
-of the two loses the time: the loop's own statements, and its parts running slower interleaved with
-each other than alone. The rollout ends where the script's `main` reaches its value call for the
-last observations: halfway between the last and the next of the readings of where `main` is, which a
-thread takes every millisecond (further apart where the run holds the GIL); the update ends when the
-iteration logs charts/SPS. That thread makes both halves a little slower (about 2% on CartPole).
+`--parts` measures what bounds each part of a run, on the plain settings, and prints two more
+tables (benchmark/timer/speed_parts.py). The first: the policy step alone (the agent's call of the
+rollout on one step's observations, the action back on the host) and one gradient step alone (the
+script's `minibatch_loss`, backward, gradient clipping and Adam on one minibatch), each replaying
+the arguments that a one-iteration run passed them (seen with sys.setprofile, in that untimed run
+only); from those and the raw rate, the floor: the steps per second a run would reach if it did
+nothing but step the environments, take the policy steps and the gradient steps; and the start, a
+fresh Python process that imports the script and builds its optimizer, as every run does before its
+first step. The second splits a real run into its rollout and its update, each against its own
+floor, to show which of the two loses the time: the loop's own statements, and its parts running
+slower interleaved with each other than alone. The rollout ends where the script's `main` reaches
+its value call for the last observations: halfway between the last and the next of the readings of
+where `main` is, which a thread takes every millisecond (further apart where the run holds the
+GIL); the update ends when the iteration logs charts/SPS. That thread makes both halves a little
+slower (about 2% on CartPole).
 """
 
 from __future__ import annotations
@@ -84,8 +87,9 @@ def script_options(script) -> list[str]:
 
 
 def check_requested_options(script_file: str, script, requested: list[str], devices: list[str]) -> None:
-    """Refuse an --options item that names an option the script does not have, or that no device of
-    this measurement can run (--cudagraphs needs CUDA): it would be left out, and measure nothing."""
+    """Refuse an --options item that names an option the script does not have, or that no
+    device of this measurement can run (--cudagraphs needs CUDA): it would be left out, and
+    measure nothing."""
     has = script_options(script)
     for item in requested:
         for name in item.split("+"):
@@ -112,7 +116,7 @@ def option_sets(script, device: str, requested: list[str] | None) -> list[tuple[
 
 
 def field_values(script, assignments: list[str]) -> dict:
-    """`--set name=value ...` as Args fields, each value read as the field's type annotation says."""
+    """`--set name=value ...` as Args fields, each value read as its field's annotation says."""
     hints = typing.get_type_hints(script.Args)
     values = {}
     for assignment in assignments:
@@ -124,7 +128,7 @@ def field_values(script, assignments: list[str]) -> dict:
 
 
 def parse_value(kind, text: str, assignment: str):
-    """`text` as a value of type `kind`: bool, int, float, str, a Literal or any of them `| None`."""
+    """`text` as a value of type `kind`: bool, int, float, str, a Literal, any of them `| None`."""
     def refuse(what: str) -> NoReturn:
         fail(f"--set {assignment}: {what}")
 
@@ -174,7 +178,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    """The options, every wrong input among them refused before the first measurement, which takes a while."""
+    """The options, any wrong input refused before the first measurement, which takes a while."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--scripts", "--script", nargs="+", default=list(DEFAULTS), metavar="SCRIPT",
                         help="scripts in ppo/ to measure (default: all of them)")
@@ -210,8 +214,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def measure_script(script_file: str, script, settings: dict, devices: list[str], args: argparse.Namespace,
                    rows: list, part_rows: list) -> None:
     """Measure one script on each device with each set of speed options, adding a row to `rows` for
-    each (the raw environments' rate and the training's, wall and CPU); with --parts, the parts alone
-    too, a row of `part_rows` per device."""
+    each (the raw environments' rate and the training's, wall and CPU); with --parts, the parts
+    alone too, a row of `part_rows` per device."""
     default_env, default_num_envs, default_iterations = DEFAULTS[script_file]
     env_id = args.env_id or default_env
     num_envs = default_num_envs if args.num_envs is None else args.num_envs
@@ -252,7 +256,7 @@ def print_speeds(rows: list) -> None:
 
 
 def print_parts(part_rows: list, starts: dict) -> None:
-    """The --parts table: each part's cost per call and the steps per second it alone would allow."""
+    """The --parts table: each part's cost per call, and the steps per second it alone allows."""
     print("\nEach part alone, in steps per second of the environments (a policy step serves num_envs steps,")
     print("a batch of num_envs x num_steps steps pays update_epochs x num_minibatches gradient steps);")
     print("the floor adds the three parts' times per step: training with nothing else in the loop.\n")

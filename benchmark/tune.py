@@ -1,9 +1,10 @@
 """Tune a PPO script's hyperparameters with Optuna, on one machine or as a Slurm job array.
 
     python benchmark/tune.py --command "python ppo/ppo.py" --env-ids CartPole-v1 \\
-        --space benchmark/spaces/classic.toml --total-timesteps 50000 --seeds 2 --trials 25 --workers 2
-    python benchmark/tune.py ... --slurm --workers 8 --time 4:00:00   # 8 workers as a job array
-    python benchmark/tune.py --report --study-dir tuning/<study>        # the report of a study so far
+        --space benchmark/spaces/classic.toml --total-timesteps 50000 --seeds 2 --trials 25 \\
+        --workers 2
+    python benchmark/tune.py ... --slurm --workers 8 --time 4:00:00  # 8 workers as a job array
+    python benchmark/tune.py --report --study-dir tuning/<study>     # the report of a study so far
 
 A trial samples the flags of the search space (a TOML file, benchmark/spaces/ has three), then runs
 `<command> <flags> --env-id ID --seed S --total-timesteps T --save-model --save-minutes M` for every
@@ -19,15 +20,15 @@ While a run goes, its TensorBoard log is read every --poll-seconds: at --report-
 steps of its budget the normalized mean of the episodes that ended in the span before is reported to
 Optuna (at step position x budget + step, so that each (env, seed) run has steps of its own), and a
 run the pruner gives up is stopped by SIGTERM, its normal stop signal (it saves and exits 130): the
-trial is PRUNED. A run that diverges (exit 3, the scripts' guard), refuses its flags (exit 2), crashes
-or is killed makes the trial FAILED, the reason stored as its user attribute `failure`: never a score,
-and the study goes on. A study that has its trials, all of them failed, ends with exit code 2 and one
-line naming the first failure, after its report.
+trial is PRUNED. A run that diverges (exit 3, the scripts' guard), refuses its flags (exit 2),
+crashes or is killed makes the trial FAILED, the reason stored as its user attribute `failure`:
+never a score, and the study goes on. A study that has its trials, all of them failed, ends with
+exit code 2 and one line naming the first failure, after its report.
 
-Before the first trial, every flag of the space and of --command, and those the tuner gives each run,
-is looked up in the script's own `--help`: a flag the script does not take would fail every trial, so
-it is refused in one line (exit 2). A run refusing the values sampled for it (exit 2: sizes that do
-not divide) still fails only its trial.
+Before the first trial, every flag of the space and of --command, and those the tuner gives each
+run, is looked up in the script's own `--help`: a flag the script does not take would fail every
+trial, so it is refused in one line (exit 2). A run refusing the values sampled for it (exit 2:
+sizes that do not divide) still fails only its trial.
 
 --trials N is a total for the study: workers claim trials under a lock in the study folder, so that
 together they make exactly N (complete, pruned and failed ones), and running the same command again
@@ -234,8 +235,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def tune(args: argparse.Namespace) -> int:
-    """The study's report (--report), a worker's loop (--worker), or the study: its workers here or as a
-    Slurm job array, then its report. Returns the exit code."""
+    """The study's report (--report), a worker's loop (--worker), or the study: its workers here or
+    as a Slurm job array, then its report. Returns the exit code."""
     try:
         import matplotlib  # noqa: F401
         import optuna  # noqa: F401

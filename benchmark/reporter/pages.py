@@ -1,7 +1,7 @@
-"""The report's markdown pages: a variant's page (its table against the baselines and how to read it,
-where the baselines come from, the runs used and left out, the software, the progress per span, the
-curves) and the page that sets variants side by side (with the Mann-Whitney U test), and the numbers
-formatted for them."""
+"""The report's markdown pages: a variant's page (its table against the baselines and how to read
+it, where the baselines come from, the runs used and left out, the software, the progress per span,
+the curves) and the page that sets variants side by side (with the Mann-Whitney U test), and the
+numbers formatted for them."""
 
 from __future__ import annotations
 
@@ -33,8 +33,8 @@ def format_steps(steps: set[int | None]) -> str:
 
 
 def format_run_steps(runs: list[RunData]) -> str:
-    """The steps of a row's runs, each different one once, fewest first: `1,000` when all reached the
-    same budget, `3,989,504 of 10,000,000` for a run that stopped before its budget."""
+    """The steps of a row's runs, each different one once, fewest first: `1,000` when all reached
+    the same budget, `3,989,504 of 10,000,000` for a run that stopped before its budget."""
     labels = [run.steps_label() for run in sorted(runs, key=lambda run: (run.steps_run, run.complete))]
     return ", ".join(dict.fromkeys(labels))
 
@@ -63,9 +63,9 @@ def format_versions(versions: list[dict[str, str]]) -> str:
 
 
 def software_lines(runs: list[RunData], runs_dir: Path) -> list[str]:
-    """What the runs ran on, from the `versions` text each script logs: one line when they all agree,
-    else a line per set of releases with its runs. A package's release can change what is learned
-    (MuJoCo 3.5.0 changed Hopper's contacts), so a table of results names them."""
+    """What the runs ran on, from the `versions` text each script logs: one line when they all
+    agree, else a line per set of releases with its runs. A package's release can change what is
+    learned (MuJoCo 3.5.0 changed Hopper's contacts), so a table of results names them."""
     groups: dict[str, list[RunData]] = {}
     for run in runs:
         groups.setdefault(format_versions(run.versions), []).append(run)
@@ -83,8 +83,8 @@ def software_lines(runs: list[RunData], runs_dir: Path) -> list[str]:
 
 def variant_markdown(variant: str, rows: list[EnvSummary], baselines: dict, runs_dir: Path,
                      left_out: list[tuple[RunData, str]], baselines_path: Path = DEFAULT_BASELINES) -> str:
-    """The markdown page of one variant: its table against the baselines and how to read it, the runs
-    used, the software, the progress per span and the learning curves."""
+    """The markdown page of one variant: its table against the baselines and how to read it, the
+    runs used, the software, the progress per span and the learning curves."""
     entry = baselines.get("variants", {}).get(variant, {})
     ours_label = entry.get("ours_label", "published")
     reference_label = entry.get("reference_label", "comparison")
@@ -220,10 +220,10 @@ def curve_sections(variant: str, rows: list[EnvSummary]) -> list[str]:
 
 
 def mann_whitney(first: np.ndarray, second: np.ndarray) -> tuple[float, float]:
-    """The two-sided Mann-Whitney U test of two samples: (U of `first`, p). U counts the pairs in which
-    `first` is the larger (ties count a half). p is exact, from every way of splitting the pooled
-    values into groups of those sizes, which is what a benchmark's handful of seeds needs; it is not
-    offered past 20 values in all (nan), where the enumeration grows too long."""
+    """The two-sided Mann-Whitney U test of two samples: (U of `first`, p). U counts the pairs in
+    which `first` is the larger (ties count a half). p is exact, from every way of splitting the
+    pooled values into groups of those sizes, which is what a benchmark's handful of seeds needs; it
+    is not offered past 20 values in all (nan), where the enumeration grows too long."""
     from itertools import combinations
 
     def u_of(a, b) -> float:
@@ -241,9 +241,9 @@ def mann_whitney(first: np.ndarray, second: np.ndarray) -> tuple[float, float]:
 
 
 def comparison_markdown(report: dict[str, list[EnvSummary]], out_dir: Path) -> str | None:
-    """The page that sets the variants side by side on each environment that two or more of them ran:
-    the final returns of the seeds they share, a Mann-Whitney U test when there are two variants, and
-    both curves in one plot. None when no environment has two variants."""
+    """The page that sets the variants side by side on each environment that two or more of them
+    ran: the final returns of the seeds they share, a Mann-Whitney U test when there are two
+    variants, and both curves in one plot. None when no environment has two variants."""
     by_env: dict[str, dict[str, EnvSummary]] = {}
     for variant, rows in report.items():
         for row in rows:

@@ -1,6 +1,6 @@
 """The report's learning curves: each seed's returns smoothed onto one grid, against global steps or
-wall time, and the plots drawn with matplotlib (a variant's on each environment, and the variants side
-by side for an ablation's page), with the file names the pages link to."""
+wall time, and the plots drawn with matplotlib (a variant's on each environment, and the variants
+side by side for an ablation's page), with the file names the pages link to."""
 
 from __future__ import annotations
 
@@ -22,8 +22,8 @@ def file_stem(env_id: str) -> str:
 
 
 def curve_on_grid(x: np.ndarray, y: np.ndarray, grid: np.ndarray, window: float, x_end: float) -> np.ndarray:
-    """A run's returns smoothed onto `grid`: the mean of the points with x in (g - window, g], carried
-    forward across gaps; NaN before the first point and after the run's end `x_end`."""
+    """A run's returns smoothed onto `grid`: the mean of the points with x in (g - window, g],
+    carried forward across gaps; NaN before the first point and after the run's end `x_end`."""
     order = np.argsort(x, kind="stable")
     x, y = x[order], y[order]
     cumulative = np.concatenate([[0.0], np.cumsum(y)])
@@ -51,8 +51,8 @@ def curve_label(variant: str, row: EnvSummary) -> str:
 
 
 def seed_curves(row: EnvSummary, against_time: bool, time_scale: float = 1.0):
-    """The curve of each seed on one grid, against global steps or wall time (in units of `time_scale`
-    seconds): returns (grid, mean, min, max over the seeds)."""
+    """The curve of each seed on one grid, against global steps or wall time (in units of
+    `time_scale` seconds): returns (grid, mean, min, max over the seeds)."""
     if against_time:
         xs = [run.return_seconds / time_scale for run in row.runs]
         ends = [run.wall_seconds / time_scale for run in row.runs]

@@ -1,7 +1,7 @@
-"""What a report states of each environment: the published numbers (benchmark/baselines.toml, read and
-checked), and a variant's row on an environment against them (`EnvSummary`: the final returns over
-seeds, where their mean falls against the published band, the mean return per span of the steps).
-Also the report's wrong input (`fail`: one line, exit 2)."""
+"""What a report states of each environment: the published numbers (benchmark/baselines.toml, read
+and checked), and a variant's row on an environment against them (`EnvSummary`: the final returns
+over seeds, where their mean falls against the published band, the mean return per span of the
+steps). Also the report's wrong input (`fail`: one line, exit 2)."""
 
 from __future__ import annotations
 
@@ -27,9 +27,10 @@ def fail(message: str) -> NoReturn:
 
 
 def load_baselines(path: Path = DEFAULT_BASELINES) -> dict:
-    """benchmark/baselines.toml as a dict: {"source": ..., "variants": {variant: {..., "envs": [...]}}}.
-    A file that cannot be read, is not TOML or lacks a number the report uses is refused here, before
-    anything is written. An empty file (`--baselines /dev/null`) means no published numbers."""
+    """benchmark/baselines.toml as a dict:
+    {"source": ..., "variants": {variant: {..., "envs": [...]}}}. A file that cannot be read, is
+    not TOML or lacks a number the report uses is refused here, before anything is written. An empty
+    file (`--baselines /dev/null`) means no published numbers."""
     try:
         with open(path, "rb") as file:
             baselines = tomllib.load(file)

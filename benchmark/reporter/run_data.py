@@ -1,9 +1,9 @@
-"""The runs a report reads: each run directory's TensorBoard logs as a `RunData` (its variant, env id,
-seed and budget from the `hyperparameters` text, its episodes' returns with their steps and training
-time, its SPS, wall time and `versions`), whether it reached its budget and its final return, and the
-one complete run kept per (variant, env, seed). benchmark/report.py is the command; the tuner reads
-its objective through `load_run` and `RunData.final_return`, benchmark/speed.py a run's times through
-`logged_times`."""
+"""The runs a report reads: each run directory's TensorBoard logs as a `RunData` (its variant, env
+id, seed and budget from the `hyperparameters` text, its episodes' returns with their steps and
+training time, its SPS, wall time and `versions`), whether it reached its budget and its final
+return, and the one complete run kept per (variant, env, seed). benchmark/report.py is the command;
+the tuner reads its objective through `load_run` and `RunData.final_return`, benchmark/speed.py a
+run's times through `logged_times`."""
 
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ class RunData:
         return f"{self.last_step:,} of {self.total_timesteps:,}"
 
     def final_return(self) -> tuple[float, int, bool]:
-        """(final return, number of episodes it averages, whether it fell back to the last episode)."""
+        """(final return, episodes it averages, whether it fell back to the last episode)."""
         if len(self.return_values) == 0:
             return math.nan, 0, False
         in_window = self.return_steps > (1.0 - FINAL_FRACTION) * self.last_step
@@ -108,9 +108,9 @@ def sittings(run_dir: Path) -> np.ndarray:
 
 
 def logged_times(run_dir: Path, tag: str) -> tuple[float, list[tuple[int, float]]]:
-    """When a run's TensorBoard log opened (its first event, which the writer writes as it opens) and
-    the (step, wall time) of each point of the scalar `tag`, in the order logged (benchmark/speed.py
-    times a run by them)."""
+    """When a run's TensorBoard log opened (its first event, which the writer writes as it opens)
+    and the (step, wall time) of each point of the scalar `tag`, in the order logged
+    (benchmark/speed.py times a run by them)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     accumulator = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
@@ -120,8 +120,8 @@ def logged_times(run_dir: Path, tag: str) -> tuple[float, list[tuple[int, float]
 
 
 def training_seconds(times: np.ndarray, spans: np.ndarray) -> np.ndarray:
-    """The wall time a run had spent by each of `times`: the part of each sitting before it, added up,
-    so that the hours a preempted run waited before it was resumed do not count."""
+    """The wall time a run had spent by each of `times`: the part of each sitting before it, added
+    up, so that the hours a preempted run waited before it was resumed do not count."""
     starts, ends = spans[:, 0], spans[:, 1]
     return (np.clip(np.asarray(times, dtype=np.float64)[:, None], starts, ends) - starts).sum(axis=1)
 
@@ -186,7 +186,8 @@ def select_runs(runs: list[RunData], include_incomplete: bool = False
                 ) -> tuple[dict[str, dict[str, list[RunData]]], list[tuple[RunData, str]]]:
     """Keep one complete run per (variant, env, seed): the largest budget, then the newest.
 
-    Returns {variant: {env_id: [runs sorted by seed]}} and the runs left out, each with the reason."""
+    Returns {variant: {env_id: [runs sorted by seed]}} and the runs left out, each with
+    the reason."""
     groups: dict[tuple[str, str, int], list[RunData]] = {}
     for run in runs:
         groups.setdefault((run.variant, run.env_id, run.seed), []).append(run)

@@ -1,7 +1,7 @@
 """Running a benchmark's runs here: each started in the background with its log (continued from the
 checkpoint an earlier attempt left), `workers` at a time, their progress read from their logs and
-shown, each ending judged and marked, and a stop (Ctrl-C, SIGTERM, Slurm's SIGUSR1) passed on to them
-so that they save first. Standard library only."""
+shown, each ending judged and marked, and a stop (Ctrl-C, SIGTERM, Slurm's SIGUSR1) passed on to
+them so that they save first. Standard library only."""
 
 from __future__ import annotations
 
@@ -21,8 +21,9 @@ from ppo_utils.exits import DIVERGED, STOPPED
 
 
 def attempt(run: Run, workdir: Path, force: bool) -> tuple[list[str], Path | None]:
-    """What to execute for `run` now, and the checkpoint it continues from: `--resume CHECKPOINT` when an
-    earlier attempt left one (unless `force`, which starts every run again), else the run itself."""
+    """What to execute for `run` now, and the checkpoint it continues from: with
+    `--resume CHECKPOINT` when an earlier attempt left one (unless `force`, which starts every run
+    again), else the run itself."""
     checkpoint = None if force else run.checkpoint(workdir)
     if checkpoint is None:
         return run.argv, None
@@ -31,8 +32,8 @@ def attempt(run: Run, workdir: Path, force: bool) -> tuple[list[str], Path | Non
 
 def start(run: Run, workdir: Path, force: bool = False) -> tuple[subprocess.Popen, object, Path | None]:
     """Start one run in the background, its output going to its log file: a new log, or, when it
-    continues from a checkpoint, the earlier attempts' log with this attempt's output added. Returns the
-    process, the open log and that checkpoint (None for a new start)."""
+    continues from a checkpoint, the earlier attempts' log with this attempt's output added. Returns
+    the process, the open log and that checkpoint (None for a new start)."""
     run.log_path.parent.mkdir(parents=True, exist_ok=True)
     run.done_path.unlink(missing_ok=True)
     argv, checkpoint = attempt(run, workdir, force)
@@ -50,8 +51,8 @@ def start(run: Run, workdir: Path, force: bool = False) -> tuple[subprocess.Pope
 
 
 def finish(run: Run, returncode: int, seconds: float, log) -> None:
-    """Close the run's log and, when it succeeded or diverged (it is over either way), write its .done
-    marker."""
+    """Close the run's log and, when it succeeded or diverged (it is over either way), write its
+    .done marker."""
     log.write(f"# exit code {returncode} after {seconds:.1f}s\n")
     log.close()
     if returncode in (0, DIVERGED):
@@ -113,9 +114,10 @@ def last_progress(log_path: Path) -> tuple[int, int, int, int | None] | None:
 
 
 def progress_report(running: list, pending: int, done: int, workers: int, durations: list[float]) -> list[str]:
-    """What the running runs have done (from their logs) and the time the whole benchmark has left: the
-    running runs' own estimates, then the waiting runs at the mean length of the runs seen so far
-    (finished, or estimated from their progress), `workers` at a time. `running` holds (run, started)."""
+    """What the running runs have done (from their logs) and the time the whole benchmark has
+    left: the running runs' own estimates, then the waiting runs at the mean length of the runs
+    seen so far (finished, or estimated from their progress), `workers` at a time. `running` holds
+    (run, started)."""
     lines, lefts, lengths = [], [], list(durations)
     for run, started in running:
         progress = last_progress(run.log_path)
@@ -135,14 +137,15 @@ def progress_report(running: list, pending: int, done: int, workers: int, durati
 
 
 def run_all(runs: list[Run], workers: int, workdir: Path, force: bool = False) -> dict[str, int]:
-    """Run everything not finished earlier, `workers` at a time, continuing each from its checkpoint if
-    an earlier attempt left one (`force`: start every run again); print a line per run as it starts and
-    as it ends, and meanwhile each running run's step and time left, read from its log, and the whole
-    benchmark's: live in a terminal, as a few lines a minute elsewhere (CI, Slurm logs).
+    """Run everything not finished earlier, `workers` at a time, continuing each from its
+    checkpoint if an earlier attempt left one (`force`: start every run again); print a line per
+    run as it starts and as it ends, and meanwhile each running run's step and time left, read from
+    its log, and the whole benchmark's: live in a terminal, as a few lines a minute elsewhere (CI,
+    Slurm logs).
 
     Returns the counts of runs that succeeded, were skipped, failed and stopped (a run stopped by a
-    signal of its own, not the runner's). Asked to stop itself (Stopped, a KeyboardInterrupt), it lets
-    the running runs save and stop (stop_runs), starts no other, and raises it again."""
+    signal of its own, not the runner's). Asked to stop itself (Stopped, a KeyboardInterrupt), it
+    lets the running runs save and stop (stop_runs), starts no other, and raises it again."""
     counts = {"ok": 0, "skipped": 0, "failed": 0}  # and "stopped", once a run stops
     pending = skip_finished(runs, force, counts)
     running: list[tuple[Run, subprocess.Popen, object, float, Path | None]] = []
@@ -225,11 +228,11 @@ def show_progress(report: list[str], live: bool) -> str:
 
 
 def judge(run: Run, returncode: int, seconds: float, checkpoint: Path | None, workdir: Path) -> tuple[str, str]:
-    """How a run ended, as (count, the line that says so): ok, diverged (exit code DIVERGED: its network
-    became non-finite), stopped (exit code STOPPED, a signal of its own: it continues from its
-    checkpoint) or failed. A run given a checkpoint that exits with 2,
-    the PPO scripts' code for input they refuse, could not resume from it: that is said in one line,
-    and the run is not started again in its place."""
+    """How a run ended, as (count, the line that says so): ok, diverged (exit code DIVERGED: its
+    network became non-finite), stopped (exit code STOPPED, a signal of its own: it continues from
+    its checkpoint) or failed. A run given a checkpoint that exits with 2, the PPO scripts' code for
+    input they refuse, could not resume from it: that is said in one line, and the run is not
+    started again in its place."""
     if returncode == 0:
         return "ok", f"[ok]   {run.label}: {seconds:.1f}s, log {run.log_path}"
     if returncode == STOPPED:
@@ -247,18 +250,19 @@ def judge(run: Run, returncode: int, seconds: float, checkpoint: Path | None, wo
 
 
 def where_it_stopped(run: Run, workdir: Path) -> str:
-    """What a stopped run left for the next invocation: its checkpoint, or nothing to continue from."""
+    """What a stopped run left for the next invocation: its checkpoint, or nothing to resume."""
     checkpoint = run.checkpoint(workdir)
     return (f"stopped, the same command continues it from {checkpoint}" if checkpoint else
             "stopped before its first checkpoint, the same command starts it again")
 
 
 def stop_runs(running: list, workdir: Path) -> None:
-    """Ask each running run to save and stop (SIGTERM, once: the PPO scripts finish their iteration and
-    write their checkpoint, torchrun passes it on to its processes), wait until they have, and say
-    where each one stopped. Another Ctrl-C or SIGTERM meanwhile sends SIGTERM again, which stops them
-    at once (they lose the work since their last checkpoint); those still running 10 s later are killed.
-    SIGUSR1, Slurm's warning of a time limit, only says again what the runs are doing already."""
+    """Ask each running run to save and stop (SIGTERM, once: the PPO scripts finish their iteration
+    and write their checkpoint, torchrun passes it on to its processes), wait until they have, and
+    say where each one stopped. Another Ctrl-C or SIGTERM meanwhile sends SIGTERM again, which
+    stops them at once (they lose the work since their last checkpoint); those still running 10 s
+    later are killed. SIGUSR1, Slurm's warning of a time limit, only says again what the runs are
+    doing already."""
     for entry in running:
         entry[1].send_signal(signal.SIGTERM)
     deadline = None
@@ -284,8 +288,8 @@ def stop_runs(running: list, workdir: Path) -> None:
 
 
 def print_commands(runs: list[Run], workdir: Path, force: bool) -> None:
-    """--dry-run: each run as a shell line (with --resume where it would continue from a checkpoint),
-    marked when it would be skipped."""
+    """--dry-run: each run as a shell line (with --resume where it would continue from a
+    checkpoint), marked when it would be skipped."""
     for run in runs:
         state = "  # finished earlier, would be skipped" if run.finished_earlier() and not force else ""
         argv, checkpoint = attempt(run, workdir, force)
@@ -295,8 +299,8 @@ def print_commands(runs: list[Run], workdir: Path, force: bool) -> None:
 
 
 class Stopped(KeyboardInterrupt):
-    """The runner was asked to stop: by Ctrl-C (SIGINT), `kill` or Slurm at a task's end (SIGTERM), or
-    Slurm's warning before a task's time limit (SIGUSR1). Its argument is the signal's number."""
+    """The runner was asked to stop: by Ctrl-C (SIGINT), `kill` or Slurm at a task's end (SIGTERM),
+    or Slurm's warning before a task's time limit (SIGUSR1). Its argument is the signal's number."""
 
 
 def stop_on_signal(signum, frame):

@@ -1,5 +1,5 @@
-"""The runs a benchmark plans: each (environment, seed) of a command as a `Run` (its command, what is
-executed, its log and .done marker, the checkpoint an earlier attempt left), the command's words
+"""The runs a benchmark plans: each (environment, seed) of a command as a `Run` (its command, what
+is executed, its log and .done marker, the checkpoint an earlier attempt left), the command's words
 resolved and checked, and a `Benchmark`, one invocation's plan (the quick one's too). Standard
 library only; run.py, local.py and slurm.py read it."""
 
@@ -66,10 +66,11 @@ class Run:
         return record if isinstance(record, dict) else {}
 
     def checkpoint(self, workdir: Path) -> Path | None:
-        """The checkpoint an unfinished earlier attempt of exactly this run left, to continue it from;
-        None if there is none. Found through the run's log, which keeps every attempt: its first line
-        names the run (`# run: <command>`), and each attempt's start line names its checkpoint
-        (`  logs in runs/<name>/ (...), checkpoint: runs/<name>/checkpoint.pt`, a path from `workdir`)."""
+        """The checkpoint an unfinished earlier attempt of exactly this run left, to continue it
+        from; None if there is none. Found through the run's log, which keeps every attempt: its
+        first line names the run (`# run: <command>`), and each attempt's start line names its
+        checkpoint (`  logs in runs/<name>/ (...), checkpoint: runs/<name>/checkpoint.pt`, a
+        path from `workdir`)."""
         try:
             lines = self.log_path.read_text(errors="replace").splitlines()
         except OSError:
@@ -102,9 +103,9 @@ def safe_name(env_id: str) -> str:
 
 def resolve(tokens: list[str]) -> list[str]:
     """The command as it is executed: a leading `python` means this interpreter and a leading
-    `torchrun` this interpreter's torch.distributed.run (so runs use the runner's environment, whether
-    or not it is activated), and a relative path to an existing `.py` file or to the program is made
-    absolute, so the command means the same whatever --workdir the runs start in."""
+    `torchrun` this interpreter's torch.distributed.run (so runs use the runner's environment,
+    whether or not it is activated), and a relative path to an existing `.py` file or to the program
+    is made absolute, so the command means the same whatever --workdir the runs start in."""
     resolved = list(tokens)
     if resolved[0] in ("python", "python3"):
         resolved[0] = sys.executable
@@ -159,8 +160,8 @@ def plan_runs(command: str, env_ids: list[str], seeds: list[int], log_dir: Path,
 
 @dataclass
 class Benchmark:
-    """What one invocation of the runner does: `command` on every env id and seed, each run started in
-    `workdir` and logged under `log_dir`."""
+    """What one invocation of the runner does: `command` on every env id and seed, each run started
+    in `workdir` and logged under `log_dir`."""
 
     command: str
     env_ids: list[str]
@@ -173,7 +174,7 @@ class Benchmark:
         return plan_runs(self.command, self.env_ids, self.seeds, self.log_dir, self.save_minutes)
 
     def runner_args(self) -> list[str]:
-        """The arguments of this runner that plan exactly these runs (what a Slurm task is given)."""
+        """The runner's arguments that plan exactly these runs (a Slurm task is given them)."""
         return ["--env-ids", *self.env_ids, "--command", self.command, "--num-seeds", str(len(self.seeds)),
                 "--start-seed", str(self.seeds[0]), "--workdir", str(self.workdir), "--log-dir", str(self.log_dir),
                 "--save-minutes", f"{self.save_minutes:g}"]
@@ -183,9 +184,10 @@ class Benchmark:
 
 
 def quick_benchmark(quick_dir: Path | None, shared: bool, save_minutes: float = 10) -> Benchmark:
-    """ppo.py on two small environments, in quick_dir or a new temporary directory. `shared`: the runs
-    will be Slurm tasks, maybe on other machines, which do not see this one's /tmp; the directory is
-    then made under the repository's benchmark/logs/, which every node running its scripts sees."""
+    """ppo.py on two small environments, in quick_dir or a new temporary directory. `shared`: the
+    runs will be Slurm tasks, maybe on other machines, which do not see this one's /tmp; the
+    directory is then made under the repository's benchmark/logs/, which every node running its
+    scripts sees."""
     if quick_dir is None:
         parent = REPO / "benchmark" / "logs" if shared else None
         if parent is not None:

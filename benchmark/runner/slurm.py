@@ -1,7 +1,7 @@
-"""Slurm: a benchmark's runs as the tasks of one job array, then a report job after it. The job scripts
-are written from benchmark/slurm_template.sh and submitted with sbatch; each task calls run.py with
-`--task-index N`, which does run N exactly as run.py does it here. Also the Slurm options of run.py's
-command line, and --requeue's `scontrol requeue`. Standard library only."""
+"""Slurm: a benchmark's runs as the tasks of one job array, then a report job after it. The job
+scripts are written from benchmark/slurm_template.sh and submitted with sbatch; each task calls
+run.py with `--task-index N`, which does run N exactly as run.py does it here. Also the Slurm
+options of run.py's command line, and --requeue's `scontrol requeue`. Standard library only."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ REPORT_JOB_NAME = "ppo-benchmark-report"
 
 
 def array_spec(indices: list[int]) -> str:
-    """Slurm's --array value for these task indices, consecutive ones folded: [0, 1, 2, 5] -> 0-2,5."""
+    """Slurm's --array value of these task indices, runs of them folded: [0, 1, 2, 5] -> 0-2,5."""
     parts: list[str] = []
     first = last = indices[0]
     for index in indices[1:] + [None]:
@@ -42,8 +42,9 @@ def array_spec(indices: list[int]) -> str:
 
 
 def resource_lines(args: argparse.Namespace, report_job: bool) -> str:
-    """The #SBATCH lines of the resource options; the report job needs no GPU and one CPU. The array's
-    tasks also ask for the warning before their time limit, and with --requeue may be requeued."""
+    """The #SBATCH lines of the resource options; the report job needs no GPU and one CPU.
+    The array's tasks also ask for the warning before their time limit, and with --requeue
+    may be requeued."""
     options = [("partition", args.partition)]
     if not report_job:
         # --gres=gpu:N rather than --gpus=N: it works with every select plugin and Slurm version.
@@ -74,26 +75,27 @@ def read_template(path: Path) -> str:
 
 
 def sbatch_quote(value: str) -> str:
-    """A value as sbatch reads it from an `#SBATCH` line: in double quotes, with backslashes and double
-    quotes escaped. Unquoted, a space ends the value (a run directory `my runs/` makes sbatch refuse the
-    script) and a `#` starts a comment."""
+    """A value as sbatch reads it from an `#SBATCH` line: in double quotes, with backslashes and
+    double quotes escaped. Unquoted, a space ends the value (a run directory `my runs/` makes sbatch
+    refuse the script) and a `#` starts a comment."""
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def output_pattern(directory: Path, name: str) -> str:
     """sbatch's --output value for the file `name` in `directory`, where `name` may hold Slurm's
-    replacement symbols (%A the array's job id, %a the task index, %j the job id). Absolute, as Slurm
-    reads a relative path from where sbatch is run, and a script may be resubmitted by hand. A `%` of the
-    directory's own is doubled, Slurm's escape for it: `runs%j/` would otherwise become `runs123/`, a
-    directory that does not exist, and Slurm would write no output at all."""
+    replacement symbols (%A the array's job id, %a the task index, %j the job id). Absolute, as
+    Slurm reads a relative path from where sbatch is run, and a script may be resubmitted by hand. A
+    `%` of the directory's own is doubled, Slurm's escape for it: `runs%j/` would otherwise become
+    `runs123/`, a directory that does not exist, and Slurm would write no output at all."""
     return f"{str(directory.resolve()).replace('%', '%%')}/{name}"
 
 
 def fill(template: str, values: dict[str, str]) -> str:
-    """The template with the runner's placeholders filled. Only those names are replaced, so the braces
-    of a site's own shell code (`${HOME}`) stay as they are. The values of {job_name} and {output} are
-    quoted here rather than in the template, so that a site's template copied before they were quoted
-    works too; a template that quotes them itself (`"{output}"`) gets them quoted once."""
+    """The template with the runner's placeholders filled. Only those names are replaced, so the
+    braces of a site's own shell code (`${HOME}`) stay as they are. The values of {job_name} and
+    {output} are quoted here rather than in the template, so that a site's template copied before
+    they were quoted works too; a template that quotes them itself (`"{output}"`) gets them
+    quoted once."""
     def replace(match: re.Match) -> str:
         if match.group("value"):
             return sbatch_quote(values[match.group("value")])
@@ -121,8 +123,9 @@ def task_command(bench: Benchmark, runs: list[Run], force: bool, requeue: bool =
 
 
 def sbatch(program: str, options: list[str], script: Path, throwaway_dir: Path | None = None) -> str:
-    """Submit one script; returns the job id. A refusal ends the runner with Slurm's own message, after
-    removing `throwaway_dir` (made for this submission, and holding nothing that runs) if given."""
+    """Submit one script; returns the job id. A refusal ends the runner with Slurm's own
+    message, after removing `throwaway_dir` (made for this submission, and holding nothing that
+    runs) if given."""
     result = subprocess.run([program, "--parsable", *options, str(script)], capture_output=True, text=True)
     if result.returncode != 0:
         message = " ".join(line.strip() for line in (result.stderr or result.stdout).splitlines() if line.strip())
@@ -169,8 +172,9 @@ def write_array_script(bench: Benchmark, runs: list[Run], todo: list[int], args:
 def submit(bench: Benchmark, report_dir: Path, args: argparse.Namespace, template: str, program: str | None,
            throwaway_dir: Path | None = None) -> int:
     """Write the array job (a task per run not finished earlier) and the report job that runs after
-    it from the template, then submit both with `program` (sbatch), unless --dry-run. `throwaway_dir`:
-    a directory made for this submission (the quick benchmark's), removed if Slurm refuses the first job."""
+    it from the template, then submit both with `program` (sbatch), unless --dry-run.
+    `throwaway_dir`: a directory made for this submission (the quick benchmark's), removed if Slurm
+    refuses the first job."""
     runs = bench.runs()
     todo = [index for index, run in enumerate(runs) if args.force or not run.finished_earlier()]
     variant = runs[0].variant
@@ -244,9 +248,10 @@ def add_slurm_options(parser: argparse.ArgumentParser) -> None:
 
 
 def requeue_this_task() -> None:
-    """--requeue: put this Slurm task back in the queue (`scontrol requeue`), to continue its run when it
-    starts again; it waits as pending, and the report job, which waits for the whole array, with it.
-    Slurm ends the task now with SIGTERM, which is ignored (main): the run has saved, the runner is done."""
+    """--requeue: put this Slurm task back in the queue (`scontrol requeue`), to continue its run
+    when it starts again; it waits as pending, and the report job, which waits for the whole array,
+    with it. Slurm ends the task now with SIGTERM, which is ignored (main): the run has saved, the
+    runner is done."""
     # An array task by `<array job>_<task>`: the array's own job id is also the id of one of its tasks,
     # and given alone it would requeue the whole array, its running tasks too.
     array_job, task = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")

@@ -1,10 +1,10 @@
-"""A script's run timed from outside, for benchmark/speed.py: `script.main()` trains in this process,
-untouched, and the clocks are read where the run leaves them or beside it. The iterations' ends are
-its TensorBoard log's own times (the first event, written as its writer opens before the first
-iteration; then each charts/SPS point, logged as an iteration ends). A thread beside the run
+"""A script's run timed from outside, for benchmark/speed.py: `script.main()` trains in this
+process, untouched, and the clocks are read where the run leaves them or beside it. The iterations'
+ends are its TensorBoard log's own times (the first event, written as its writer opens before the
+first iteration; then each charts/SPS point, logged as an iteration ends). A thread beside the run
 (`Sampler`) reads the CPU time every 50 ms, whose rate within the measured span gives the span's CPU
-time; or, for the split into rollout and update, where `main` is every millisecond: each
-iteration's rollout ends where `main` reaches the value call after it (`value_call_line`)."""
+time; or, for the split into rollout and update, where `main` is every millisecond: each iteration's
+rollout ends where `main` reaches the value call after it (`value_call_line`)."""
 
 from __future__ import annotations
 
@@ -39,12 +39,12 @@ def fail(message: str) -> NoReturn:
 
 class Sampler:
     """A thread that reads, every `period` seconds while it runs (a `with` block), the wall clock
-    (time.time(), the clock of TensorBoard's events) and either this process's CPU time (its threads'
-    included) or, with `watch` (a function's code), where the thread that started it is in that
-    function: its frame's last instruction, whose line `lines` finds after the run (reading the line
-    itself scans the function's line table, a microsecond or more, holding the GIL), or None where
-    the function is not running. It observes and changes nothing, but the run may wait for the GIL
-    while it reads: docs/notes/speed.md has the overheads measured."""
+    (time.time(), the clock of TensorBoard's events) and either this process's CPU time (its
+    threads' included) or, with `watch` (a function's code), where the thread that started it is in
+    that function: its frame's last instruction, whose line `lines` finds after the run (reading the
+    line itself scans the function's line table, a microsecond or more, holding the GIL), or None
+    where the function is not running. It observes and changes nothing, but the run may wait for the
+    GIL while it reads: docs/notes/speed.md has the overheads measured."""
 
     def __init__(self, period: float, watch=None):
         self.period, self.watch, self.samples = period, watch, []  # (wall, CPU time or instruction)
@@ -87,11 +87,12 @@ class Sampler:
         return [(wall, None if offset is None else line_of.get(offset)) for wall, offset in self.samples]
 
     def cpu_seconds(self, start: float, end: float) -> float:
-        """The CPU time spent from wall time `start` to `end`: the CPU rate between the first and the
-        last sample within them, over the whole span. A steady loop keeps its rate up to the span's
-        edges, where a reading between the samples around an edge would take in a change of pace just
-        outside it (the run's end, which waits for its logs to close). Where fewer than two samples
-        fall within (a run of a few milliseconds), the CPU time is read between those around it."""
+        """The CPU time spent from wall time `start` to `end`: the CPU rate between the first and
+        the last sample within them, over the whole span. A steady loop keeps its rate up to the
+        span's edges, where a reading between the samples around an edge would take in a change of
+        pace just outside it (the run's end, which waits for its logs to close). Where fewer than
+        two samples fall within (a run of a few milliseconds), the CPU time is read between those
+        around it."""
         inside = [(wall, cpu) for wall, cpu in self.samples if start <= wall <= end]
         if len(inside) >= 2 and inside[-1][0] > inside[0][0]:
             (first_wall, first_cpu), (last_wall, last_cpu) = inside[0], inside[-1]
@@ -152,9 +153,9 @@ def value_call_line(script) -> int:
 def rollout_ends(lines: list[tuple[float, int | None]], ends: list[tuple[float, int]],
                  split_line: int) -> list[float]:
     """When each iteration's rollout ended (iteration i, from 1, runs from ends[i - 1] to ends[i]),
-    from the lines `main` was seen at (Sampler.lines, in time order): halfway between the iteration's
-    last sample before `split_line` and the next sample (or the iteration's end), so off by half
-    their gap at most."""
+    from the lines `main` was seen at (Sampler.lines, in time order): halfway between the
+    iteration's last sample before `split_line` and the next sample (or the iteration's end), so off
+    by half their gap at most."""
     times = [wall for wall, _ in lines]
     found = []
     for (start, _), (end, _) in zip(ends, ends[1:]):
@@ -167,15 +168,15 @@ def rollout_ends(lines: list[tuple[float, int | None]], ends: list[tuple[float, 
 
 
 def clock_time(now: float | None = None) -> str:
-    """The local time as nvidia-smi's timestamps give it, to find the steady state in its samples."""
+    """The local time as nvidia-smi's timestamps give it, to find the steady state in them."""
     now = time.time() if now is None else now
     return time.strftime("%Y/%m/%d %H:%M:%S", time.localtime(now)) + f".{int(now % 1 * 1000):03d}"
 
 
 @contextlib.contextmanager
 def profiled_after_warmup(profiler, warmup_iterations: int):
-    """`profiler` (a cProfile.Profile) on from the end of iteration `warmup_iterations` to the end of
-    the run. The moment is seen with sys.setprofile, which observes every call of this thread: it
+    """`profiler` (a cProfile.Profile) on from the end of iteration `warmup_iterations` to the end
+    of the run. The moment is seen with sys.setprofile, which observes every call of this thread: it
     slows the warm-up, which no figure includes, and hands over to the profiler when the run logs
     charts/SPS for the warm-up's last iteration, or at once without a warm-up."""
     from torch.utils.tensorboard import SummaryWriter
@@ -206,9 +207,9 @@ def profiled_after_warmup(profiler, warmup_iterations: int):
 
 def iteration_parts(script, run_args, warmup_iterations: int, profiler=None) -> list[tuple[float, float, int]]:
     """(rollout seconds, update seconds, steps) of each iteration of `script.main(run_args)` after
-    the first `warmup_iterations`, which `profiler`, if given, leaves out too. The rollout ends where
-    `main` reaches its value call (`value_call_line`; a time limit's bootstrap values elsewhere),
-    the update when the iteration logs charts/SPS."""
+    the first `warmup_iterations`, which `profiler`, if given, leaves out too. The rollout ends
+    where `main` reaches its value call (`value_call_line`; a time limit's bootstrap values
+    elsewhere), the update when the iteration logs charts/SPS."""
     split_line = value_call_line(script)
     sampler = Sampler(LINE_PERIOD, watch=script.main.__code__)
     beside = [sampler] + ([profiled_after_warmup(profiler, warmup_iterations)] if profiler else [])

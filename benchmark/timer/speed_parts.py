@@ -1,7 +1,7 @@
-"""Each part of a run alone, for benchmark/speed.py: the raw environments (the script's own vector env
-under random actions), the policy step and one gradient step, each replaying the arguments that a
-one-iteration run passed them (seen with sys.setprofile, in that untimed run only), and the start (a
-fresh Python process that imports the script and builds its optimizer)."""
+"""Each part of a run alone, for benchmark/speed.py: the raw environments (the script's own vector
+env under random actions), the policy step and one gradient step, each replaying the arguments that
+a one-iteration run passed them (seen with sys.setprofile, in that untimed run only), and the start
+(a fresh Python process that imports the script and builds its optimizer)."""
 
 from __future__ import annotations
 
@@ -58,8 +58,8 @@ def policy_step_name(script) -> str:
 
 
 def call_arguments(frame) -> tuple[tuple, dict]:
-    """The arguments of the call that `frame` has just started, as (positional, named), read from its
-    locals by its code's signature (the parameters come first among a code's variables)."""
+    """The arguments of the call that `frame` has just started, as (positional, named), read from
+    its locals by its code's signature (the parameters come first among a code's variables)."""
     code, values = frame.f_code, frame.f_locals
     names = code.co_varnames
     positional = [values[name] for name in names[:code.co_argcount]]
@@ -75,11 +75,11 @@ def call_arguments(frame) -> tuple[tuple, dict]:
 
 @contextlib.contextmanager
 def first_calls_noted(functions: dict, noted: dict):
-    """Within the block, note in `noted[name]` the arguments of the first call of each of `functions`
-    ({name: function}) in this thread, seen with sys.setprofile, which observes every call (and so
-    slows them: no timed run is watched) and is taken away once each function was called. A function
-    behind a decorator (the scripts' `run_life.compiled`, the same wrapper around each) is known by
-    the code of the function it wraps."""
+    """Within the block, note in `noted[name]` the arguments of the first call of each of
+    `functions` ({name: function}) in this thread, seen with sys.setprofile, which observes every
+    call (and so slows them: no timed run is watched) and is taken away once each function was
+    called. A function behind a decorator (the scripts' `run_life.compiled`, the same wrapper around
+    each) is known by the code of the function it wraps."""
     wanted = {inspect.unwrap(function).__code__: name for name, function in functions.items()}
     previous = sys.getprofile()
 

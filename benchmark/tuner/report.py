@@ -1,7 +1,8 @@
-"""The tuner's report: <study-dir>/report/index.md, the best settings as the command that trains them,
-the best within the wall time of the script's defaults (or --max-seconds), the top trials with their
-wall time and SPS, the failed and pruned ones with their reasons, and plots of the optimization
-history, of score against wall time and of the parameters' importances. Part of benchmark/tune.py.
+"""The tuner's report: <study-dir>/report/index.md, the best settings as the command that
+trains them, the best within the wall time of the script's defaults (or --max-seconds), the top
+trials with their wall time and SPS, the failed and pruned ones with their reasons, and plots
+of the optimization history, of score against wall time and of the parameters' importances.
+Part of benchmark/tune.py.
 """
 
 from __future__ import annotations
@@ -63,10 +64,10 @@ TIMING_NOISE = 0.10
 
 
 def within_budget(study, complete: list, max_seconds: float | None) -> tuple[list[str], dict]:
-    """The report's section on the best settings within a time budget, for a researcher whose compute
-    is fixed: the best overall may buy its score with many times the defaults' wall time. The budget
-    is --max-seconds, else the wall time of the script's defaults (their trials' mean) plus
-    TIMING_NOISE. Returns its lines, and what the plot of score against wall time marks."""
+    """The report's section on the best settings within a time budget, for a researcher whose
+    compute is fixed: the best overall may buy its score with many times the defaults' wall time.
+    The budget is --max-seconds, else the wall time of the script's defaults (their trials' mean)
+    plus TIMING_NOISE. Returns its lines, and what the plot of score against wall time marks."""
     defaults = defaults_trials(study, complete)
     timed = [trial.user_attrs["wall_seconds"] for trial in defaults
              if trial.user_attrs.get("wall_seconds") is not None]

@@ -2,9 +2,9 @@
 back when it finished), its TensorBoard log read as it goes and reported to the pruner, its ending
 judged and its final return scored. Part of benchmark/tune.py.
 
-A run the pruner gives up is stopped by SIGTERM, its normal stop signal (it saves and exits 130): the
-trial is pruned (`Pruned`). A run that diverges, refuses its flags, crashes or is killed fails the trial
-(`Failed`); one continued from a lost run's checkpoint that fails has its folder set aside
+A run the pruner gives up is stopped by SIGTERM, its normal stop signal (it saves and exits 130):
+the trial is pruned (`Pruned`). A run that diverges, refuses its flags, crashes or is killed fails
+the trial (`Failed`); one continued from a lost run's checkpoint that fails has its folder set aside
 (`TakeoverFailed`), and a worker asked to stop stops its run the same way (`WorkerStopped`).
 """
 
@@ -68,8 +68,8 @@ class Episodes:
         self.runs_dir, self.accumulator = workdir / "runs", None
 
     def read(self) -> tuple[np.ndarray, np.ndarray, int]:
-        """(steps, returns) of the episodes, and the step up to which every episode is logged (the last
-        `charts/SPS` point, written at the end of an iteration, after its episodes)."""
+        """(steps, returns) of the episodes, and the step up to which every episode is logged (the
+        last `charts/SPS` point, written at the end of an iteration, after its episodes)."""
         from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
         if self.accumulator is None:
@@ -120,7 +120,7 @@ def run_environment() -> dict[str, str]:
 
 
 class Runner:
-    """Runs a trial's runs one at a time for a worker, which passes on its stop requests (`stop`)."""
+    """A trial's runs, one at a time, for a worker, which passes on its stop requests (`stop`)."""
 
     def __init__(self, tuning: Tuning):
         self.tuning = tuning
@@ -181,8 +181,8 @@ class Runner:
         return code, pruned
 
     def judge(self, trial, spec: RunSpec, code: int, pruned: int | None, checkpoint: Path | None) -> None:
-        """Raise what a run's ending means for its trial, if it did not finish: Pruned, WorkerStopped,
-        TakeoverFailed (its continued run's folder set aside) or Failed."""
+        """Raise what a run's ending means for its trial, if it did not finish: Pruned,
+        WorkerStopped, TakeoverFailed (its continued run's folder set aside) or Failed."""
         if code == STOPPED and pruned is not None:
             raise Pruned(f"{spec.label} at step {pruned - spec.position * self.tuning.total_timesteps:,} "
                          f"of {self.tuning.total_timesteps:,}")
@@ -200,9 +200,9 @@ class Runner:
 
     def report_progress(self, trial, spec: RunSpec, episodes: Episodes, reported: set[int],
                         finished: bool) -> bool:
-        """Report each new point of the run's grid to Optuna: at step k x budget / points, the normalized
-        mean return of the episodes that ended in the span before it (a span without one is left out).
-        Returns whether the pruner says to stop."""
+        """Report each new point of the run's grid to Optuna: at step k x budget / points, the
+        normalized mean return of the episodes that ended in the span before it (a span without one
+        is left out). Returns whether the pruner says to stop."""
         steps, values, logged = episodes.read()
         budget, points = self.tuning.total_timesteps, self.tuning.report_points
         span = budget / points

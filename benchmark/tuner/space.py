@@ -2,8 +2,8 @@
 the trials --enqueue asks for, and the script's own flags, read from its --help, that they must be.
 
 benchmark/tune.py is the command; this module is one of its parts (benchmark/tuner/: space, study,
-runner, worker, report). Wrong input is refused with benchmark/common.py's `fail`, which tune.py's main
-prints as its one line (exit 2).
+runner, worker, report). Wrong input is refused with benchmark/common.py's `fail`, which tune.py's
+main prints as its one line (exit 2).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ class Param:
     flag: bool = True          # false: a switch of the space only (it decides a `when`), never passed on
 
     def arguments(self, value) -> list[str]:
-        """The flag as the scripts read it: `--name value`, or `--name` / `--no-name` for a boolean."""
+        """The flag as the scripts read it: `--name value`; a boolean's `--name` / `--no-name`."""
         if not self.flag:
             return []
         if isinstance(value, bool):
@@ -85,7 +85,7 @@ def load_space(path: Path, env_ids: list[str]) -> Space:
     """Read and check a space file; anything wrong is one line and exit 2, before any trial runs.
 
         [params.learning-rate]        # a flag of the script, without its dashes
-        type = "float"                # float (low, high, log, step), int (the same), categorical (choices)
+        type = "float"                # float or int (low, high, log, step), categorical (choices)
         low = 1e-5
         high = 1e-2
         log = true
@@ -93,7 +93,8 @@ def load_space(path: Path, env_ids: list[str]) -> Space:
         type = "float"
         low = 0.005
         high = 0.05
-        when = { early-stop = true }  # sampled only when early-stop is true (a list: one of its values)
+        when = { early-stop = true }  # sampled only when early-stop is true (given a list:
+                                      # when early-stop is one of its values)
         [params.early-stop]           # must come before the parameters whose `when` names it
         type = "categorical"
         choices = [false, true]
@@ -151,7 +152,7 @@ def read_param(label: str, name: str, entry, earlier: list[Param]) -> Param:
 
 
 def read_distribution(kind: str, entry: dict):
-    """The optuna distribution of a parameter's table; a ValueError or TypeError says what is wrong."""
+    """A parameter table's optuna distribution; a ValueError or TypeError says what is wrong."""
     import optuna
 
     if kind == "categorical":
@@ -175,7 +176,7 @@ def read_distribution(kind: str, entry: dict):
 
 
 def read_when(label: str, when, earlier: list[Param]) -> dict[str, list]:
-    """A parameter's `when`: each named parameter a categorical above it, each value one of its choices."""
+    """A parameter's `when`: each name a categorical above it, each value one of its choices."""
     if not isinstance(when, dict):
         fail(f"{label}: when = {{ other-flag = value }} (or a list of values)")
     conditions = {}

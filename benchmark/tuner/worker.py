@@ -36,8 +36,9 @@ class Worker:
             signal.signal(signum, self.on_signal)
 
     def on_signal(self, signum, frame) -> None:
-        """Ctrl-C, `kill`, Slurm's warning: the run saves and stops (SIGTERM, its own stop signal; another
-        signal here sends another, which stops it at once), the trial is queued again, the worker ends."""
+        """Ctrl-C, `kill`, Slurm's warning: the run saves and stops (SIGTERM, its own stop signal;
+        another signal here sends another, which stops it at once), the trial is queued again, the
+        worker ends."""
         if self.runner.stop_signal is None:
             print(f"{signal.Signals(signum).name if signum != signal.SIGINT else 'Ctrl-C'}: stopping the "
                   "running trial's run (it saves); the same command continues it", flush=True)
@@ -93,8 +94,8 @@ class Worker:
         self.complete(trial, returns, scores, runs)
 
     def end_early(self, trial, ending: Exception, returns: dict) -> None:
-        """A trial that ended before its runs did: pruned, failed (a takeover that failed, and a trial
-        whose worker was asked to stop, queued again), with the reason kept."""
+        """A trial that ended before its runs did: pruned, failed (a takeover that failed, and a
+        trial whose worker was asked to stop, queued again), with the reason kept."""
         import optuna
 
         states = optuna.trial.TrialState
@@ -124,7 +125,7 @@ class Worker:
                      "retried too often already: not queued again"), flush=True)
 
     def complete(self, trial, returns: dict, scores: list[float], runs: list[dict]) -> None:
-        """A trial whose runs all finished: its score, the mean of their normalized final returns."""
+        """A trial whose runs all finished: its score, their normalized final returns averaged."""
         trial.set_user_attr("returns", returns)
         # What the settings cost: the runs go one after the other, so the trial's wall time is theirs
         # added up (None where a run's is unknown: one read back from an older tuner's done.json).
@@ -149,7 +150,7 @@ class Worker:
 
 
 def worker_args(args: argparse.Namespace) -> list[str]:
-    """The options that make a worker of this study (what each local worker and Slurm task is given)."""
+    """The options that make a worker of this study (each local worker and Slurm task gets them)."""
     options = ["--command", args.command, "--env-ids", *args.env_ids, "--space", str(args.space.resolve()),
                "--total-timesteps", str(args.total_timesteps), "--seeds", str(args.seeds),
                "--trials", str(args.trials), "--study-name", args.study_name,
@@ -171,8 +172,8 @@ def worker_args(args: argparse.Namespace) -> list[str]:
 
 
 def run_local_workers(args: argparse.Namespace) -> int:
-    """--workers N > 1: N worker processes on this machine, each the loop of a Slurm task; they end with
-    this process (SIGTERM), and a `kill` of it asks them to stop."""
+    """--workers N > 1: N worker processes on this machine, each the loop of a Slurm task; they end
+    with this process (SIGTERM), and a `kill` of it asks them to stop."""
     command = [sys.executable, str(TUNER), *worker_args(args), "--worker"]
     workers = [subprocess.Popen([*command, "--worker-index", str(index)], preexec_fn=die_with_the_worker)
                for index in range(args.workers)]
@@ -190,8 +191,9 @@ def run_local_workers(args: argparse.Namespace) -> int:
 
 
 def submit_to_slurm(args: argparse.Namespace) -> int:
-    """--slurm: a job array of --workers tasks, each a worker of the study, and a report job after it,
-    written from benchmark/slurm_template.sh and submitted with sbatch (benchmark/runner/slurm.py's helpers)."""
+    """--slurm: a job array of --workers tasks, each a worker of the study, and a report job after
+    it, written from benchmark/slurm_template.sh and submitted with sbatch
+    (benchmark/runner/slurm.py's helpers)."""
     template = slurm.read_template(args.slurm_template or slurm.SLURM_TEMPLATE)
     program = None if args.dry_run else slurm.find_sbatch()
     slurm_dir = args.study_dir / "slurm"
