@@ -37,17 +37,21 @@ import argparse
 import sys
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
 # The report's parts, one concern a module, in benchmark/reporter/: run_data.py (a run's TensorBoard
 # logs, the runs kept), results.py (the baselines, each environment's row against them), plots.py
-# (the learning curves), pages.py (the markdown). This file is the command: build_report, its options
-# and main. Imports go one way: run_data, results, plots, pages, then this file. The names other code reads from the report
-# (the tuner: load_run, find_run_dirs, format_duration; the tests) are imported here for it.
-from benchmark.reporter.pages import comparison_markdown, format_band, format_duration, mann_whitney, variant_markdown  # noqa: E402,F401
-from benchmark.reporter.plots import CURVE_POINTS, plot_env  # noqa: E402,F401
-from benchmark.reporter.results import (DEFAULT_BASELINES, EnvSummary, classify, fail, find_baseline,  # noqa: E402,F401
-                               load_baselines, progress)
-from benchmark.reporter.run_data import RunData, find_run_dirs, load_run, select_runs  # noqa: E402,F401
+# (the learning curves), pages.py (the markdown). This file is the command: build_report, its
+# options and main. Imports go one way: run_data, results, plots, pages, then this file. The names
+# other code reads from the report (the tuner: load_run, find_run_dirs, format_duration; the tests)
+# are imported here for it, hence the F401 waivers.
+from benchmark.reporter.pages import (comparison_markdown, format_band,  # noqa: F401
+                                      format_duration, mann_whitney, variant_markdown)  # noqa: F401
+from benchmark.reporter.plots import CURVE_POINTS, plot_env  # noqa: F401
+from benchmark.reporter.results import (DEFAULT_BASELINES, EnvSummary, classify,  # noqa: F401
+                                        fail, find_baseline, load_baselines, progress)  # noqa: F401
+from benchmark.reporter.run_data import (RunData, find_run_dirs, load_run,  # noqa: F401
+                                         select_runs)  # noqa: F401
+
+HERE = Path(__file__).resolve().parent
 
 
 def build_report(runs_dir: Path, out_dir: Path, baselines_path: Path = DEFAULT_BASELINES,

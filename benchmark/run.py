@@ -44,21 +44,21 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
 # The runner's parts, one concern a module (standard library only, as this command is), in
 # benchmark/runner/: run_plan.py (the runs and the benchmark's plan), local.py (running them here),
 # slurm.py (the job array); and benchmark/common.py (wrong input, directories), which the commands
 # share. This file is the command: its options and main. Imports go one way: common, run_plan, then
 # local and slurm, then this file.
-from benchmark.runner import local, slurm  # noqa: E402
-from benchmark.common import WrongInput, fail, make_directory, refuse, refuse_a_file  # noqa: E402
-from benchmark.runner.run_plan import QUICK_ARGS, QUICK_ENV_IDS, QUICK_SEEDS, Benchmark, Run, quick_benchmark  # noqa: E402
+from benchmark.runner import local, slurm
+from benchmark.common import WrongInput, fail, make_directory, refuse, refuse_a_file
+from benchmark.runner.run_plan import (QUICK_ARGS, QUICK_ENV_IDS, QUICK_SEEDS, Benchmark, Run,
+                                       quick_benchmark)
 # The scripts' exit codes, declared once, in ppo/exits.py (standard library only, as this runner is):
 # WRONG_INPUT (2); STOPPED (130), a run or a runner that stopped because it was asked to, before its
 # end: the same command continues it; DIVERGED (3), a run whose network became non-finite. Such a run
 # is over: its checkpoint is the last good one, and continuing from it with the same settings would
 # diverge again, so it gets a marker as a finished run does and is not started again.
-from ppo_utils.exits import STOPPED  # noqa: E402
+from ppo_utils.exits import STOPPED
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -50,14 +50,10 @@ import argparse
 import dataclasses
 import importlib
 import os
-import sys
 import time
 import types
 import typing
-from pathlib import Path
 from typing import NoReturn
-
-REPO = Path(__file__).resolve().parents[1]
 
 from benchmark.timer.speed_clocks import fail, loop_split, training_speed  # (a run, timed)
 from benchmark.timer.speed_parts import part_floors, raw_env_speed, start_seconds  # (the parts alone)

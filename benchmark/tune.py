@@ -64,19 +64,17 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-
 # The tuner's parts, one concern a module, in benchmark/tuner/: the search space, the study (its
 # storage, lock, heartbeats and retries), the runner of a trial's runs, the workers (here or on Slurm)
 # and the report. This file is the command: its options, the checks before any trial, and main.
-from benchmark import common  # noqa: E402  (what the commands share: wrong input, folders)
-from benchmark.runner import run_plan  # noqa: E402  (the runner's commands: resolved, checked, named)
-from benchmark.report import format_duration  # noqa: E402
-from benchmark.common import fail  # noqa: E402  (wrong input: main prints it as tune.py's one line, exit 2)
-from benchmark.tuner import space  # noqa: E402
-from benchmark.tuner.report import write_report  # noqa: E402
-from benchmark.tuner.study import Tuning, fail_if_every_trial_failed, open_study  # noqa: E402
-from benchmark.tuner.worker import Worker, run_local_workers, submit_to_slurm  # noqa: E402
+from benchmark import common  # what the commands share: wrong input, folders
+from benchmark.runner import run_plan  # the runner's commands: resolved, checked, named
+from benchmark.report import format_duration
+from benchmark.common import fail  # wrong input: main prints it as tune.py's one line, exit 2
+from benchmark.tuner import space
+from benchmark.tuner.report import write_report
+from benchmark.tuner.study import Tuning, fail_if_every_trial_failed, open_study
+from benchmark.tuner.worker import Worker, run_local_workers, submit_to_slurm
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

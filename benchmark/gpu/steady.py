@@ -24,13 +24,9 @@ import argparse
 import cProfile
 import importlib
 import statistics
-import sys
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-
-from benchmark import speed  # noqa: E402  (the raw rate, the --set parser, the script defaults)
-from benchmark.timer.speed_clocks import iteration_parts  # noqa: E402  (each iteration's rollout and update)
+from benchmark import speed  # the raw rate, the --set parser, the script defaults
+from benchmark.timer.speed_clocks import iteration_parts  # each iteration's rollout and update
 
 
 def main(argv: list[str] | None = None) -> None:
