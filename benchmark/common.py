@@ -42,4 +42,5 @@ def make_directory(path: Path, given_as: str) -> None:
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as error:
-        fail(f"cannot make the directory {path} ({given_as}): {error.strerror}; give one you can write to")
+        fail(f"cannot make the directory {path} ({given_as}): {error.strerror}; "
+             "give one you can write to")

@@ -48,7 +48,8 @@ def resource_lines(args: argparse.Namespace, report_job: bool) -> str:
     options = [("partition", args.partition)]
     if not report_job:
         # --gres=gpu:N rather than --gpus=N: it works with every select plugin and Slurm version.
-        options += [("gres", f"gpu:{args.gpus}" if args.gpus else None), ("cpus-per-task", args.cpus_per_task or 1)]
+        options += [("gres", f"gpu:{args.gpus}" if args.gpus else None),
+                    ("cpus-per-task", args.cpus_per_task or 1)]
     options.append(("time", args.time))
     if not report_job:
         # SIGUSR1 to the batch shell, which is this runner (the task script execs it): its run saves
@@ -56,8 +57,8 @@ def resource_lines(args: argparse.Namespace, report_job: bool) -> str:
         options.append(("signal", f"B:USR1@{args.warning_seconds}"))
         if args.requeue:  # a requeued task's output goes on in the same file
             options += [("requeue", None), ("open-mode", "append")]
-    return "\n".join(f"#SBATCH --{name}" + ("" if value is None else f"={value}") for name, value in options
-                     if value is not None or name == "requeue")
+    return "\n".join(f"#SBATCH --{name}" + ("" if value is None else f"={value}")
+                     for name, value in options if value is not None or name == "requeue")
 
 
 def read_template(path: Path) -> str:
@@ -65,7 +66,8 @@ def read_template(path: Path) -> str:
     try:
         text = path.read_text()
     except OSError as error:
-        fail(f"cannot read the Slurm template {path} ({error.strerror}): give an existing file to --slurm-template")
+        fail(f"cannot read the Slurm template {path} ({error.strerror}): "
+             "give an existing file to --slurm-template")
     body = "".join(line for line in text.splitlines(keepends=True) if not line.startswith("##"))
     missing = [f"{{{name}}}" for name in PLACEHOLDERS if f"{{{name}}}" not in body]
     if missing:
@@ -102,7 +104,8 @@ def fill(template: str, values: dict[str, str]) -> str:
         return values[match.group("lines")]
 
     line_names = [name for name in PLACEHOLDERS if name not in VALUE_PLACEHOLDERS]
-    pattern = rf'"?\{{(?P<value>{"|".join(VALUE_PLACEHOLDERS)})\}}"?|\{{(?P<lines>{"|".join(line_names)})\}}'
+    pattern = (rf'"?\{{(?P<value>{"|".join(VALUE_PLACEHOLDERS)})\}}"?'
+               rf'|\{{(?P<lines>{"|".join(line_names)})\}}')
     return re.sub(pattern, replace, template)
 
 
@@ -112,9 +115,11 @@ def task_command(bench: Benchmark, runs: list[Run], force: bool, requeue: bool =
     the batch shell, which gets Slurm's warning before the time limit (--signal=B:...)."""
     runner = [sys.executable, str(RUNNER), *bench.runner_args(), *(["--force"] if force else []),
               *(["--requeue"] if requeue else [])]
-    listing = [f"#   {index}: {run.label}: {shlex.join(run.argv)} > {run.log_path}" for index, run in enumerate(runs)]
+    listing = [f"#   {index}: {run.label}: {shlex.join(run.argv)} > {run.log_path}"
+               for index, run in enumerate(runs)]
     return "\n".join([
-        f"# Task N does run N, started in {bench.workdir}, exactly as run.py without --slurm does it",
+        f"# Task N does run N, started in {bench.workdir}, "
+        "exactly as run.py without --slurm does it",
         "# (same command, log and .done marker), and skips it if it finished earlier:",
         *listing,
         f"cd {shlex.quote(os.getcwd())}",
@@ -122,17 +127,20 @@ def task_command(bench: Benchmark, runs: list[Run], force: bool, requeue: bool =
     ])
 
 
-def sbatch(program: str, options: list[str], script: Path, throwaway_dir: Path | None = None) -> str:
+def sbatch(program: str, options: list[str], script: Path,
+           throwaway_dir: Path | None = None) -> str:
     """Submit one script; returns the job id. A refusal ends the runner with Slurm's own
     message, after removing `throwaway_dir` (made for this submission, and holding nothing that
     runs) if given."""
-    result = subprocess.run([program, "--parsable", *options, str(script)], capture_output=True, text=True)
+    result = subprocess.run([program, "--parsable", *options, str(script)], capture_output=True,
+                            text=True)
     if result.returncode != 0:
-        message = " ".join(line.strip() for line in (result.stderr or result.stdout).splitlines() if line.strip())
+        message = " ".join(line.strip() for line in (result.stderr or result.stdout).splitlines()
+                           if line.strip())
         if throwaway_dir is not None:
             shutil.rmtree(throwaway_dir, ignore_errors=True)
-        kept = (f"{throwaway_dir}, made for this submission, is removed again" if throwaway_dir is not None
-                else f"the job scripts stay in {script.parent}")
+        kept = (f"{throwaway_dir}, made for this submission, is removed again"
+                if throwaway_dir is not None else f"the job scripts stay in {script.parent}")
         fail(f"sbatch refused {script}: {message or f'exit code {result.returncode}'}; {kept}; "
              "fix the options or the template and submit again")
     # --parsable prints `id` or `id;cluster` as its last line.
@@ -142,8 +150,8 @@ def sbatch(program: str, options: list[str], script: Path, throwaway_dir: Path |
 def find_sbatch() -> str:
     program = shutil.which("sbatch")
     if program is None:
-        fail("sbatch not found: run --slurm where Slurm's commands are on PATH (a cluster's login node), "
-             "or without --slurm to run here")
+        fail("sbatch not found: run --slurm where Slurm's commands are on PATH "
+             "(a cluster's login node), or without --slurm to run here")
     return program
 
 
@@ -155,22 +163,27 @@ def write_array_script(bench: Benchmark, runs: list[Run], todo: list[int], args:
     array_script = slurm_dir / f"{variant}.sbatch"
     if todo:
         array_script.write_text(fill(template, {
-            "job_name": f"ppo-benchmark-{variant}", "output": output_pattern(slurm_dir, f"{variant}_%A_%a.out"),
+            "job_name": f"ppo-benchmark-{variant}",
+            "output": output_pattern(slurm_dir, f"{variant}_%A_%a.out"),
             "array_line": f"#SBATCH --array={array_spec(todo)}",
             "resource_lines": resource_lines(args, report_job=False),
             "command": task_command(bench, runs, args.force, args.requeue)}))
         print(f"slurm: wrote {array_script}: {len(todo)} task(s), --array={array_spec(todo)}; "
-              f"{len(runs) - len(todo)} of {len(runs)} run(s) finished earlier and are left out", flush=True)
+              f"{len(runs) - len(todo)} of {len(runs)} run(s) finished earlier and are left out",
+              flush=True)
     else:
-        print(f"slurm: all {len(runs)} run(s) finished earlier: no array job, only the report", flush=True)
-        if array_script.exists():  # from an earlier submission: its runs are done, it is not to be resubmitted
+        print(f"slurm: all {len(runs)} run(s) finished earlier: no array job, only the report",
+              flush=True)
+        # One from an earlier submission: its runs are done, it is not to be resubmitted.
+        if array_script.exists():
             array_script.unlink()
-            print(f"slurm: removed {array_script}, the job array of an earlier submission", flush=True)
+            print(f"slurm: removed {array_script}, the job array of an earlier submission",
+                  flush=True)
     return array_script
 
 
-def submit(bench: Benchmark, report_dir: Path, args: argparse.Namespace, template: str, program: str | None,
-           throwaway_dir: Path | None = None) -> int:
+def submit(bench: Benchmark, report_dir: Path, args: argparse.Namespace, template: str,
+           program: str | None, throwaway_dir: Path | None = None) -> int:
     """Write the array job (a task per run not finished earlier) and the report job that runs after
     it from the template, then submit both with `program` (sbatch), unless --dry-run.
     `throwaway_dir`: a directory made for this submission (the quick benchmark's), removed if Slurm
@@ -179,7 +192,7 @@ def submit(bench: Benchmark, report_dir: Path, args: argparse.Namespace, templat
     todo = [index for index, run in enumerate(runs) if args.force or not run.finished_earlier()]
     variant = runs[0].variant
     slurm_dir = bench.log_dir / "slurm"
-    refuse_a_file(bench.workdir, "--workdir")  # the tasks make it; a file there would fail every one
+    refuse_a_file(bench.workdir, "--workdir")  # the tasks make it; a file there fails every one
     make_directory(slurm_dir, "--log-dir")
     here = f"cd {shlex.quote(os.getcwd())}\n"
 
@@ -187,64 +200,79 @@ def submit(bench: Benchmark, report_dir: Path, args: argparse.Namespace, templat
     report_script = slurm_dir / f"{variant}-report.sbatch"
     report = bench.report_command(report_dir)
     report_script.write_text(fill(template, {
-        "job_name": REPORT_JOB_NAME, "output": output_pattern(slurm_dir, f"{variant}-report_%j.out"), "array_line": "",
-        "resource_lines": resource_lines(args, report_job=True), "command": here + f"exec {shlex.join(report)}"}))
+        "job_name": REPORT_JOB_NAME,
+        "output": output_pattern(slurm_dir, f"{variant}-report_%j.out"), "array_line": "",
+        "resource_lines": resource_lines(args, report_job=True),
+        "command": here + f"exec {shlex.join(report)}"}))
     print(f"slurm: wrote {report_script}: the report into {report_dir}", flush=True)
 
     if args.dry_run:
         print("dry run: nothing submitted. To submit by hand: "
               + (f"sbatch {array_script}, then " if todo else "")
-              + f"sbatch --dependency={'afterany:<its job id>,' if todo else ''}singleton {report_script}")
+              + f"sbatch --dependency={'afterany:<its job id>,' if todo else ''}singleton "
+              f"{report_script}")
         return 0
     jobs = []
     if todo:
         array_job = sbatch(program, [], array_script, throwaway_dir)
         jobs.append(array_job)
-        print(f"slurm: submitted job array {array_job} ({len(todo)} task(s) of {variant})", flush=True)
+        print(f"slurm: submitted job array {array_job} ({len(todo)} task(s) of {variant})",
+              flush=True)
     # afterany, not afterok: like the local runner, report on what finished even if a run failed.
     dependency = f"afterany:{jobs[0]},singleton" if todo else "singleton"
-    # Not throwaway_dir: the array's tasks, submitted by now, use it whatever happens to the report job.
+    # Not throwaway_dir: the array's tasks, submitted by now, use it whatever befalls the report.
     report_job = sbatch(program, [f"--dependency={dependency}"], report_script)
     jobs.append(report_job)
-    print(f"slurm: submitted report job {report_job}, to run {'after the array' if todo else 'now'}: "
-          f"{shlex.join(report)}", flush=True)
+    print(f"slurm: submitted report job {report_job}, "
+          f"to run {'after the array' if todo else 'now'}: {shlex.join(report)}", flush=True)
     hints = [f"  follow:  squeue -j {','.join(jobs)}",
-             f"  each run's output, as without --slurm: {bench.log_dir / variant}/<env id>__seed<S>.log "
+             f"  each run's output, as without --slurm: "
+             f"{bench.log_dir / variant}/<env id>__seed<S>.log "
              "(.done beside it when the run succeeded)"]
     if todo:
-        hints.append(f"  Slurm's output of each task: {slurm_dir.resolve() / f'{variant}_{jobs[0]}_<task>.out'}")
-    hints += [f"  the report job's output: {slurm_dir.resolve() / f'{variant}-report_{report_job}.out'}",
-              f"  the report, when the array is done: {report_dir}/ (or by hand: {shlex.join(report)})",
-              f"  cancel:  scancel {' '.join(jobs)}; submitting again leaves out the runs that finished"]
+        hints.append("  Slurm's output of each task: "
+                     f"{slurm_dir.resolve() / f'{variant}_{jobs[0]}_<task>.out'}")
+    hints += ["  the report job's output: "
+              f"{slurm_dir.resolve() / f'{variant}-report_{report_job}.out'}",
+              f"  the report, when the array is done: {report_dir}/ "
+              f"(or by hand: {shlex.join(report)})",
+              f"  cancel:  scancel {' '.join(jobs)}; "
+              "submitting again leaves out the runs that finished"]
     print("\n".join(hints), flush=True)
     return 0
 
 
 def add_slurm_options(parser: argparse.ArgumentParser) -> None:
     """--slurm, what the job scripts are made with, and --task-index, which each task calls."""
-    slurm = parser.add_argument_group("Slurm", "submit the runs as a job array instead of running them here")
+    slurm = parser.add_argument_group("Slurm",
+                                      "submit the runs as a job array instead of running them here")
     slurm.add_argument("--slurm", action="store_true",
-                       help="write a job array (a task per run not finished earlier) and a report job after it, "
-                       "submit both with sbatch, print the job ids")
+                       help="write a job array (a task per run not finished earlier) and a report "
+                       "job after it, submit both with sbatch, print the job ids")
     slurm.add_argument("--partition", help="the partition (default: the cluster's default)")
     slurm.add_argument("--gpus", type=int, help="GPUs per run (#SBATCH --gres=gpu:N; default none)")
     slurm.add_argument("--cpus-per-task", type=int, help="CPUs per run (default 1)")
-    slurm.add_argument("--time", help="time limit per run, in Slurm's format, e.g. 12:00:00 (default: the partition's)")
+    slurm.add_argument("--time", help="time limit per run, in Slurm's format, e.g. 12:00:00 "
+                       "(default: the partition's)")
     slurm.add_argument("--slurm-template", type=Path,
-                       help=f"the job script template (default {SLURM_TEMPLATE.relative_to(REPO)}): copy it and edit it for your site")
+                       help="the job script template "
+                       f"(default {SLURM_TEMPLATE.relative_to(REPO)}): "
+                       "copy it and edit it for your site")
     slurm.add_argument("--warning-seconds", type=int, default=120, metavar="S",
-                       help="Slurm warns each task S seconds before its time limit (#SBATCH --signal=B:USR1@S), up to "
-                       "a minute early; its run finishes the iteration and saves, so S must cover one iteration and "
-                       "a save (default 120)")
+                       help="Slurm warns each task S seconds before its time limit (#SBATCH "
+                       "--signal=B:USR1@S), up to a minute early; its run finishes the iteration "
+                       "and saves, so S must cover one iteration and a save (default 120)")
     slurm.add_argument("--requeue", action="store_true",
-                       help="a task warned of its time limit (or sent SIGUSR1) saves its run and requeues itself, to "
-                       "continue it when Slurm starts it again (#SBATCH --requeue); without it, submitting the same "
-                       "command again continues the unfinished runs")
+                       help="a task warned of its time limit (or sent SIGUSR1) saves its run and "
+                       "requeues itself, to continue it when Slurm starts it again (#SBATCH "
+                       "--requeue); without it, submitting the same command again continues the "
+                       "unfinished runs")
     slurm.add_argument("--report-dir", type=Path,
-                       help="where the report job writes the report (default WORKDIR/results; with --quick QUICK_DIR/results)")
+                       help="where the report job writes the report (default WORKDIR/results; "
+                       "with --quick QUICK_DIR/results)")
     slurm.add_argument("--task-index", type=int, metavar="N",
-                       help="do run N of the plan (env ids in order, seeds within each), as run here; what "
-                       "each array task calls with $SLURM_ARRAY_TASK_ID")
+                       help="do run N of the plan (env ids in order, seeds within each), as run "
+                       "here; what each array task calls with $SLURM_ARRAY_TASK_ID")
 
 
 def requeue_this_task() -> None:
@@ -252,21 +280,22 @@ def requeue_this_task() -> None:
     when it starts again; it waits as pending, and the report job, which waits for the whole array,
     with it. Slurm ends the task now with SIGTERM, which is ignored (main): the run has saved, the
     runner is done."""
-    # An array task by `<array job>_<task>`: the array's own job id is also the id of one of its tasks,
-    # and given alone it would requeue the whole array, its running tasks too.
+    # An array task by `<array job>_<task>`: the array's own job id is also the id of one of its
+    # tasks, and given alone it would requeue the whole array, its running tasks too.
     array_job, task = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
     job = f"{array_job}_{task}" if array_job and task else os.environ.get("SLURM_JOB_ID")
     if job is None:
-        print("--requeue: not in a Slurm job, nothing to requeue; the same command continues the run", flush=True)
+        print("--requeue: not in a Slurm job, nothing to requeue; "
+              "the same command continues the run", flush=True)
         return
     try:
         result = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True)
     except OSError as error:  # scontrol not found
         result = subprocess.CompletedProcess([], 1, "", str(error))
     if result.returncode == 0:
-        print(f"[requeue] job {job} is back in the queue: when Slurm starts it again, it continues the run",
-              flush=True)
+        print(f"[requeue] job {job} is back in the queue: when Slurm starts it again, "
+              "it continues the run", flush=True)
     else:
         message = " ".join((result.stderr or result.stdout).split())
-        print(f"[requeue] Slurm did not requeue job {job} ({message}): submit the same command again to "
-              "continue the run", flush=True)
+        print(f"[requeue] Slurm did not requeue job {job} ({message}): "
+              "submit the same command again to continue the run", flush=True)

@@ -26,8 +26,9 @@ import numpy as np
 
 from benchmark.reporter.run_data import find_run_dirs, logged_times
 
-# How often the sampler reads the clocks: every 50 ms for the CPU time of a training measurement, every
-# 1 ms for the split into rollout and update, whose iterations can be tens of milliseconds (CartPole's).
+# How often the sampler reads the clocks: every 50 ms for the CPU time of a training measurement,
+# every 1 ms for the split into rollout and update, whose iterations can be tens of milliseconds
+# (CartPole's).
 CPU_PERIOD, LINE_PERIOD = 0.05, 0.001
 
 
@@ -49,7 +50,8 @@ class Sampler:
     def __init__(self, period: float, watch=None):
         self.period, self.watch, self.samples = period, watch, []  # (wall, CPU time or instruction)
         self.watched_thread, self.frame, self.stopped = threading.get_ident(), None, False
-        self.thread = threading.Thread(target=self.sample_until_stopped, name="speed.py sampler", daemon=True)
+        self.thread = threading.Thread(target=self.sample_until_stopped, name="speed.py sampler",
+                                       daemon=True)
 
     def __enter__(self) -> Sampler:
         self.sample()
@@ -69,7 +71,8 @@ class Sampler:
             self.sample()
 
     def sample(self) -> None:
-        self.samples.append((time.time(), time.process_time() if self.watch is None else self.instruction()))
+        self.samples.append((time.time(),
+                             time.process_time() if self.watch is None else self.instruction()))
 
     def instruction(self) -> int | None:
         """The offset of the watched function's frame's last instruction (the call it is in, if it
@@ -83,8 +86,10 @@ class Sampler:
 
     def lines(self) -> list[tuple[float, int | None]]:
         """The samples of `watch` as (wall, the line the thread was at, or None)."""
-        line_of = {offset: line for start, end, line in self.watch.co_lines() for offset in range(start, end)}
-        return [(wall, None if offset is None else line_of.get(offset)) for wall, offset in self.samples]
+        line_of = {offset: line for start, end, line in self.watch.co_lines()
+                   for offset in range(start, end)}
+        return [(wall, None if offset is None else line_of.get(offset))
+                for wall, offset in self.samples]
 
     def cpu_seconds(self, start: float, end: float) -> float:
         """The CPU time spent from wall time `start` to `end`: the CPU rate between the first and
@@ -128,11 +133,12 @@ def training_speed(script, args, warmup_iterations: int) -> tuple[float, float, 
     ends = run_logged(script, args, sampler)
     iterations = len(ends) - 1
     if iterations <= warmup_iterations:
-        fail(f"{iterations} iterations are too few to measure after {warmup_iterations} warm-up iterations: "
-             "raise --total-timesteps")
+        fail(f"{iterations} iterations are too few to measure after {warmup_iterations} warm-up "
+             "iterations: raise --total-timesteps")
     (first_wall, first_step), (last_wall, last_step) = ends[warmup_iterations], ends[-1]
     steps = last_step - first_step
-    return steps / (last_wall - first_wall), steps / sampler.cpu_seconds(first_wall, last_wall), steps
+    return (steps / (last_wall - first_wall), steps / sampler.cpu_seconds(first_wall, last_wall),
+            steps)
 
 
 def value_call_line(script) -> int:
@@ -142,11 +148,14 @@ def value_call_line(script) -> int:
     main = ast.parse(textwrap.dedent("".join(lines))).body[0]
     loop = next(node for node in ast.walk(main)
                 if isinstance(node, ast.For) and getattr(node.target, "id", "") == "iteration")
-    statements = [node for node in ast.walk(loop) if isinstance(node, ast.stmt) and not hasattr(node, "body")
-                  and any(isinstance(call, ast.Call) and getattr(call.func, "attr", "") == "get_value"
+    statements = [node for node in ast.walk(loop)
+                  if isinstance(node, ast.stmt) and not hasattr(node, "body")
+                  and any(isinstance(call, ast.Call)
+                          and getattr(call.func, "attr", "") == "get_value"
                           for call in ast.walk(node))]
     if not statements:
-        raise ValueError(f"{script.__name__}.main's iteration loop calls no get_value: nowhere to split it")
+        raise ValueError(f"{script.__name__}.main's iteration loop calls no get_value: "
+                         "nowhere to split it")
     return first - 1 + max(statement.lineno for statement in statements)
 
 
@@ -188,7 +197,8 @@ def profiled_after_warmup(profiler, warmup_iterations: int):
         profiler.enable()  # in place of this watcher: cProfile's own profile function
 
     def watch(frame, event, _):
-        if event == "call" and frame.f_code is add_scalar and frame.f_locals.get("tag") == "charts/SPS":
+        if event == "call" and frame.f_code is add_scalar \
+                and frame.f_locals.get("tag") == "charts/SPS":
             logged[0] += 1
             if logged[0] == warmup_iterations:
                 start_profiling()
@@ -205,7 +215,8 @@ def profiled_after_warmup(profiler, warmup_iterations: int):
         print(f"steady state until {clock_time()}")
 
 
-def iteration_parts(script, run_args, warmup_iterations: int, profiler=None) -> list[tuple[float, float, int]]:
+def iteration_parts(script, run_args, warmup_iterations: int,
+                    profiler=None) -> list[tuple[float, float, int]]:
     """(rollout seconds, update seconds, steps) of each iteration of `script.main(run_args)` after
     the first `warmup_iterations`, which `profiler`, if given, leaves out too. The rollout ends
     where `main` reaches its value call (`value_call_line`; a time limit's bootstrap values
@@ -216,8 +227,8 @@ def iteration_parts(script, run_args, warmup_iterations: int, profiler=None) -> 
     ends = run_logged(script, run_args, *beside)
     rollouts = rollout_ends(sampler.lines(), ends, split_line)
     # iteration i (from 1) runs from ends[i - 1] to ends[i], and its rollout ends at rollouts[i - 1]
-    return [(rollouts[i - 1] - ends[i - 1][0], ends[i][0] - rollouts[i - 1], ends[i][1] - ends[i - 1][1])
-            for i in range(warmup_iterations + 1, len(ends))]
+    return [(rollouts[i - 1] - ends[i - 1][0], ends[i][0] - rollouts[i - 1],
+             ends[i][1] - ends[i - 1][1]) for i in range(warmup_iterations + 1, len(ends))]
 
 
 def loop_split(script, run_args, warmup_iterations: int) -> tuple[float, float]:

@@ -41,7 +41,8 @@ class Tuning:
     grace_seconds: float = 60.0
     max_retries: int = 3
     resolved: list[str] = field(default_factory=list)  # the command as executed (run_plan.resolve)
-    script_defaults: dict = field(default_factory=dict)  # the space's flags' defaults, as --help shows them
+    # the space's flags' defaults, as --help shows them
+    script_defaults: dict = field(default_factory=dict)
 
     def definition(self) -> dict:
         """What makes a study this study: a later command that differs in it is refused."""
@@ -105,15 +106,16 @@ def open_study(args: argparse.Namespace, tuning: Tuning | None, worker_index: in
         names = optuna.get_all_study_names(storage)
         if args.study_name is None:  # the study in the folder, whatever its name (the one there)
             if len(names) != 1:
-                fail(f"{where} holds {len(names)} studies ({', '.join(map(repr, names)) or 'none'}): "
-                     "give the --study-name of one")
+                fail(f"{where} holds {len(names)} studies "
+                     f"({', '.join(map(repr, names)) or 'none'}): give the --study-name of one")
             args.study_name = names[0]
         if args.study_name not in names:
-            fail(f"no study {args.study_name!r} in {where} (it holds {', '.join(map(repr, names))}): "
+            fail(f"no study {args.study_name!r} in {where} "
+                 f"(it holds {', '.join(map(repr, names))}): "
                  "give its --study-name and --study-dir (or --storage)")
         return optuna.load_study(study_name=args.study_name, storage=storage)
-    study = optuna.create_study(study_name=args.study_name, storage=storage, sampler=sampler, pruner=pruner,
-                                direction="maximize", load_if_exists=True)
+    study = optuna.create_study(study_name=args.study_name, storage=storage, sampler=sampler,
+                                pruner=pruner, direction="maximize", load_if_exists=True)
     stored = study.user_attrs.get("definition")
     if stored is None:
         study.set_user_attr("definition", tuning.definition())
@@ -180,7 +182,8 @@ def retry(study, trial, max_retries: int) -> int | None:
     if len(history) > max_retries:
         return None
     study.add_trial(optuna.trial.create_trial(
-        state=optuna.trial.TrialState.WAITING, params=trial.params, distributions=trial.distributions,
+        state=optuna.trial.TrialState.WAITING, params=trial.params,
+        distributions=trial.distributions,
         system_attrs={"failed_trial": history[0], "retry_history": history}))
     return history[0]
 
@@ -224,7 +227,8 @@ def fail_stale_trials(study, tuning: Tuning) -> None:
 def counted_trials(study) -> list:
     """The trials that count towards --trials: all but those replaced by a retry."""
     trials = study.get_trials(deepcopy=False)
-    replaced = {number for trial in trials for number in trial.system_attrs.get("retry_history", [])}
+    replaced = {number for trial in trials
+                for number in trial.system_attrs.get("retry_history", [])}
     return [trial for trial in trials if trial.number not in replaced]
 
 
