@@ -991,3 +991,49 @@ def test_rerunning_quick_mode_skips_the_finished_runs(quick_dir):
     assert result.returncode == 0, result.stdout + result.stderr
     assert "4 run(s): 0 ran ok, 4 skipped (finished earlier), 0 failed" in result.stdout
     assert len(list((quick_dir / "runs").iterdir())) == 4  # no new training run
+
+
+# ---------------------------------------------------------------------------------------------------
+# benchmark/'s layout: a command a file, its parts in a folder, the logs apart, 100 characters a line
+# ---------------------------------------------------------------------------------------------------
+
+BENCHMARK = REPO / "benchmark"
+# benchmark/'s top holds the commands and what they share; each command's parts are in its folder
+# (the runner's in runner/, the report's in reporter/, speed's in timer/, the tuner's in tuner/).
+COMMANDS = {"run.py", "report.py", "speed.py", "tune.py", "cleaner_references.py"}
+SHARED = {"common.py"}
+
+
+def code_files() -> list[Path]:
+    """benchmark/'s code and settings: its Python, shell and TOML files, the logs left aside."""
+    return sorted(path for path in BENCHMARK.rglob("*") if path.suffix in (".py", ".sh", ".toml")
+                  and path.is_file() and BENCHMARK / "logs" not in path.parents)
+
+
+def test_benchmark_holds_a_command_a_file_and_its_parts_in_a_folder():
+    assert {path.name for path in BENCHMARK.glob("*.py")} == COMMANDS | SHARED
+    for folder in ("runner", "reporter", "timer", "tuner"):
+        assert list((BENCHMARK / folder).glob("*.py")), f"benchmark/{folder}/ holds no module"
+
+
+def test_the_logs_behind_the_docs_lie_in_benchmark_logs_alone():
+    """The TensorBoard logs behind docs/results/ and docs/notes/ are kept apart from the code."""
+    events = list(BENCHMARK.rglob("events.out.tfevents.*"))
+    assert events and all(BENCHMARK / "logs" in path.parents for path in events)
+
+
+def test_no_line_of_benchmark_code_is_over_100_characters():
+    long_lines = [f"{path.relative_to(REPO)}:{number}" for path in code_files()
+                  for number, line in enumerate(path.read_text().splitlines(), start=1)
+                  if len(line) > 100]
+    assert not long_lines, long_lines
+
+
+def test_ruff_finds_nothing_in_benchmark():
+    """pyproject.toml's [tool.ruff] (ppo/'s line length, pycodestyle and pyflakes) holds benchmark/
+    too, as it holds ppo/ and ppo_utils/ (tests/test_layout.py)."""
+    pytest.importorskip("ruff", reason="ruff comes with the test extra")
+    result = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "benchmark"],
+                            cwd=REPO, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "No Python files found" not in result.stderr  # benchmark/ is in ruff's include
