@@ -24,7 +24,8 @@ from urllib.parse import unquote
 from mkdocs.structure.files import File, InclusionLevel
 
 # The files published as pages, relative to the repository root (the folder of mkdocs.yml).
-SOURCES = ("ppo/*.py", "ppo_utils/*.py", "benchmark/*.py", "benchmark/tuner/*.py", "benchmark/*.sh", "benchmark/*.toml")
+SOURCES = ("ppo/*.py", "ppo_utils/*.py", "benchmark/*.py", "benchmark/runner/*.py", "benchmark/reporter/*.py",
+           "benchmark/timer/*.py", "benchmark/tuner/*.py", "benchmark/*.sh", "benchmark/*.toml")
 SOURCE_DIR = "source"  # where their pages go on the site
 CSS_URI = "assets/source-listing.css"
 

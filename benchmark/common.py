@@ -15,8 +15,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 class WrongInput(Exception):
     """Wrong input, or a submission Slurm refused: the one line saying what to do. The helpers here
-    raise it (`fail`), for this runner and for the tuner, which calls them too; the main of the command
-    that was run prints it as its own (`refuse`), so each speaks as itself."""
+    raise it (`fail`), for this runner and for the tuner, which calls them too; the main of the
+    command that was run prints it as its own (`refuse`), so each speaks as itself."""
 
 
 def fail(message: str) -> NoReturn:
@@ -42,4 +42,5 @@ def make_directory(path: Path, given_as: str) -> None:
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as error:
-        fail(f"cannot make the directory {path} ({given_as}): {error.strerror}; give one you can write to")
+        fail(f"cannot make the directory {path} ({given_as}): {error.strerror}; "
+             "give one you can write to")

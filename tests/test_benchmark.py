@@ -18,7 +18,8 @@ import pytest
 
 from ppo_utils import run_logs  # the scripts' run logs: how a run writes its text tables
 from benchmark import report
-from benchmark import local, run_plan
+from benchmark.runner import local, run_plan
+from benchmark.reporter.pages import repository_name
 from conftest import (FAKE_SCRIPT, HUNG_AFTER, REPO, SLOW_PPO, SLOW_RUNS, assert_quick_runs_finished, assert_same_final_weights,
                       assert_stopped_with_its_logs_flushed, calls, expect_error_line, expect_usage_error, only_run_dir,
                       read_scalars, run_tool, table_rows)
@@ -832,6 +833,34 @@ def test_report_names_the_baselines_file_it_used(tmp_path):
         assert named in (tmp_path / "out" / "ppo.md").read_text()
 
 
+def test_docs_results_is_what_the_report_makes_of_the_committed_logs(tmp_path):
+    """`python benchmark/report.py` rewrites docs/results/ from benchmark/logs/runs/, its defaults. Made
+    again from the same logs, on any machine and at any time, every page and plot is the committed one
+    byte for byte, so `git diff` stays empty: a page names the logs by their path in the repository,
+    not by where this checkout lies, and holds no clock."""
+    assert report.main(["--out-dir", str(tmp_path)]) == 0
+    committed = REPO / "docs" / "results"
+
+    def files_under(folder: Path) -> list[Path]:
+        return sorted(path.relative_to(folder) for path in folder.rglob("*") if path.is_file())
+
+    assert files_under(tmp_path) == files_under(committed)
+    assert (tmp_path / "ppo.md").read_text().splitlines()[2] == \
+        "Made by `benchmark/report.py` from the TensorBoard logs in `benchmark/logs/runs`."
+    differ = [str(path) for path in files_under(committed)
+              if (tmp_path / path).read_bytes() != (committed / path).read_bytes()]
+    assert not differ, f"made again from benchmark/logs/runs/, these differ from docs/results/: {differ}"
+
+
+def test_a_page_names_what_lies_in_the_repository_by_its_path_there(monkeypatch):
+    """However the path is given (absolute, or relative to another folder than the root), what lies in
+    the repository is named from its root; what lies outside it, as it was given."""
+    monkeypatch.chdir(REPO / "docs")
+    for given in (REPO / "benchmark" / "logs" / "runs", Path("../benchmark/logs/runs")):
+        assert repository_name(given) == "benchmark/logs/runs"
+    assert repository_name(Path("/dev/null")) == "/dev/null"
+
+
 # ---------------------------------------------------------------------------------------------------
 # ppo.sh
 # ---------------------------------------------------------------------------------------------------
@@ -854,7 +883,7 @@ def test_ppo_sh_dry_run_of_a_family(tmp_path):
         for seed in (1, 2, 3):
             assert any(f"ppo.py --total-timesteps 500000 --env-id {env_id} --seed {seed}" in line
                        for line in commands)
-    assert all(line.startswith("(cd benchmark && ") for line in commands)
+    assert all(line.startswith("(cd benchmark/logs && ") for line in commands)
 
 
 def test_ppo_sh_skips_a_family_whose_script_is_missing(tmp_path):
@@ -962,3 +991,49 @@ def test_rerunning_quick_mode_skips_the_finished_runs(quick_dir):
     assert result.returncode == 0, result.stdout + result.stderr
     assert "4 run(s): 0 ran ok, 4 skipped (finished earlier), 0 failed" in result.stdout
     assert len(list((quick_dir / "runs").iterdir())) == 4  # no new training run
+
+
+# ---------------------------------------------------------------------------------------------------
+# benchmark/'s layout: a command a file, its parts in a folder, the logs apart, 100 characters a line
+# ---------------------------------------------------------------------------------------------------
+
+BENCHMARK = REPO / "benchmark"
+# benchmark/'s top holds the commands and what they share; each command's parts are in its folder
+# (the runner's in runner/, the report's in reporter/, speed's in timer/, the tuner's in tuner/).
+COMMANDS = {"run.py", "report.py", "speed.py", "tune.py", "cleaner_references.py"}
+SHARED = {"common.py"}
+
+
+def code_files() -> list[Path]:
+    """benchmark/'s code and settings: its Python, shell and TOML files, the logs left aside."""
+    return sorted(path for path in BENCHMARK.rglob("*") if path.suffix in (".py", ".sh", ".toml")
+                  and path.is_file() and BENCHMARK / "logs" not in path.parents)
+
+
+def test_benchmark_holds_a_command_a_file_and_its_parts_in_a_folder():
+    assert {path.name for path in BENCHMARK.glob("*.py")} == COMMANDS | SHARED
+    for folder in ("runner", "reporter", "timer", "tuner"):
+        assert list((BENCHMARK / folder).glob("*.py")), f"benchmark/{folder}/ holds no module"
+
+
+def test_the_logs_behind_the_docs_lie_in_benchmark_logs_alone():
+    """The TensorBoard logs behind docs/results/ and docs/notes/ are kept apart from the code."""
+    events = list(BENCHMARK.rglob("events.out.tfevents.*"))
+    assert events and all(BENCHMARK / "logs" in path.parents for path in events)
+
+
+def test_no_line_of_benchmark_code_is_over_100_characters():
+    long_lines = [f"{path.relative_to(REPO)}:{number}" for path in code_files()
+                  for number, line in enumerate(path.read_text().splitlines(), start=1)
+                  if len(line) > 100]
+    assert not long_lines, long_lines
+
+
+def test_ruff_finds_nothing_in_benchmark():
+    """pyproject.toml's [tool.ruff] (ppo/'s line length, pycodestyle and pyflakes) holds benchmark/
+    too, as it holds ppo/ and ppo_utils/ (tests/test_layout.py)."""
+    pytest.importorskip("ruff", reason="ruff comes with the test extra")
+    result = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "benchmark"],
+                            cwd=REPO, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "No Python files found" not in result.stderr  # benchmark/ is in ruff's include

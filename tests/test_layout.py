@@ -271,7 +271,7 @@ def test_each_variant_adds_little_to_its_neighbour():
 # this many lines, or a function over FUNCTION_LINES, says why in a comment at its top (`# Over 400
 # lines, kept whole: ...`; for a function, a comment on its first line or the one above).
 MODULE_LINES, FUNCTION_LINES = 400, 60
-BENCHMARK = sorted([*REPO.glob("benchmark/*.py"), *REPO.glob("benchmark/tuner/*.py")])
+BENCHMARK = sorted([*REPO.glob("benchmark/*.py"), *REPO.glob("benchmark/*/*.py")])
 
 
 def benchmark_imports(path) -> set[str]:
@@ -279,7 +279,7 @@ def benchmark_imports(path) -> set[str]:
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "benchmark":
-            packages = ("benchmark", "benchmark.tuner")
+            packages = {".".join(file.relative_to(REPO).parent.parts) for file in BENCHMARK}
             found |= ({f"{node.module}.{alias.name}" for alias in node.names} if node.module in packages
                       else {node.module})
     return found

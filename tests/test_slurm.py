@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmark.slurm import fill
+from benchmark.runner.slurm import fill
 from conftest import (FAKE_SCRIPT, HUNG_AFTER, REPO, SLOW_PPO, SLOW_RUNS, assert_quick_runs_finished, assert_same_final_weights,
                       calls, expect_error_line, run_tool, table_rows, wait_for_jobs)
 from slurm_cluster import OneNodeCluster
@@ -298,9 +298,9 @@ def test_ppo_sh_slurm_dry_run_of_a_family(tmp_path):
     script = (tmp_path / SLURM_DIR / "ppo.sbatch").read_text()
     assert "#SBATCH --array=0-8" in sbatch_lines(script) and "#SBATCH --partition=cpu" in sbatch_lines(script)
     assert len([line for line in script.splitlines() if line.startswith("#   ")]) == 9
-    assert "--workdir benchmark --log-dir benchmark/logs" in script
+    assert "--workdir benchmark/logs --log-dir benchmark/logs" in script
     report = (tmp_path / SLURM_DIR / "ppo-report.sbatch").read_text()
-    assert report.splitlines()[-1].endswith("--runs-dir benchmark/runs --out-dir docs/results")
+    assert report.splitlines()[-1].endswith("--runs-dir benchmark/logs/runs --out-dir docs/results")
     assert "== report: by the report job above once its array is done" in result.stdout
 
     # Without sbatch, ppo.sh stops with run.py's error and its exit code 2.

@@ -16,7 +16,8 @@ import torch
 
 import ppo.ppo as classic
 import ppo.ppo_atari_envpool as envpool_script
-from benchmark import speed, speed_clocks, speed_parts
+from benchmark import speed
+from benchmark.timer import speed_clocks, speed_parts
 from conftest import HUNG_AFTER, REPO, expect_usage_error, table_rows
 
 

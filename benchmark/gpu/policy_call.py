@@ -14,12 +14,9 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import torch
-
 
 from ppo import ppo_atari_envpool as script
 

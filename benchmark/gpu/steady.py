@@ -2,19 +2,20 @@
 by the wall clock, and a cProfile of the steady-state iterations alone.
 
     python benchmark/gpu/steady.py --script ppo_atari_envpool.py --env-id Pong-v5 --num-envs 16 \\
-        --set clip_coef=0.2 num_minibatches=8 update_epochs=3 --options async_envs compile cudagraphs \\
+        --set clip_coef=0.2 num_minibatches=8 update_epochs=3 \\
+        --options async_envs compile cudagraphs \\
         --warmup-iterations 20 --iterations 100 --profile pong.prof
 
 The script's `main()` trains in this process (in a temporary folder), as benchmark/speed.py runs it,
-untouched (benchmark/speed_clocks.py). Each iteration ends at the time of its charts/SPS point in the
-run's TensorBoard log, logged after the update's statistics came back to the host; its rollout ends
-where `main` reaches the value call for the last observations, after every game has answered and the
-last actions came back, as a thread that reads `main`'s line every millisecond sees it. Neither adds
-a synchronisation with the GPU. The iterations from `--warmup-iterations` on, which neither compile
-nor record CUDA graphs, give the split; the cProfile (optional) covers the same iterations and
-nothing else (sys.setprofile watches the warm-up's calls for its last charts/SPS log, then hands
-over to cProfile). Alongside, the script's own raw environment rate, as speed.py measures it, says
-how close the rollout comes to the games' speed.
+untouched (benchmark/timer/speed_clocks.py). Each iteration ends at the time of its charts/SPS point
+in the run's TensorBoard log, logged after the update's statistics came back to the host; its
+rollout ends where `main` reaches the value call for the last observations, after every game has
+answered and the last actions came back, as a thread that reads `main`'s line every millisecond sees
+it. Neither adds a synchronisation with the GPU. The iterations from `--warmup-iterations` on, which
+neither compile nor record CUDA graphs, give the split; the cProfile (optional) covers the same
+iterations and nothing else (sys.setprofile watches the warm-up's calls for its last charts/SPS log,
+then hands over to cProfile). Alongside, the script's own raw environment rate, as speed.py measures
+it, says how close the rollout comes to the games' speed.
 """
 
 from __future__ import annotations
@@ -23,13 +24,9 @@ import argparse
 import cProfile
 import importlib
 import statistics
-import sys
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-
-from benchmark import speed  # noqa: E402  (the raw rate, the --set parser, the script defaults)
-from benchmark.speed_clocks import iteration_parts  # noqa: E402  (each iteration's rollout and update)
+from benchmark import speed  # the raw rate, the --set parser, the script defaults
+from benchmark.timer.speed_clocks import iteration_parts  # each iteration's rollout and update
 
 
 def main(argv: list[str] | None = None) -> None:

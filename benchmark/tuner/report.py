@@ -1,7 +1,8 @@
-"""The tuner's report: <study-dir>/report/index.md, the best settings as the command that trains them,
-the best within the wall time of the script's defaults (or --max-seconds), the top trials with their
-wall time and SPS, the failed and pruned ones with their reasons, and plots of the optimization
-history, of score against wall time and of the parameters' importances. Part of benchmark/tune.py.
+"""The tuner's report: <study-dir>/report/index.md, the best settings as the command that
+trains them, the best within the wall time of the script's defaults (or --max-seconds), the top
+trials with their wall time and SPS, the failed and pruned ones with their reasons, and plots
+of the optimization history, of score against wall time and of the parameters' importances.
+Part of benchmark/tune.py.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ def best_commands(study, trial) -> list[str]:
     space = load_space_text(definition["space"])
     flags = space.arguments(trial.params)
     return [shlex.join([*definition["command"], "--env-id", env_id, "--total-timesteps",
-                        str(definition["total_timesteps"]), *flags]) for env_id in definition["env_ids"]]
+                        str(definition["total_timesteps"]), *flags])
+            for env_id in definition["env_ids"]]
 
 
 def same_value(value, shown: str) -> bool:
@@ -63,10 +65,10 @@ TIMING_NOISE = 0.10
 
 
 def within_budget(study, complete: list, max_seconds: float | None) -> tuple[list[str], dict]:
-    """The report's section on the best settings within a time budget, for a researcher whose compute
-    is fixed: the best overall may buy its score with many times the defaults' wall time. The budget
-    is --max-seconds, else the wall time of the script's defaults (their trials' mean) plus
-    TIMING_NOISE. Returns its lines, and what the plot of score against wall time marks."""
+    """The report's section on the best settings within a time budget, for a researcher whose
+    compute is fixed: the best overall may buy its score with many times the defaults' wall time.
+    The budget is --max-seconds, else the wall time of the script's defaults (their trials' mean)
+    plus TIMING_NOISE. Returns its lines, and what the plot of score against wall time marks."""
     defaults = defaults_trials(study, complete)
     timed = [trial.user_attrs["wall_seconds"] for trial in defaults
              if trial.user_attrs.get("wall_seconds") is not None]
@@ -81,8 +83,8 @@ def within_budget(study, complete: list, max_seconds: float | None) -> tuple[lis
         limit = (f"the defaults' wall time plus {TIMING_NOISE:.0%}, the noise of timing one trial: "
                  f"{format_duration(budget)}")
     else:
-        why = ("the study keeps no defaults of the script (run the tuner's command once more to store "
-               "them)" if not study.user_attrs.get("script_defaults") else
+        why = ("the study keeps no defaults of the script (run the tuner's command once more to "
+               "store them)" if not study.user_attrs.get("script_defaults") else
                "no trial of the script's defaults has completed (enqueue one: --enqueue with the "
                "defaults its --help shows)")
         return ["## Best within the defaults' wall time", "",
@@ -109,7 +111,8 @@ def write_report(study, out_dir: Path, top: int = 10, max_seconds: float | None 
 
     states = optuna.trial.TrialState
     trials = study.get_trials(deepcopy=False)
-    replaced = {number for trial in trials for number in trial.system_attrs.get("retry_history", [])}
+    replaced = {number for trial in trials
+                for number in trial.system_attrs.get("retry_history", [])}
     complete = sorted((trial for trial in trials if trial.state == states.COMPLETE),
                       key=lambda trial: trial.value, reverse=True)
     lines = [f"# Tuning study `{study.study_name}`", "", *summary_lines(study, trials, replaced)]
@@ -119,7 +122,8 @@ def write_report(study, out_dir: Path, top: int = 10, max_seconds: float | None 
         returns = ", ".join(f"{label} {value:.2f}"
                             for label, value in best.user_attrs.get("returns", {}).items())
         lines += ["## Best settings", "",
-                  f"Trial {best.number}, score {best.value:.4f}, {cost(best)}; final returns: {returns}.",
+                  f"Trial {best.number}, score {best.value:.4f}, {cost(best)}; "
+                  f"final returns: {returns}.",
                   "", "```bash", *best_commands(study, best), "```", ""]
         budget_lines, marks = within_budget(study, complete, max_seconds)
         lines += budget_lines
@@ -149,12 +153,14 @@ def summary_lines(study, trials: list, replaced: set[int]) -> list[str]:
     wall = (max(ends) - min(starts)).total_seconds() if starts and ends else 0.0
     seeds = ", ".join(map(str, definition["seeds"]))
     about = (f"`{shlex.join(definition['command'])}` on {', '.join(definition['env_ids'])}, "
-             f"{definition['total_timesteps']:,} steps per run, seeds {seeds} in every trial. Score: the "
-             "mean over the (env, seed) runs of the final return (the mean return of the episodes in the "
-             "last 10% of a run's steps), min-max normalized per env by the space's bounds.")
+             f"{definition['total_timesteps']:,} steps per run, seeds {seeds} in every trial. "
+             "Score: the mean over the (env, seed) runs of the final return (the mean return of "
+             "the episodes in the last 10% of a run's steps), min-max normalized per env by the "
+             "space's bounds.")
     unfinished = count[states.RUNNING] + count[states.WAITING]
-    tally = (f"{len(counted)} trials: {count[states.COMPLETE]} complete, {count[states.PRUNED]} pruned, "
-             f"{count[states.FAIL]} failed, {unfinished} running or waiting; {len(replaced)} lost or stopped "
+    tally = (f"{len(counted)} trials: {count[states.COMPLETE]} complete, "
+             f"{count[states.PRUNED]} pruned, {count[states.FAIL]} failed, "
+             f"{unfinished} running or waiting; {len(replaced)} lost or stopped "
              "and retried. Wall time, first trial's start to last trial's end: "
              f"{format_duration(wall)}.")
     return [about, "", tally, ""]
@@ -240,10 +246,12 @@ def plot_history(study, out_dir: Path) -> tuple[str, str | None]:
     pruned = [(trial.number, trial.intermediate_values[trial.last_step]) for trial in trials
               if trial.state == states.PRUNED and trial.last_step is not None]
     if pruned:
-        axes.scatter(*zip(*pruned), color="gray", marker="x", s=18, label="pruned (last reported value)")
+        axes.scatter(*zip(*pruned), color="gray", marker="x", s=18,
+                     label="pruned (last reported value)")
     axes.set_xlabel("trial")
     axes.set_ylabel("score (normalized final return)")
-    save_figure(plt, fig, axes, out_dir / "history.png", f"optimization history: {study.study_name}")
+    save_figure(plt, fig, axes, out_dir / "history.png",
+                f"optimization history: {study.study_name}")
     return "optimization history", "history.png"
 
 
@@ -261,21 +269,22 @@ def plot_cost(study, out_dir: Path, complete: list, marks: dict) -> tuple[str, s
     axes.scatter(*zip(*map(point, timed)), color="tab:blue", s=18, label="complete trial")
     defaults = [trial for trial in marks.get("defaults", []) if trial in timed]
     if defaults:
-        axes.scatter(*zip(*map(point, defaults)), facecolors="none", edgecolors="black", marker="s", s=70,
-                     label="the defaults")
+        axes.scatter(*zip(*map(point, defaults)), facecolors="none", edgecolors="black",
+                     marker="s", s=70, label="the defaults")
     if marks.get("budget") is not None:
         axes.axvline(marks["budget"], color="gray", linestyle="--", label=marks["budget_label"])
     best_within = marks.get("best_within")
     if best_within is not None and best_within in timed:
-        axes.scatter(*point(best_within), facecolors="none", edgecolors="tab:green", s=160, linewidths=2,
-                     label=f"best within the budget (trial {best_within.number})")
+        axes.scatter(*point(best_within), facecolors="none", edgecolors="tab:green", s=160,
+                     linewidths=2, label=f"best within the budget (trial {best_within.number})")
     if complete[0] in timed:
         axes.scatter(*point(complete[0]), color="tab:red", marker="*", s=140,
                      label=f"best overall (trial {complete[0].number})")
     axes.set_xlim(left=0)
     axes.set_xlabel("wall time of the trial's runs, added up (s)")
     axes.set_ylabel("score (normalized final return)")
-    save_figure(plt, fig, axes, out_dir / "cost.png", f"score against wall time: {study.study_name}")
+    save_figure(plt, fig, axes, out_dir / "cost.png",
+                f"score against wall time: {study.study_name}")
     return "score against wall time", "cost.png"
 
 
@@ -295,6 +304,6 @@ def plot_importances(study, out_dir: Path) -> tuple[str, str | None]:
     names = list(importances)[::-1]
     axes.barh(names, [importances[name] for name in names], color="tab:blue")
     axes.set_xlabel("importance (optuna.importance, normalized to sum to 1)")
-    save_figure(plt, fig, axes, out_dir / "importances.png", f"parameter importances: {study.study_name}",
-                legend=False)
+    save_figure(plt, fig, axes, out_dir / "importances.png",
+                f"parameter importances: {study.study_name}", legend=False)
     return "parameter importances", "importances.png"

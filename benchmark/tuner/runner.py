@@ -2,9 +2,9 @@
 back when it finished), its TensorBoard log read as it goes and reported to the pruner, its ending
 judged and its final return scored. Part of benchmark/tune.py.
 
-A run the pruner gives up is stopped by SIGTERM, its normal stop signal (it saves and exits 130): the
-trial is pruned (`Pruned`). A run that diverges, refuses its flags, crashes or is killed fails the trial
-(`Failed`); one continued from a lost run's checkpoint that fails has its folder set aside
+A run the pruner gives up is stopped by SIGTERM, its normal stop signal (it saves and exits 130):
+the trial is pruned (`Pruned`). A run that diverges, refuses its flags, crashes or is killed fails
+the trial (`Failed`); one continued from a lost run's checkpoint that fails has its folder set aside
 (`TakeoverFailed`), and a worker asked to stop stops its run the same way (`WorkerStopped`).
 """
 
@@ -23,7 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmark import report, run_plan
+from benchmark import report
+from benchmark.runner import run_plan
 from benchmark.tuner.study import Tuning
 from ppo_utils.exits import DIVERGED, STOPPED, WRONG_INPUT
 
@@ -67,8 +68,8 @@ class Episodes:
         self.runs_dir, self.accumulator = workdir / "runs", None
 
     def read(self) -> tuple[np.ndarray, np.ndarray, int]:
-        """(steps, returns) of the episodes, and the step up to which every episode is logged (the last
-        `charts/SPS` point, written at the end of an iteration, after its episodes)."""
+        """(steps, returns) of the episodes, and the step up to which every episode is logged (the
+        last `charts/SPS` point, written at the end of an iteration, after its episodes)."""
         from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
         if self.accumulator is None:
@@ -81,17 +82,18 @@ class Episodes:
         tag = "charts/episodic_return"
         episodes = self.accumulator.Scalars(tag) if tag in tags else []
         logged = self.accumulator.Scalars("charts/SPS")[-1].step if "charts/SPS" in tags else 0
-        return (np.array([event.step for event in episodes]), np.array([event.value for event in episodes]),
-                logged)
+        return (np.array([event.step for event in episodes]),
+                np.array([event.value for event in episodes]), logged)
 
 
 @dataclass
 class RunSpec:
     env_id: str
     seed: int
-    position: int   # in the trial's order of (env, seed): its steps for the pruner start at position x budget
+    # in the trial's order of (env, seed): its steps for the pruner start at position x budget
+    position: int
     workdir: Path
-    command: list[str]   # as given, with the flags, env id, seed and budget: what identifies the run
+    command: list[str]   # as given, with flags, env id, seed and budget: what identifies the run
     argv: list[str]      # what is executed
 
     @property
@@ -99,9 +101,11 @@ class RunSpec:
         return f"{self.env_id} seed {self.seed}"
 
 
-def plan_run(tuning: Tuning, flags: list[str], env_id: str, seed: int, position: int, home: Path) -> RunSpec:
+def plan_run(tuning: Tuning, flags: list[str], env_id: str, seed: int, position: int,
+             home: Path) -> RunSpec:
     """The run of (env_id, seed) with a trial's flags, in the trial's folder `home`."""
-    tail = [*flags, "--env-id", env_id, "--seed", str(seed), "--total-timesteps", str(tuning.total_timesteps)]
+    tail = [*flags, "--env-id", env_id, "--seed", str(seed),
+            "--total-timesteps", str(tuning.total_timesteps)]
     saving = ["--save-model", "--save-minutes", f"{tuning.save_minutes:g}"]
     return RunSpec(env_id, seed, position, home / f"{run_plan.safe_name(env_id)}__seed{seed}",
                    [*tuning.command, *tail], [*tuning.resolved, *tail, *saving])
@@ -109,17 +113,18 @@ def plan_run(tuning: Tuning, flags: list[str], env_id: str, seed: int, position:
 
 def run_environment() -> dict[str, str]:
     """The environment of a run's process."""
-    # One thread per run, as benchmark/run.py gives its runs, unless the user or Slurm says otherwise.
+    # One thread per run, as benchmark/run.py gives its runs, unless the user or Slurm set another.
     threads = os.environ.get("OMP_NUM_THREADS") or os.environ.get("SLURM_CPUS_PER_TASK") or "1"
     env = {**os.environ, "OMP_NUM_THREADS": threads, "PYTHONUNBUFFERED": "1"}
-    if os.environ.get("PYTHONPATH"):  # the runs start elsewhere: `PYTHONPATH=.` means the folder here
+    # The runs start elsewhere: `PYTHONPATH=.` means the folder here.
+    if os.environ.get("PYTHONPATH"):
         env["PYTHONPATH"] = os.pathsep.join(os.path.abspath(entry) if entry else entry
                                             for entry in os.environ["PYTHONPATH"].split(os.pathsep))
     return env
 
 
 class Runner:
-    """Runs a trial's runs one at a time for a worker, which passes on its stop requests (`stop`)."""
+    """A trial's runs, one at a time, for a worker, which passes on its stop requests (`stop`)."""
 
     def __init__(self, tuning: Tuning):
         self.tuning = tuning
@@ -150,7 +155,8 @@ class Runner:
         scored = score_run(spec)
         if self.report_progress(trial, spec, episodes, reported, finished=True):
             pruned = max(reported) - spec.position * self.tuning.total_timesteps
-            raise Pruned(f"{spec.label} at step {pruned:,} of {self.tuning.total_timesteps:,} (its end)")
+            raise Pruned(f"{spec.label} at step {pruned:,} of {self.tuning.total_timesteps:,} "
+                         "(its end)")
         done.write_text(json.dumps({"command": spec.command, **scored}) + "\n")
         return scored
 
@@ -160,9 +166,11 @@ class Runner:
         until it exits, stopping it when the pruner says so. Returns its exit code, and the step at
         which it was pruned (None if it was not)."""
         with open(spec.workdir / "run.log", "a") as log:
-            log.write(f"# command: {shlex.join(argv)}\n# started: {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+            log.write(f"# command: {shlex.join(argv)}\n"
+                      f"# started: {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
             log.flush()
-            self.process = subprocess.Popen(argv, cwd=spec.workdir, stdout=log, stderr=subprocess.STDOUT,
+            self.process = subprocess.Popen(argv, cwd=spec.workdir, stdout=log,
+                                            stderr=subprocess.STDOUT,
                                             stdin=subprocess.DEVNULL, start_new_session=True,
                                             preexec_fn=die_with_the_worker, env=run_environment())
             if self.stop_signal is not None:  # asked to stop as the run started
@@ -179,29 +187,33 @@ class Runner:
             log.write(f"# exit code {code}\n")
         return code, pruned
 
-    def judge(self, trial, spec: RunSpec, code: int, pruned: int | None, checkpoint: Path | None) -> None:
-        """Raise what a run's ending means for its trial, if it did not finish: Pruned, WorkerStopped,
-        TakeoverFailed (its continued run's folder set aside) or Failed."""
+    def judge(self, trial, spec: RunSpec, code: int, pruned: int | None,
+              checkpoint: Path | None) -> None:
+        """Raise what a run's ending means for its trial, if it did not finish: Pruned,
+        WorkerStopped, TakeoverFailed (its continued run's folder set aside) or Failed."""
         if code == STOPPED and pruned is not None:
-            raise Pruned(f"{spec.label} at step {pruned - spec.position * self.tuning.total_timesteps:,} "
+            raise Pruned(f"{spec.label} at step "
+                         f"{pruned - spec.position * self.tuning.total_timesteps:,} "
                          f"of {self.tuning.total_timesteps:,}")
         if code == STOPPED and self.stop_signal is not None:
             raise WorkerStopped()
         if code != 0:
             reason = f"{spec.label}: {why_it_failed(code, spec.workdir / 'run.log')}"
             if checkpoint is not None and code != DIVERGED:
-                # Not the settings' fault (they ran until the checkpoint): what the lost run left is,
-                # an unreadable checkpoint say. Continuing it would fail again: the retry starts afresh.
+                # Not the settings' fault (they ran until the checkpoint): what the lost run left
+                # is, an unreadable checkpoint say. Continuing it would fail again: the retry
+                # starts afresh.
                 set_aside(trial, spec, checkpoint.parent,
-                          f"continuing it failed (exit {code}); the trial's retry starts the run afresh")
+                          f"continuing it failed (exit {code}); "
+                          "the trial's retry starts the run afresh")
                 raise TakeoverFailed(reason)
             raise Failed(reason)
 
     def report_progress(self, trial, spec: RunSpec, episodes: Episodes, reported: set[int],
                         finished: bool) -> bool:
-        """Report each new point of the run's grid to Optuna: at step k x budget / points, the normalized
-        mean return of the episodes that ended in the span before it (a span without one is left out).
-        Returns whether the pruner says to stop."""
+        """Report each new point of the run's grid to Optuna: at step k x budget / points, the
+        normalized mean return of the episodes that ended in the span before it (a span without one
+        is left out). Returns whether the pruner says to stop."""
         steps, values, logged = episodes.read()
         budget, points = self.tuning.total_timesteps, self.tuning.report_points
         span = budget / points
@@ -214,7 +226,8 @@ class Runner:
             if not ended.any():
                 continue
             reported.add(step)
-            trial.report(self.tuning.space.normalize(spec.env_id, float(values[ended].mean())), step)
+            trial.report(self.tuning.space.normalize(spec.env_id, float(values[ended].mean())),
+                         step)
             if trial.should_prune():
                 return True
         return False
@@ -249,7 +262,8 @@ def set_aside(trial, spec: RunSpec, folder: Path, why: str) -> None:
         target = target.with_name(f"{folder.name}.{count}")
     target.parent.mkdir(parents=True, exist_ok=True)
     folder.rename(target)
-    said = f"moved {folder.relative_to(spec.workdir)} aside to {target.relative_to(spec.workdir)}: {why}"
+    said = (f"moved {folder.relative_to(spec.workdir)} aside to "
+            f"{target.relative_to(spec.workdir)}: {why}")
     with open(spec.workdir / "run.log", "a") as log:
         log.write(f"# {said}\n")
     print(f"[trial {trial.number}] {spec.label}: {said}", flush=True)
@@ -261,7 +275,8 @@ def score_run(spec: RunSpec) -> dict:
     runs_dir = spec.workdir / "runs"
     found = report.find_run_dirs(runs_dir) if runs_dir.is_dir() else []
     if len(found) != 1:
-        raise Failed(f"{spec.label}: {len(found)} runs in {runs_dir}, not one: remove the stray ones")
+        raise Failed(f"{spec.label}: {len(found)} runs in {runs_dir}, not one: "
+                     "remove the stray ones")
     data = report.load_run(found[0], runs_dir)
     value, count, _ = data.final_return() if data is not None else (math.nan, 0, False)
     if count == 0:
@@ -272,9 +287,10 @@ def score_run(spec: RunSpec) -> dict:
 def why_it_failed(code: int, log_path: Path) -> str:
     """A failed run's reason: the script's own line (`<script>.py: diverged: ...` for exit 3,
     `<script>.py: error: ...` for 2), or the exit code or signal with the log's last line."""
-    lines = [line for line in log_path.read_text(errors="replace").splitlines() if not line.startswith("# ")]
-    said = next((line for line in reversed(lines) if ".py: diverged: " in line or ".py: error: " in line),
-                None)
+    lines = [line for line in log_path.read_text(errors="replace").splitlines()
+             if not line.startswith("# ")]
+    said = next((line for line in reversed(lines)
+                 if ".py: diverged: " in line or ".py: error: " in line), None)
     if code == DIVERGED:
         return said or "diverged (exit 3)"
     if code == WRONG_INPUT:

@@ -2,8 +2,8 @@
 the trials --enqueue asks for, and the script's own flags, read from its --help, that they must be.
 
 benchmark/tune.py is the command; this module is one of its parts (benchmark/tuner/: space, study,
-runner, worker, report). Wrong input is refused with benchmark/common.py's `fail`, which tune.py's main
-prints as its one line (exit 2).
+runner, worker, report). Wrong input is refused with benchmark/common.py's `fail`, which tune.py's
+main prints as its one line (exit 2).
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from pathlib import Path
 from benchmark.common import fail
 
 # What the tuner gives every run itself; the command and the space may not set them.
-RESERVED_FLAGS = {"env-id", "seed", "total-timesteps", "save-model", "save-minutes", "resume", "evaluate"}
+RESERVED_FLAGS = {"env-id", "seed", "total-timesteps", "save-model", "save-minutes", "resume",
+                  "evaluate"}
 
 
 @dataclass
@@ -29,10 +30,10 @@ class Param:
     name: str
     distribution: object       # an optuna distribution
     when: dict[str, list]      # sampled only when each named parameter has one of these values
-    flag: bool = True          # false: a switch of the space only (it decides a `when`), never passed on
+    flag: bool = True          # false: a switch of the space only (it decides a `when`), not passed
 
     def arguments(self, value) -> list[str]:
-        """The flag as the scripts read it: `--name value`, or `--name` / `--no-name` for a boolean."""
+        """The flag as the scripts read it: `--name value`; a boolean's `--name` / `--no-name`."""
         if not self.flag:
             return []
         if isinstance(value, bool):
@@ -85,7 +86,7 @@ def load_space(path: Path, env_ids: list[str]) -> Space:
     """Read and check a space file; anything wrong is one line and exit 2, before any trial runs.
 
         [params.learning-rate]        # a flag of the script, without its dashes
-        type = "float"                # float (low, high, log, step), int (the same), categorical (choices)
+        type = "float"                # float or int (low, high, log, step), categorical (choices)
         low = 1e-5
         high = 1e-2
         log = true
@@ -93,7 +94,8 @@ def load_space(path: Path, env_ids: list[str]) -> Space:
         type = "float"
         low = 0.005
         high = 0.05
-        when = { early-stop = true }  # sampled only when early-stop is true (a list: one of its values)
+        when = { early-stop = true }  # sampled only when early-stop is true (given a list:
+                                      # when early-stop is one of its values)
         [params.early-stop]           # must come before the parameters whose `when` names it
         type = "categorical"
         choices = [false, true]
@@ -105,7 +107,8 @@ def load_space(path: Path, env_ids: list[str]) -> Space:
     where = f"the space file {path}"
     unknown = set(data) - {"params", "bounds"}
     if unknown:
-        fail(f"{where}: unknown table(s) {', '.join(sorted(unknown))}: it holds [params.<flag>] and [bounds]")
+        fail(f"{where}: unknown table(s) {', '.join(sorted(unknown))}: "
+             "it holds [params.<flag>] and [bounds]")
     if not isinstance(data.get("params"), dict) or not data["params"]:
         fail(f"{where} has no [params.<flag>] table: give at least one flag to tune")
     params: list[Param] = []
@@ -120,7 +123,8 @@ def read_toml(path: Path) -> tuple[str, dict]:
         text = path.read_text()
         return text, tomllib.loads(text)
     except OSError as error:
-        fail(f"cannot read the space file {path} ({error.strerror}): give an existing TOML file to --space")
+        fail(f"cannot read the space file {path} ({error.strerror}): "
+             "give an existing TOML file to --space")
     except tomllib.TOMLDecodeError as error:
         fail(f"the space file {path} is not valid TOML ({error}): fix it")
 
@@ -151,7 +155,7 @@ def read_param(label: str, name: str, entry, earlier: list[Param]) -> Param:
 
 
 def read_distribution(kind: str, entry: dict):
-    """The optuna distribution of a parameter's table; a ValueError or TypeError says what is wrong."""
+    """A parameter table's optuna distribution; a ValueError or TypeError says what is wrong."""
     import optuna
 
     if kind == "categorical":
@@ -175,7 +179,7 @@ def read_distribution(kind: str, entry: dict):
 
 
 def read_when(label: str, when, earlier: list[Param]) -> dict[str, list]:
-    """A parameter's `when`: each named parameter a categorical above it, each value one of its choices."""
+    """A parameter's `when`: each name a categorical above it, each value one of its choices."""
     if not isinstance(when, dict):
         fail(f"{label}: when = {{ other-flag = value }} (or a list of values)")
     conditions = {}
@@ -197,14 +201,16 @@ def read_bounds(where: str, data: dict, env_ids: list[str]) -> dict[str, tuple[f
     """[bounds]: each env id's (low, high), one for every env id the study runs on."""
     bounds = {}
     for env_id, pair in (data.get("bounds") or {}).items():
-        if (not isinstance(pair, list) or len(pair) != 2 or not all(isinstance(v, (int, float)) for v in pair)
-                or not pair[0] < pair[1]):
-            fail(f"{where}: [bounds] \"{env_id}\" must be [low, high], two numbers with low below high")
+        if (not isinstance(pair, list) or len(pair) != 2
+                or not all(isinstance(v, (int, float)) for v in pair) or not pair[0] < pair[1]):
+            fail(f"{where}: [bounds] \"{env_id}\" must be [low, high], "
+                 "two numbers with low below high")
         bounds[env_id] = (float(pair[0]), float(pair[1]))
     missing = [env_id for env_id in env_ids if env_id not in bounds]
     if missing:
-        fail(f"{where} has no [bounds] for {', '.join(missing)}: add \"{missing[0]}\" = [low, high] (the "
-             "returns that normalize to 0 and 1, e.g. a random policy's and a good one's)")
+        fail(f"{where} has no [bounds] for {', '.join(missing)}: "
+             f"add \"{missing[0]}\" = [low, high] (the returns that normalize to 0 and 1, "
+             "e.g. a random policy's and a good one's)")
     return bounds
 
 
@@ -224,7 +230,8 @@ def in_space(distribution, value) -> bool:
     choices = getattr(distribution, "choices", None)
     if choices is not None:
         return value in choices
-    kinds = int if isinstance(distribution.low, int) else (int, float)  # an IntDistribution's bounds are ints
+    # an IntDistribution's bounds are ints
+    kinds = int if isinstance(distribution.low, int) else (int, float)
     return (isinstance(value, kinds) and not isinstance(value, bool)
             and distribution.low <= value <= distribution.high)
 
@@ -260,9 +267,9 @@ def enqueued_values(space: Space, flags: str) -> dict:
     return values
 
 
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # The script's own flags, read from its --help
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 # An option's line starts with its flags (`--env-id STR`, `--anneal-lr, --no-anneal-lr`,
 # `-e ENV, --env-id ENV`), then two spaces or more, then its help, which may end in `(default: X)`.
@@ -279,7 +286,8 @@ def script_options(command: list[str], resolved: list[str], script: str) -> dict
         result = subprocess.run([*resolved, "--help"], capture_output=True, text=True, timeout=300,
                                 stdin=subprocess.DEVNULL, env={**os.environ, "COLUMNS": "400"})
     except subprocess.TimeoutExpired:
-        fail(f"--command: {shown} did not answer in 300 s: the tuner reads {script}'s flags from it")
+        fail(f"--command: {shown} did not answer in 300 s: "
+             f"the tuner reads {script}'s flags from it")
     if result.returncode != 0:
         said = (result.stderr.strip() or result.stdout.strip() or "no output").splitlines()[-1]
         fail(f"--command: {shown} exited {result.returncode} ({said}): the tuner reads {script}'s "
@@ -299,14 +307,15 @@ def script_options(command: list[str], resolved: list[str], script: str) -> dict
     return options
 
 
-def check_flags(command: list[str], space: Space, space_path: Path, options: dict, script: str) -> None:
+def check_flags(command: list[str], space: Space, space_path: Path, options: dict,
+                script: str) -> None:
     """Refuse, before any trial, a flag that the script does not take: each run of every trial would
     stop on it (exit 2) and the study would end with nothing but failed trials. The flags are those
     of --command after the script (a launcher's own, torchrun's, come before it), each value a
     boolean parameter of the space can take (--flag, --no-flag), and the ones the tuner gives."""
     if not options:
-        fail(f"--command: {script}'s --help lists no --flags: the tuner checks the space's flags against "
-             "them, so it needs a script whose --help lists its options")
+        fail(f"--command: {script}'s --help lists no --flags: the tuner checks the space's flags "
+             "against them, so it needs a script whose --help lists its options")
     start = next((i + 1 for i, token in enumerate(command) if token.endswith(".py")), 1)
     fix = ": fix the name, or leave the flag out"
     needed = [(token[2:].split("=")[0], "--command: ", fix)
@@ -315,10 +324,11 @@ def check_flags(command: list[str], space: Space, space_path: Path, options: dic
         if param.flag:
             choices = getattr(param.distribution, "choices", None) or [None]
             needed += [(name, f"the space file {space_path}: ", fix)
-                       for name in dict.fromkeys(param.arguments(choice)[0][2:] if isinstance(choice, bool)
-                                                 else param.name for choice in choices)]
-    needed += [(name, "", ", and the tuner gives it to every run: tune a script that takes the flags of "
-                "ppo/'s scripts") for name in sorted(RESERVED_FLAGS - {"evaluate"})]
+                       for name in dict.fromkeys(param.arguments(choice)[0][2:]
+                                                 if isinstance(choice, bool) else param.name
+                                                 for choice in choices)]
+    needed += [(name, "", ", and the tuner gives it to every run: tune a script that takes the "
+                "flags of ppo/'s scripts") for name in sorted(RESERVED_FLAGS - {"evaluate"})]
     for name, where, hint in needed:
         if name not in options:
             fail(f"{where}--{name} is not a flag of {script} (its --help lists no --{name}){hint}")

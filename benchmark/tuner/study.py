@@ -1,10 +1,11 @@
 """The tuner's study: its definition and storage, the lock under which workers claim trials, the
 heartbeats that tell a lost worker's trial, and the retry that takes it over.
 
---trials N is a total for the study: workers claim trials under a lock in the study folder, so that
-together they make exactly N. A worker touches its trial's heartbeat file; one that stops (the worker
-lost) gets its trial failed by another after --grace-seconds, and a retry queued with the same values
-(the system attributes of Optuna's RetryHeartbeatStaleTrialCallback). Part of benchmark/tune.py.
+--trials N is a total for the study: workers claim trials under a lock in the study folder, so
+that together they make exactly N. A worker touches its trial's heartbeat file; one that stops
+(the worker lost) gets its trial failed by another after --grace-seconds, and a retry queued
+with the same values (the system attributes of Optuna's RetryHeartbeatStaleTrialCallback). Part
+of benchmark/tune.py.
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ class Tuning:
     grace_seconds: float = 60.0
     max_retries: int = 3
     resolved: list[str] = field(default_factory=list)  # the command as executed (run_plan.resolve)
-    script_defaults: dict = field(default_factory=dict)  # the space's flags' defaults, as --help shows them
+    # the space's flags' defaults, as --help shows them
+    script_defaults: dict = field(default_factory=dict)
 
     def definition(self) -> dict:
         """What makes a study this study: a later command that differs in it is refused."""
@@ -58,7 +60,8 @@ class Tuning:
 
 
 def make_storage(storage: str | None, study_dir: Path):
-    """A JournalStorage file in the study folder (default, or a path), or a database URL (sqlite:///x.db)."""
+    """A JournalStorage file in the study folder (default, or a path), or a database URL
+    (sqlite:///x.db)."""
     import optuna
 
     if storage is None or "://" not in storage:
@@ -87,8 +90,8 @@ def make_pruner(kind: str, startup_trials: int, warmup: float, total_timesteps: 
 
 def open_study(args: argparse.Namespace, tuning: Tuning | None, worker_index: int = 0):
     """Create the study, or load it to continue: one whose definition differs from `tuning`'s is
-    refused, as continuing it would mix trials of two questions. Without `tuning` (--report), it must
-    exist."""
+    refused, as continuing it would mix trials of two questions. Without `tuning` (--report), it
+    must exist."""
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -103,15 +106,16 @@ def open_study(args: argparse.Namespace, tuning: Tuning | None, worker_index: in
         names = optuna.get_all_study_names(storage)
         if args.study_name is None:  # the study in the folder, whatever its name (the one there)
             if len(names) != 1:
-                fail(f"{where} holds {len(names)} studies ({', '.join(map(repr, names)) or 'none'}): "
-                     "give the --study-name of one")
+                fail(f"{where} holds {len(names)} studies "
+                     f"({', '.join(map(repr, names)) or 'none'}): give the --study-name of one")
             args.study_name = names[0]
         if args.study_name not in names:
-            fail(f"no study {args.study_name!r} in {where} (it holds {', '.join(map(repr, names))}): "
+            fail(f"no study {args.study_name!r} in {where} "
+                 f"(it holds {', '.join(map(repr, names))}): "
                  "give its --study-name and --study-dir (or --storage)")
         return optuna.load_study(study_name=args.study_name, storage=storage)
-    study = optuna.create_study(study_name=args.study_name, storage=storage, sampler=sampler, pruner=pruner,
-                                direction="maximize", load_if_exists=True)
+    study = optuna.create_study(study_name=args.study_name, storage=storage, sampler=sampler,
+                                pruner=pruner, direction="maximize", load_if_exists=True)
     stored = study.user_attrs.get("definition")
     if stored is None:
         study.set_user_attr("definition", tuning.definition())
@@ -125,8 +129,9 @@ def open_study(args: argparse.Namespace, tuning: Tuning | None, worker_index: in
 
 
 class Lock:
-    """Optuna's own lock file (an exclusive create, which works on NFS too): workers claim trials one at
-    a time. A worker killed while it holds it (a few milliseconds) delays the others by 30 s at most."""
+    """Optuna's own lock file (an exclusive create, which works on NFS too): workers claim trials
+    one at a time. A worker killed while it holds it (a few milliseconds) delays the others by 30 s
+    at most."""
 
     def __init__(self, study_dir: Path):
         from optuna.storages.journal import JournalFileOpenLock
@@ -141,7 +146,7 @@ class Lock:
 
 
 def filesystem_now(tuning: Tuning) -> float:
-    """The shared filesystem's clock: the heartbeats' times are its, whatever this node's clock says."""
+    """The shared filesystem's clock: heartbeats' times are its, whatever this node's clock says."""
     clock = tuning.study_dir / "heartbeats" / ".clock"
     clock.parent.mkdir(parents=True, exist_ok=True)
     clock.touch()
@@ -166,18 +171,19 @@ class Heartbeat(threading.Thread):
 
 
 def retry(study, trial, max_retries: int) -> int | None:
-    """Queue a copy of a lost or stopped trial with the same values, to be claimed as a new trial. Its
-    system attributes are those Optuna's RetryHeartbeatStaleTrialCallback writes (`failed_trial`: the
-    first trial of the series, `retry_history`), so that Optuna's tools read it; the copy works in the
-    first trial's folder and takes over its runs. Returns the first trial's number, or None past
-    `max_retries`."""
+    """Queue a copy of a lost or stopped trial with the same values, to be claimed as a new trial.
+    Its system attributes are those Optuna's RetryHeartbeatStaleTrialCallback writes
+    (`failed_trial`: the first trial of the series, `retry_history`), so that Optuna's tools read
+    it; the copy works in the first trial's folder and takes over its runs. Returns the first
+    trial's number, or None past `max_retries`."""
     import optuna
 
     history = [*trial.system_attrs.get("retry_history", []), trial.number]
     if len(history) > max_retries:
         return None
     study.add_trial(optuna.trial.create_trial(
-        state=optuna.trial.TrialState.WAITING, params=trial.params, distributions=trial.distributions,
+        state=optuna.trial.TrialState.WAITING, params=trial.params,
+        distributions=trial.distributions,
         system_attrs={"failed_trial": history[0], "retry_history": history}))
     return history[0]
 
@@ -221,7 +227,8 @@ def fail_stale_trials(study, tuning: Tuning) -> None:
 def counted_trials(study) -> list:
     """The trials that count towards --trials: all but those replaced by a retry."""
     trials = study.get_trials(deepcopy=False)
-    replaced = {number for trial in trials for number in trial.system_attrs.get("retry_history", [])}
+    replaced = {number for trial in trials
+                for number in trial.system_attrs.get("retry_history", [])}
     return [trial for trial in trials if trial.number not in replaced]
 
 
@@ -239,9 +246,9 @@ def claim(study, n_trials: int):
 
 
 def fail_if_every_trial_failed(study) -> None:
-    """A study that has its trials, each of them failed (a fixed flag of --command every run refuses,
-    say), found nothing: it ends with one line naming the first failure, and exit code 2, as wrong
-    input, not 0."""
+    """A study that has its trials, each of them failed (a fixed flag of --command every run
+    refuses, say), found nothing: it ends with one line naming the first failure, and exit code 2,
+    as wrong input, not 0."""
     import optuna
 
     states = optuna.trial.TrialState

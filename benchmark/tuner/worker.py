@@ -16,10 +16,10 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmark import slurm
+from benchmark.runner import slurm
 from benchmark.common import make_directory
-from benchmark.tuner.runner import (Failed, Pruned, Runner, TakeoverFailed, WorkerStopped, die_with_the_worker,
-                                     plan_run)
+from benchmark.tuner.runner import (Failed, Pruned, Runner, TakeoverFailed, WorkerStopped,
+                                     die_with_the_worker, plan_run)
 from benchmark.tuner.study import Heartbeat, Lock, Tuning, claim, fail_stale_trials, retry
 from ppo_utils.exits import STOPPED
 
@@ -36,11 +36,13 @@ class Worker:
             signal.signal(signum, self.on_signal)
 
     def on_signal(self, signum, frame) -> None:
-        """Ctrl-C, `kill`, Slurm's warning: the run saves and stops (SIGTERM, its own stop signal; another
-        signal here sends another, which stops it at once), the trial is queued again, the worker ends."""
+        """Ctrl-C, `kill`, Slurm's warning: the run saves and stops (SIGTERM, its own stop signal;
+        another signal here sends another, which stops it at once), the trial is queued again, the
+        worker ends."""
         if self.runner.stop_signal is None:
-            print(f"{signal.Signals(signum).name if signum != signal.SIGINT else 'Ctrl-C'}: stopping the "
-                  "running trial's run (it saves); the same command continues it", flush=True)
+            print(f"{signal.Signals(signum).name if signum != signal.SIGINT else 'Ctrl-C'}: "
+                  "stopping the running trial's run (it saves); the same command continues it",
+                  flush=True)
         self.runner.stop(signum)
 
     def loop(self) -> int:
@@ -67,7 +69,8 @@ class Worker:
     def run_trial(self, trial) -> None:
         """The trial's runs, one after the other, in the folder of the first trial of its series (a
         retry takes over what the lost try left); then its score, or why it ended early."""
-        stored = self.study.get_trials(deepcopy=False)[trial.number]  # a Trial shows no system attributes
+        # the stored trial: a Trial shows no system attributes
+        stored = self.study.get_trials(deepcopy=False)[trial.number]
         first = stored.system_attrs.get("failed_trial", trial.number)
         home = self.tuning.trial_dir(first)
         values = self.tuning.space.sample(trial)
@@ -75,8 +78,8 @@ class Worker:
         trial.set_user_attr("worker", self.name)
         trial.set_user_attr("directory", str(home))
         continues = f"continues trial {first}: " if first != trial.number else ""
-        print(f"[trial {trial.number}] {continues}{shlex.join(flags) or '(the defaults)'}  ({self.name})",
-              flush=True)
+        print(f"[trial {trial.number}] {continues}{shlex.join(flags) or '(the defaults)'}  "
+              f"({self.name})", flush=True)
         returns, scores, runs = {}, [], []
         try:
             for position, (env_id, seed) in enumerate(self.tuning.pairs()):
@@ -93,8 +96,8 @@ class Worker:
         self.complete(trial, returns, scores, runs)
 
     def end_early(self, trial, ending: Exception, returns: dict) -> None:
-        """A trial that ended before its runs did: pruned, failed (a takeover that failed, and a trial
-        whose worker was asked to stop, queued again), with the reason kept."""
+        """A trial that ended before its runs did: pruned, failed (a takeover that failed, and a
+        trial whose worker was asked to stop, queued again), with the reason kept."""
         import optuna
 
         states = optuna.trial.TrialState
@@ -107,9 +110,10 @@ class Worker:
             trial.set_user_attr("returns", returns)
             trial.set_user_attr("failure", f"{ending} (continuing the run left by an earlier try)")
             queued = self.fail_and_retry(trial)
-            print(f"[trial {trial.number}] FAILED: {ending}, continuing the run left by an earlier try: "
-                  + ("retried, to start that run afresh" if queued is not None else
-                     f"retried {self.tuning.max_retries} times already: not again"), flush=True)
+            print(f"[trial {trial.number}] FAILED: {ending}, continuing the run left by an earlier "
+                  "try: " + ("retried, to start that run afresh" if queued is not None else
+                             f"retried {self.tuning.max_retries} times already: not again"),
+                  flush=True)
         elif isinstance(ending, Failed):
             trial.set_user_attr("returns", returns)
             trial.set_user_attr("failure", str(ending))
@@ -120,22 +124,23 @@ class Worker:
             trial.set_user_attr("failure", f"stopped by {name} to its worker")
             queued = self.fail_and_retry(trial)
             print(f"[trial {trial.number}] stopped ({name}): "
-                  + ("queued again, to continue from its runs' checkpoints" if queued is not None else
-                     "retried too often already: not queued again"), flush=True)
+                  + ("queued again, to continue from its runs' checkpoints" if queued is not None
+                     else "retried too often already: not queued again"), flush=True)
 
     def complete(self, trial, returns: dict, scores: list[float], runs: list[dict]) -> None:
-        """A trial whose runs all finished: its score, the mean of their normalized final returns."""
+        """A trial whose runs all finished: its score, their normalized final returns averaged."""
         trial.set_user_attr("returns", returns)
-        # What the settings cost: the runs go one after the other, so the trial's wall time is theirs
-        # added up (None where a run's is unknown: one read back from an older tuner's done.json).
+        # What the settings cost: the runs go one after the other, so the trial's wall time is
+        # theirs added up (None where a run's is unknown: one read back from an older tuner's
+        # done.json).
         seconds = [scored.get("wall_seconds") for scored in runs]
         sps = [scored.get("sps") for scored in runs]
         trial.set_user_attr("wall_seconds", None if None in seconds else float(sum(seconds)))
         trial.set_user_attr("sps", None if None in sps else float(np.mean(sps)))
         score = float(np.mean(scores))
         self.study.tell(trial, score)
-        print(f"[trial {trial.number}] score {score:.4f} (mean of {len(scores)} normalized final returns)",
-              flush=True)
+        print(f"[trial {trial.number}] score {score:.4f} "
+              f"(mean of {len(scores)} normalized final returns)", flush=True)
 
     def fail_and_retry(self, trial):
         """Mark `trial` failed and queue it again (retry), under the study's lock; returns what
@@ -149,15 +154,17 @@ class Worker:
 
 
 def worker_args(args: argparse.Namespace) -> list[str]:
-    """The options that make a worker of this study (what each local worker and Slurm task is given)."""
-    options = ["--command", args.command, "--env-ids", *args.env_ids, "--space", str(args.space.resolve()),
+    """The options that make a worker of this study (each local worker and Slurm task gets them)."""
+    options = ["--command", args.command, "--env-ids", *args.env_ids,
+               "--space", str(args.space.resolve()),
                "--total-timesteps", str(args.total_timesteps), "--seeds", str(args.seeds),
                "--trials", str(args.trials), "--study-name", args.study_name,
                "--study-dir", str(args.study_dir.resolve()), "--pruner", args.pruner,
                "--prune-startup-trials", str(args.prune_startup_trials),
                "--prune-warmup", f"{args.prune_warmup:g}",
                "--sampler-startup-trials", str(args.sampler_startup_trials),
-               "--report-points", str(args.report_points), "--poll-seconds", f"{args.poll_seconds:g}",
+               "--report-points", str(args.report_points),
+               "--poll-seconds", f"{args.poll_seconds:g}",
                "--save-minutes", f"{args.save_minutes:g}",
                "--heartbeat-seconds", f"{args.heartbeat_seconds:g}",
                "--grace-seconds", f"{args.grace_seconds:g}", "--max-retries", str(args.max_retries)]
@@ -171,10 +178,11 @@ def worker_args(args: argparse.Namespace) -> list[str]:
 
 
 def run_local_workers(args: argparse.Namespace) -> int:
-    """--workers N > 1: N worker processes on this machine, each the loop of a Slurm task; they end with
-    this process (SIGTERM), and a `kill` of it asks them to stop."""
+    """--workers N > 1: N worker processes on this machine, each the loop of a Slurm task; they end
+    with this process (SIGTERM), and a `kill` of it asks them to stop."""
     command = [sys.executable, str(TUNER), *worker_args(args), "--worker"]
-    workers = [subprocess.Popen([*command, "--worker-index", str(index)], preexec_fn=die_with_the_worker)
+    workers = [subprocess.Popen([*command, "--worker-index", str(index)],
+                                preexec_fn=die_with_the_worker)
                for index in range(args.workers)]
 
     def pass_on(signum, frame):  # Ctrl-C reaches the workers from the terminal itself
@@ -190,8 +198,9 @@ def run_local_workers(args: argparse.Namespace) -> int:
 
 
 def submit_to_slurm(args: argparse.Namespace) -> int:
-    """--slurm: a job array of --workers tasks, each a worker of the study, and a report job after it,
-    written from benchmark/slurm_template.sh and submitted with sbatch (benchmark/slurm.py's helpers)."""
+    """--slurm: a job array of --workers tasks, each a worker of the study, and a report job after
+    it, written from benchmark/slurm_template.sh and submitted with sbatch
+    (benchmark/runner/slurm.py's helpers)."""
     template = slurm.read_template(args.slurm_template or slurm.SLURM_TEMPLATE)
     program = None if args.dry_run else slurm.find_sbatch()
     slurm_dir = args.study_dir / "slurm"
@@ -204,7 +213,8 @@ def submit_to_slurm(args: argparse.Namespace) -> int:
         "output": slurm.output_pattern(slurm_dir, "worker_%A_%a.out"),
         "array_line": f"#SBATCH --array=0-{args.workers - 1}",
         "resource_lines": slurm.resource_lines(args, report_job=False),
-        "command": here + f'exec {shlex.join([*tuner, "--worker"])} --worker-index "$SLURM_ARRAY_TASK_ID"'}))
+        "command": here + f"exec {shlex.join([*tuner, '--worker'])} "
+                          '--worker-index "$SLURM_ARRAY_TASK_ID"'}))
     report_script.write_text(slurm.fill(template, {
         "job_name": f"ppo-tune-report-{args.study_name}",
         "output": slurm.output_pattern(slurm_dir, "report_%j.out"), "array_line": "",

@@ -1,9 +1,9 @@
-"""The runs a report reads: each run directory's TensorBoard logs as a `RunData` (its variant, env id,
-seed and budget from the `hyperparameters` text, its episodes' returns with their steps and training
-time, its SPS, wall time and `versions`), whether it reached its budget and its final return, and the
-one complete run kept per (variant, env, seed). benchmark/report.py is the command; the tuner reads
-its objective through `load_run` and `RunData.final_return`, benchmark/speed.py a run's times through
-`logged_times`."""
+"""The runs a report reads: each run directory's TensorBoard logs as a `RunData` (its variant, env
+id, seed and budget from the `hyperparameters` text, its episodes' returns with their steps and
+training time, its SPS, wall time and `versions`), whether it reached its budget and its final
+return, and the one complete run kept per (variant, env, seed). benchmark/report.py is the command;
+the tuner reads its objective through `load_run` and `RunData.final_return`, benchmark/speed.py a
+run's times through `logged_times`."""
 
 from __future__ import annotations
 
@@ -30,13 +30,13 @@ class RunData:
     total_timesteps: int | None
     batch_size: int | None
     last_step: int                    # largest global step of any scalar
-    return_steps: np.ndarray          # charts/episodic_return: global step of each finished episode,
+    return_steps: np.ndarray          # charts/episodic_return: each finished episode's global step,
     return_values: np.ndarray         # ... its return,
-    return_seconds: np.ndarray        # ... and the run's wall time when it ended (see training_seconds)
+    return_seconds: np.ndarray        # ... and the run's wall time when it ended (training_seconds)
     sps: float | None                 # last charts/SPS point
     wall_seconds: float               # the run's wall time: its sittings' spans, added up
-    versions: list[dict[str, str]] = field(default_factory=list)  # each different `versions` table it
-    #                                   logged: two for a run resumed on other releases
+    # each different `versions` table it logged: two for a run resumed on other releases
+    versions: list[dict[str, str]] = field(default_factory=list)
 
     @property
     def complete(self) -> bool:
@@ -50,7 +50,8 @@ class RunData:
     def steps_run(self) -> int:
         """The steps this run covers: its budget when it reached it, else the last step it logged
         (a run used with --include-incomplete)."""
-        return self.total_timesteps if self.complete and self.total_timesteps is not None else self.last_step
+        return (self.total_timesteps if self.complete and self.total_timesteps is not None
+                else self.last_step)
 
     def steps_label(self) -> str:
         """Its steps for a table: the budget, or `<reached> of <budget>` for an incomplete run."""
@@ -59,7 +60,7 @@ class RunData:
         return f"{self.last_step:,} of {self.total_timesteps:,}"
 
     def final_return(self) -> tuple[float, int, bool]:
-        """(final return, number of episodes it averages, whether it fell back to the last episode)."""
+        """(final return, episodes it averages, whether it fell back to the last episode)."""
         if len(self.return_values) == 0:
             return math.nan, 0, False
         in_window = self.return_steps > (1.0 - FINAL_FRACTION) * self.last_step
@@ -71,9 +72,10 @@ class RunData:
 def parse_text_table(markdown: str) -> dict[str, str]:
     """The rows of a two-column table that the scripts log as text (`|param|value|` under
     `hyperparameters`, `|package|version|` under `versions`), below its header, as strings."""
-    rows = [[cell.strip() for cell in line.strip().strip("|").split("|")] for line in markdown.splitlines()
-            if line.strip()]
-    rules = {index for index, cells in enumerate(rows) if all(set(cell) <= set("-:") for cell in cells)}
+    rows = [[cell.strip() for cell in line.strip().strip("|").split("|")]
+            for line in markdown.splitlines() if line.strip()]
+    rules = {index for index, cells in enumerate(rows)
+             if all(set(cell) <= set("-:") for cell in cells)}
     headers = {index - 1 for index in rules}  # a header is the row above the |-|-| rule
     return {cells[0]: cells[1] for index, cells in enumerate(rows)
             if len(cells) == 2 and cells[0] and index not in rules | headers}
@@ -84,7 +86,8 @@ def parse_run_name(name: str) -> dict[str, str]:
     parts = name.split("__")
     if len(parts) < 4 or not parts[-1].isdigit() or not parts[-2].lstrip("-").isdigit():
         return {}
-    return {"env_id": "__".join(parts[:-3]), "exp_name": parts[-3], "seed": parts[-2], "time": parts[-1]}
+    return {"env_id": "__".join(parts[:-3]), "exp_name": parts[-3], "seed": parts[-2],
+            "time": parts[-1]}
 
 
 def as_int(value: str | None) -> int | None:
@@ -108,9 +111,9 @@ def sittings(run_dir: Path) -> np.ndarray:
 
 
 def logged_times(run_dir: Path, tag: str) -> tuple[float, list[tuple[int, float]]]:
-    """When a run's TensorBoard log opened (its first event, which the writer writes as it opens) and
-    the (step, wall time) of each point of the scalar `tag`, in the order logged (benchmark/speed.py
-    times a run by them)."""
+    """When a run's TensorBoard log opened (its first event, which the writer writes as it opens)
+    and the (step, wall time) of each point of the scalar `tag`, in the order logged
+    (benchmark/speed.py times a run by them)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     accumulator = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
@@ -120,10 +123,11 @@ def logged_times(run_dir: Path, tag: str) -> tuple[float, list[tuple[int, float]
 
 
 def training_seconds(times: np.ndarray, spans: np.ndarray) -> np.ndarray:
-    """The wall time a run had spent by each of `times`: the part of each sitting before it, added up,
-    so that the hours a preempted run waited before it was resumed do not count."""
+    """The wall time a run had spent by each of `times`: the part of each sitting before it, added
+    up, so that the hours a preempted run waited before it was resumed do not count."""
     starts, ends = spans[:, 0], spans[:, 1]
-    return (np.clip(np.asarray(times, dtype=np.float64)[:, None], starts, ends) - starts).sum(axis=1)
+    return (np.clip(np.asarray(times, dtype=np.float64)[:, None], starts, ends)
+            - starts).sum(axis=1)
 
 
 def load_run(run_dir: Path, runs_dir: Path) -> RunData | None:
@@ -132,18 +136,19 @@ def load_run(run_dir: Path, runs_dir: Path) -> RunData | None:
     from tensorboard.util import tensor_util
 
     accumulator = EventAccumulator(str(run_dir), size_guidance={"scalars": 0, "tensors": 0})
-    # A resumed run drops what its last sitting logged past the checkpoint (the scripts' purge_step);
-    # TensorBoard does so as it reads, and would warn of each as of a crash.
+    # A resumed run drops what its last sitting logged past the checkpoint (the scripts'
+    # purge_step); TensorBoard does so as it reads, and would warn of each as of a crash.
     logging.getLogger("tensorboard").setLevel(logging.ERROR)
     accumulator.Reload()
     tags = accumulator.Tags()
 
-    def texts(tag: str) -> list[dict[str, str]]:  # every sitting's table of a text summary, in order
+    def texts(tag: str) -> list[dict[str, str]]:  # each sitting's table of a text summary, in order
         if f"{tag}/text_summary" not in tags["tensors"]:
             return []
         cells = [tensor_util.make_ndarray(event.tensor_proto).flatten()[0]
                  for event in accumulator.Tensors(f"{tag}/text_summary")]
-        return [parse_text_table(text.decode() if isinstance(text, bytes) else str(text)) for text in cells]
+        return [parse_text_table(text.decode() if isinstance(text, bytes) else str(text))
+                for text in cells]
 
     params = (texts("hyperparameters") or [{}])[-1]
     versions = list({tuple(table.items()): table for table in texts("versions")}.values())
@@ -168,12 +173,14 @@ def load_run(run_dir: Path, runs_dir: Path) -> RunData | None:
     return RunData(
         path=run_dir, variant=variant, env_id=env_id, seed=seed,
         started=float(named["time"]) if "time" in named else first_time,
-        total_timesteps=as_int(params.get("total_timesteps")), batch_size=as_int(params.get("batch_size")),
+        total_timesteps=as_int(params.get("total_timesteps")),
+        batch_size=as_int(params.get("batch_size")),
         last_step=last_step,
         return_steps=np.array([event.step for event in returns], dtype=np.int64),
         return_values=np.array([event.value for event in returns], dtype=np.float64),
         return_seconds=training_seconds([event.wall_time for event in returns], spans),
-        sps=float(sps[-1].value) if sps else None, wall_seconds=float(training_seconds([np.inf], spans)[0]),
+        sps=float(sps[-1].value) if sps else None,
+        wall_seconds=float(training_seconds([np.inf], spans)[0]),
         versions=versions)
 
 
@@ -186,7 +193,8 @@ def select_runs(runs: list[RunData], include_incomplete: bool = False
                 ) -> tuple[dict[str, dict[str, list[RunData]]], list[tuple[RunData, str]]]:
     """Keep one complete run per (variant, env, seed): the largest budget, then the newest.
 
-    Returns {variant: {env_id: [runs sorted by seed]}} and the runs left out, each with the reason."""
+    Returns {variant: {env_id: [runs sorted by seed]}} and the runs left out, each with
+    the reason."""
     groups: dict[tuple[str, str, int], list[RunData]] = {}
     for run in runs:
         groups.setdefault((run.variant, run.env_id, run.seed), []).append(run)

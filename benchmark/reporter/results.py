@@ -1,7 +1,7 @@
-"""What a report states of each environment: the published numbers (benchmark/baselines.toml, read and
-checked), and a variant's row on an environment against them (`EnvSummary`: the final returns over
-seeds, where their mean falls against the published band, the mean return per span of the steps).
-Also the report's wrong input (`fail`: one line, exit 2)."""
+"""What a report states of each environment: the published numbers (benchmark/baselines.toml, read
+and checked), and a variant's row on an environment against them (`EnvSummary`: the final returns
+over seeds, where their mean falls against the published band, the mean return per span of the
+steps). Also the report's wrong input (`fail`: one line, exit 2)."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ from typing import NoReturn
 
 import numpy as np
 
-from benchmark.run_data import RunData
+from benchmark.reporter.run_data import RunData
 
-DEFAULT_BASELINES = Path(__file__).resolve().parent / "baselines.toml"
+DEFAULT_BASELINES = Path(__file__).resolve().parents[1] / "baselines.toml"
 PROGRESS_SPANS = 10         # the progress table: the mean return in each tenth of the runs' steps
 
 
@@ -27,16 +27,19 @@ def fail(message: str) -> NoReturn:
 
 
 def load_baselines(path: Path = DEFAULT_BASELINES) -> dict:
-    """benchmark/baselines.toml as a dict: {"source": ..., "variants": {variant: {..., "envs": [...]}}}.
-    A file that cannot be read, is not TOML or lacks a number the report uses is refused here, before
-    anything is written. An empty file (`--baselines /dev/null`) means no published numbers."""
+    """benchmark/baselines.toml as a dict:
+    {"source": ..., "variants": {variant: {..., "envs": [...]}}}. A file that cannot be read, is
+    not TOML or lacks a number the report uses is refused here, before anything is written. An empty
+    file (`--baselines /dev/null`) means no published numbers."""
     try:
         with open(path, "rb") as file:
             baselines = tomllib.load(file)
     except OSError as error:
-        fail(f"cannot read the baselines file {path} ({error.strerror}): give an existing TOML file to --baselines")
+        fail(f"cannot read the baselines file {path} ({error.strerror}): "
+             "give an existing TOML file to --baselines")
     except tomllib.TOMLDecodeError as error:
-        fail(f"the baselines file {path} is not valid TOML ({error}): fix it, or give another to --baselines")
+        fail(f"the baselines file {path} is not valid TOML ({error}): "
+             "fix it, or give another to --baselines")
     for variant, entry in baselines.get("variants", {}).items():
         for number, env in enumerate(entry.get("envs", []), start=1):
             missing = [] if isinstance(env.get("env_id"), str) else ["env_id"]
@@ -46,12 +49,14 @@ def load_baselines(path: Path = DEFAULT_BASELINES) -> dict:
                             if not isinstance(numbers.get(statistic), (int, float))]
             if missing:
                 fail(f"the baselines file {path}: env {number} of variant {variant!r} "
-                     f"({env.get('env_id', 'no env_id')}) lacks {', '.join(missing)}: give each env an env_id "
-                     "and the mean and std of its ours and reference columns")
+                     f"({env.get('env_id', 'no env_id')}) lacks {', '.join(missing)}: "
+                     "give each env an env_id and the mean and std of its ours and reference "
+                     "columns")
     return baselines
 
 
-def find_baseline(baselines: dict, variant: str, env_id: str) -> tuple[dict, dict] | tuple[None, None]:
+def find_baseline(baselines: dict, variant: str,
+                  env_id: str) -> tuple[dict, dict] | tuple[None, None]:
     """(variant entry, env entry) of the published numbers for this variant and env, if any.
     A run matches a row by our env id or by the name printed in the source table."""
     entry = baselines.get("variants", {}).get(variant)
@@ -121,11 +126,12 @@ def progress(row: EnvSummary, spans: int = PROGRESS_SPANS) -> list[tuple[float, 
     episodes = [0] * spans
     for run in row.runs:
         # An episode that ended at step s belongs to the span (edges[i], edges[i + 1]] holding s.
-        span_of_episode = np.clip(np.searchsorted(edges, run.return_steps, side="left") - 1, 0, spans - 1)
+        span_of_episode = np.clip(np.searchsorted(edges, run.return_steps, side="left") - 1,
+                                  0, spans - 1)
         for span in range(spans):
             returns = run.return_values[span_of_episode == span]
             if len(returns):
                 per_seed_means[span].append(float(returns.mean()))
                 episodes[span] += len(returns)
-    return [(edges[span], edges[span + 1], float(np.mean(means)) if means else math.nan, episodes[span])
-            for span, means in enumerate(per_seed_means)]
+    return [(edges[span], edges[span + 1], float(np.mean(means)) if means else math.nan,
+             episodes[span]) for span, means in enumerate(per_seed_means)]

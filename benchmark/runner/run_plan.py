@@ -1,5 +1,5 @@
-"""The runs a benchmark plans: each (environment, seed) of a command as a `Run` (its command, what is
-executed, its log and .done marker, the checkpoint an earlier attempt left), the command's words
+"""The runs a benchmark plans: each (environment, seed) of a command as a `Run` (its command, what
+is executed, its log and .done marker, the checkpoint an earlier attempt left), the command's words
 resolved and checked, and a `Benchmark`, one invocation's plan (the quick one's too). Standard
 library only; run.py, local.py and slurm.py read it."""
 
@@ -37,7 +37,7 @@ class Run:
     env_id: str
     seed: int
     command: list[str]  # as given, with --env-id and --seed appended: what identifies the run
-    argv: list[str]     # what is executed: `python` and script paths resolved, the checkpoint flags added
+    argv: list[str]     # what is executed: `python` and script paths resolved, with checkpointing
     log_path: Path
 
     @property
@@ -66,10 +66,11 @@ class Run:
         return record if isinstance(record, dict) else {}
 
     def checkpoint(self, workdir: Path) -> Path | None:
-        """The checkpoint an unfinished earlier attempt of exactly this run left, to continue it from;
-        None if there is none. Found through the run's log, which keeps every attempt: its first line
-        names the run (`# run: <command>`), and each attempt's start line names its checkpoint
-        (`  logs in runs/<name>/ (...), checkpoint: runs/<name>/checkpoint.pt`, a path from `workdir`)."""
+        """The checkpoint an unfinished earlier attempt of exactly this run left, to continue it
+        from; None if there is none. Found through the run's log, which keeps every attempt: its
+        first line names the run (`# run: <command>`), and each attempt's start line names its
+        checkpoint (`  logs in runs/<name>/ (...), checkpoint: runs/<name>/checkpoint.pt`, a
+        path from `workdir`)."""
         try:
             lines = self.log_path.read_text(errors="replace").splitlines()
         except OSError:
@@ -102,9 +103,9 @@ def safe_name(env_id: str) -> str:
 
 def resolve(tokens: list[str]) -> list[str]:
     """The command as it is executed: a leading `python` means this interpreter and a leading
-    `torchrun` this interpreter's torch.distributed.run (so runs use the runner's environment, whether
-    or not it is activated), and a relative path to an existing `.py` file or to the program is made
-    absolute, so the command means the same whatever --workdir the runs start in."""
+    `torchrun` this interpreter's torch.distributed.run (so runs use the runner's environment,
+    whether or not it is activated), and a relative path to an existing `.py` file or to the program
+    is made absolute, so the command means the same whatever --workdir the runs start in."""
     resolved = list(tokens)
     if resolved[0] in ("python", "python3"):
         resolved[0] = sys.executable
@@ -124,9 +125,11 @@ def check_program(given: str, executed: str) -> None:
     without a slash is looked up on PATH; a path is read from where run.py runs."""
     if "/" not in executed:
         if shutil.which(executed) is None:
-            fail(f"--command: the program {given!r} is not found on PATH: check its name, or give its path")
+            fail(f"--command: the program {given!r} is not found on PATH: check its name, "
+                 "or give its path")
     elif not os.path.isfile(executed):
-        fail(f"--command: {given} does not exist (paths are read from {os.getcwd()}): give the right path")
+        fail(f"--command: {given} does not exist (paths are read from {os.getcwd()}): "
+             "give the right path")
     elif not os.access(executed, os.X_OK):
         fail(f"--command: {given} is not executable: chmod +x it, or start it with its interpreter")
 
@@ -144,8 +147,9 @@ def plan_runs(command: str, env_ids: list[str], seeds: list[int], log_dir: Path,
         fail("--command is empty: give the command to run, e.g. \"python ppo/ppo.py\"")
     check_program(base[0], resolve(base)[0])
     script = next((token for token in base[1:] if token.endswith(".py")), None)
-    if script is not None and not os.path.isfile(script):  # every run would stop at "can't open file"
-        fail(f"--command: the script {script} does not exist (paths are read from {os.getcwd()}): give the right path")
+    if script is not None and not os.path.isfile(script):  # each run would stop: "can't open file"
+        fail(f"--command: the script {script} does not exist "
+             f"(paths are read from {os.getcwd()}): give the right path")
     variant = variant_name(base)
     saving = ["--save-model", "--save-minutes", f"{save_minutes:g}"] if save_minutes > 0 else []
     runs = []
@@ -159,33 +163,36 @@ def plan_runs(command: str, env_ids: list[str], seeds: list[int], log_dir: Path,
 
 @dataclass
 class Benchmark:
-    """What one invocation of the runner does: `command` on every env id and seed, each run started in
-    `workdir` and logged under `log_dir`."""
+    """What one invocation of the runner does: `command` on every env id and seed, each run started
+    in `workdir` and logged under `log_dir`."""
 
     command: str
     env_ids: list[str]
     seeds: list[int]  # consecutive, from the first
     workdir: Path
     log_dir: Path
-    save_minutes: float = 10  # each run keeps a checkpoint at most this old (0: none, runs start over)
+    save_minutes: float = 10  # each run keeps a checkpoint at most this old (0: none, runs restart)
 
     def runs(self) -> list[Run]:
         return plan_runs(self.command, self.env_ids, self.seeds, self.log_dir, self.save_minutes)
 
     def runner_args(self) -> list[str]:
-        """The arguments of this runner that plan exactly these runs (what a Slurm task is given)."""
-        return ["--env-ids", *self.env_ids, "--command", self.command, "--num-seeds", str(len(self.seeds)),
-                "--start-seed", str(self.seeds[0]), "--workdir", str(self.workdir), "--log-dir", str(self.log_dir),
+        """The runner's arguments that plan exactly these runs (a Slurm task is given them)."""
+        return ["--env-ids", *self.env_ids, "--command", self.command,
+                "--num-seeds", str(len(self.seeds)), "--start-seed", str(self.seeds[0]),
+                "--workdir", str(self.workdir), "--log-dir", str(self.log_dir),
                 "--save-minutes", f"{self.save_minutes:g}"]
 
     def report_command(self, out_dir: Path) -> list[str]:
-        return [sys.executable, str(REPORT), "--runs-dir", str(self.workdir / "runs"), "--out-dir", str(out_dir)]
+        return [sys.executable, str(REPORT), "--runs-dir", str(self.workdir / "runs"),
+                "--out-dir", str(out_dir)]
 
 
 def quick_benchmark(quick_dir: Path | None, shared: bool, save_minutes: float = 10) -> Benchmark:
-    """ppo.py on two small environments, in quick_dir or a new temporary directory. `shared`: the runs
-    will be Slurm tasks, maybe on other machines, which do not see this one's /tmp; the directory is
-    then made under the repository's benchmark/logs/, which every node running its scripts sees."""
+    """ppo.py on two small environments, in quick_dir or a new temporary directory. `shared`: the
+    runs will be Slurm tasks, maybe on other machines, which do not see this one's /tmp; the
+    directory is then made under the repository's benchmark/logs/, which every node running its
+    scripts sees."""
     if quick_dir is None:
         parent = REPO / "benchmark" / "logs" if shared else None
         if parent is not None:
@@ -197,5 +204,5 @@ def quick_benchmark(quick_dir: Path | None, shared: bool, save_minutes: float = 
                  f"({error.strerror}): give one with --quick-dir")
     make_directory(quick_dir, "--quick-dir")
     command = shlex.join(["python", str(REPO / "ppo" / "ppo.py"), *QUICK_ARGS])
-    return Benchmark(command, QUICK_ENV_IDS, list(range(1, QUICK_SEEDS + 1)), quick_dir, quick_dir / "logs",
-                     save_minutes)
+    return Benchmark(command, QUICK_ENV_IDS, list(range(1, QUICK_SEEDS + 1)), quick_dir,
+                     quick_dir / "logs", save_minutes)

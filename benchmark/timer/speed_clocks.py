@@ -1,10 +1,10 @@
-"""A script's run timed from outside, for benchmark/speed.py: `script.main()` trains in this process,
-untouched, and the clocks are read where the run leaves them or beside it. The iterations' ends are
-its TensorBoard log's own times (the first event, written as its writer opens before the first
-iteration; then each charts/SPS point, logged as an iteration ends). A thread beside the run
+"""A script's run timed from outside, for benchmark/speed.py: `script.main()` trains in this
+process, untouched, and the clocks are read where the run leaves them or beside it. The iterations'
+ends are its TensorBoard log's own times (the first event, written as its writer opens before the
+first iteration; then each charts/SPS point, logged as an iteration ends). A thread beside the run
 (`Sampler`) reads the CPU time every 50 ms, whose rate within the measured span gives the span's CPU
-time; or, for the split into rollout and update, where `main` is every millisecond: each
-iteration's rollout ends where `main` reaches the value call after it (`value_call_line`)."""
+time; or, for the split into rollout and update, where `main` is every millisecond: each iteration's
+rollout ends where `main` reaches the value call after it (`value_call_line`)."""
 
 from __future__ import annotations
 
@@ -24,10 +24,11 @@ from typing import NoReturn
 
 import numpy as np
 
-from benchmark.run_data import find_run_dirs, logged_times
+from benchmark.reporter.run_data import find_run_dirs, logged_times
 
-# How often the sampler reads the clocks: every 50 ms for the CPU time of a training measurement, every
-# 1 ms for the split into rollout and update, whose iterations can be tens of milliseconds (CartPole's).
+# How often the sampler reads the clocks: every 50 ms for the CPU time of a training measurement,
+# every 1 ms for the split into rollout and update, whose iterations can be tens of milliseconds
+# (CartPole's).
 CPU_PERIOD, LINE_PERIOD = 0.05, 0.001
 
 
@@ -39,17 +40,18 @@ def fail(message: str) -> NoReturn:
 
 class Sampler:
     """A thread that reads, every `period` seconds while it runs (a `with` block), the wall clock
-    (time.time(), the clock of TensorBoard's events) and either this process's CPU time (its threads'
-    included) or, with `watch` (a function's code), where the thread that started it is in that
-    function: its frame's last instruction, whose line `lines` finds after the run (reading the line
-    itself scans the function's line table, a microsecond or more, holding the GIL), or None where
-    the function is not running. It observes and changes nothing, but the run may wait for the GIL
-    while it reads: docs/notes/speed.md has the overheads measured."""
+    (time.time(), the clock of TensorBoard's events) and either this process's CPU time (its
+    threads' included) or, with `watch` (a function's code), where the thread that started it is in
+    that function: its frame's last instruction, whose line `lines` finds after the run (reading the
+    line itself scans the function's line table, a microsecond or more, holding the GIL), or None
+    where the function is not running. It observes and changes nothing, but the run may wait for the
+    GIL while it reads: docs/notes/speed.md has the overheads measured."""
 
     def __init__(self, period: float, watch=None):
         self.period, self.watch, self.samples = period, watch, []  # (wall, CPU time or instruction)
         self.watched_thread, self.frame, self.stopped = threading.get_ident(), None, False
-        self.thread = threading.Thread(target=self.sample_until_stopped, name="speed.py sampler", daemon=True)
+        self.thread = threading.Thread(target=self.sample_until_stopped, name="speed.py sampler",
+                                       daemon=True)
 
     def __enter__(self) -> Sampler:
         self.sample()
@@ -69,7 +71,8 @@ class Sampler:
             self.sample()
 
     def sample(self) -> None:
-        self.samples.append((time.time(), time.process_time() if self.watch is None else self.instruction()))
+        self.samples.append((time.time(),
+                             time.process_time() if self.watch is None else self.instruction()))
 
     def instruction(self) -> int | None:
         """The offset of the watched function's frame's last instruction (the call it is in, if it
@@ -83,15 +86,18 @@ class Sampler:
 
     def lines(self) -> list[tuple[float, int | None]]:
         """The samples of `watch` as (wall, the line the thread was at, or None)."""
-        line_of = {offset: line for start, end, line in self.watch.co_lines() for offset in range(start, end)}
-        return [(wall, None if offset is None else line_of.get(offset)) for wall, offset in self.samples]
+        line_of = {offset: line for start, end, line in self.watch.co_lines()
+                   for offset in range(start, end)}
+        return [(wall, None if offset is None else line_of.get(offset))
+                for wall, offset in self.samples]
 
     def cpu_seconds(self, start: float, end: float) -> float:
-        """The CPU time spent from wall time `start` to `end`: the CPU rate between the first and the
-        last sample within them, over the whole span. A steady loop keeps its rate up to the span's
-        edges, where a reading between the samples around an edge would take in a change of pace just
-        outside it (the run's end, which waits for its logs to close). Where fewer than two samples
-        fall within (a run of a few milliseconds), the CPU time is read between those around it."""
+        """The CPU time spent from wall time `start` to `end`: the CPU rate between the first and
+        the last sample within them, over the whole span. A steady loop keeps its rate up to the
+        span's edges, where a reading between the samples around an edge would take in a change of
+        pace just outside it (the run's end, which waits for its logs to close). Where fewer than
+        two samples fall within (a run of a few milliseconds), the CPU time is read between those
+        around it."""
         inside = [(wall, cpu) for wall, cpu in self.samples if start <= wall <= end]
         if len(inside) >= 2 and inside[-1][0] > inside[0][0]:
             (first_wall, first_cpu), (last_wall, last_cpu) = inside[0], inside[-1]
@@ -127,11 +133,12 @@ def training_speed(script, args, warmup_iterations: int) -> tuple[float, float, 
     ends = run_logged(script, args, sampler)
     iterations = len(ends) - 1
     if iterations <= warmup_iterations:
-        fail(f"{iterations} iterations are too few to measure after {warmup_iterations} warm-up iterations: "
-             "raise --total-timesteps")
+        fail(f"{iterations} iterations are too few to measure after {warmup_iterations} warm-up "
+             "iterations: raise --total-timesteps")
     (first_wall, first_step), (last_wall, last_step) = ends[warmup_iterations], ends[-1]
     steps = last_step - first_step
-    return steps / (last_wall - first_wall), steps / sampler.cpu_seconds(first_wall, last_wall), steps
+    return (steps / (last_wall - first_wall), steps / sampler.cpu_seconds(first_wall, last_wall),
+            steps)
 
 
 def value_call_line(script) -> int:
@@ -141,20 +148,23 @@ def value_call_line(script) -> int:
     main = ast.parse(textwrap.dedent("".join(lines))).body[0]
     loop = next(node for node in ast.walk(main)
                 if isinstance(node, ast.For) and getattr(node.target, "id", "") == "iteration")
-    statements = [node for node in ast.walk(loop) if isinstance(node, ast.stmt) and not hasattr(node, "body")
-                  and any(isinstance(call, ast.Call) and getattr(call.func, "attr", "") == "get_value"
+    statements = [node for node in ast.walk(loop)
+                  if isinstance(node, ast.stmt) and not hasattr(node, "body")
+                  and any(isinstance(call, ast.Call)
+                          and getattr(call.func, "attr", "") == "get_value"
                           for call in ast.walk(node))]
     if not statements:
-        raise ValueError(f"{script.__name__}.main's iteration loop calls no get_value: nowhere to split it")
+        raise ValueError(f"{script.__name__}.main's iteration loop calls no get_value: "
+                         "nowhere to split it")
     return first - 1 + max(statement.lineno for statement in statements)
 
 
 def rollout_ends(lines: list[tuple[float, int | None]], ends: list[tuple[float, int]],
                  split_line: int) -> list[float]:
     """When each iteration's rollout ended (iteration i, from 1, runs from ends[i - 1] to ends[i]),
-    from the lines `main` was seen at (Sampler.lines, in time order): halfway between the iteration's
-    last sample before `split_line` and the next sample (or the iteration's end), so off by half
-    their gap at most."""
+    from the lines `main` was seen at (Sampler.lines, in time order): halfway between the
+    iteration's last sample before `split_line` and the next sample (or the iteration's end), so off
+    by half their gap at most."""
     times = [wall for wall, _ in lines]
     found = []
     for (start, _), (end, _) in zip(ends, ends[1:]):
@@ -167,15 +177,15 @@ def rollout_ends(lines: list[tuple[float, int | None]], ends: list[tuple[float, 
 
 
 def clock_time(now: float | None = None) -> str:
-    """The local time as nvidia-smi's timestamps give it, to find the steady state in its samples."""
+    """The local time as nvidia-smi's timestamps give it, to find the steady state in them."""
     now = time.time() if now is None else now
     return time.strftime("%Y/%m/%d %H:%M:%S", time.localtime(now)) + f".{int(now % 1 * 1000):03d}"
 
 
 @contextlib.contextmanager
 def profiled_after_warmup(profiler, warmup_iterations: int):
-    """`profiler` (a cProfile.Profile) on from the end of iteration `warmup_iterations` to the end of
-    the run. The moment is seen with sys.setprofile, which observes every call of this thread: it
+    """`profiler` (a cProfile.Profile) on from the end of iteration `warmup_iterations` to the end
+    of the run. The moment is seen with sys.setprofile, which observes every call of this thread: it
     slows the warm-up, which no figure includes, and hands over to the profiler when the run logs
     charts/SPS for the warm-up's last iteration, or at once without a warm-up."""
     from torch.utils.tensorboard import SummaryWriter
@@ -187,7 +197,8 @@ def profiled_after_warmup(profiler, warmup_iterations: int):
         profiler.enable()  # in place of this watcher: cProfile's own profile function
 
     def watch(frame, event, _):
-        if event == "call" and frame.f_code is add_scalar and frame.f_locals.get("tag") == "charts/SPS":
+        if event == "call" and frame.f_code is add_scalar \
+                and frame.f_locals.get("tag") == "charts/SPS":
             logged[0] += 1
             if logged[0] == warmup_iterations:
                 start_profiling()
@@ -204,19 +215,20 @@ def profiled_after_warmup(profiler, warmup_iterations: int):
         print(f"steady state until {clock_time()}")
 
 
-def iteration_parts(script, run_args, warmup_iterations: int, profiler=None) -> list[tuple[float, float, int]]:
+def iteration_parts(script, run_args, warmup_iterations: int,
+                    profiler=None) -> list[tuple[float, float, int]]:
     """(rollout seconds, update seconds, steps) of each iteration of `script.main(run_args)` after
-    the first `warmup_iterations`, which `profiler`, if given, leaves out too. The rollout ends where
-    `main` reaches its value call (`value_call_line`; a time limit's bootstrap values elsewhere),
-    the update when the iteration logs charts/SPS."""
+    the first `warmup_iterations`, which `profiler`, if given, leaves out too. The rollout ends
+    where `main` reaches its value call (`value_call_line`; a time limit's bootstrap values
+    elsewhere), the update when the iteration logs charts/SPS."""
     split_line = value_call_line(script)
     sampler = Sampler(LINE_PERIOD, watch=script.main.__code__)
     beside = [sampler] + ([profiled_after_warmup(profiler, warmup_iterations)] if profiler else [])
     ends = run_logged(script, run_args, *beside)
     rollouts = rollout_ends(sampler.lines(), ends, split_line)
     # iteration i (from 1) runs from ends[i - 1] to ends[i], and its rollout ends at rollouts[i - 1]
-    return [(rollouts[i - 1] - ends[i - 1][0], ends[i][0] - rollouts[i - 1], ends[i][1] - ends[i - 1][1])
-            for i in range(warmup_iterations + 1, len(ends))]
+    return [(rollouts[i - 1] - ends[i - 1][0], ends[i][0] - rollouts[i - 1],
+             ends[i][1] - ends[i - 1][1]) for i in range(warmup_iterations + 1, len(ends))]
 
 
 def loop_split(script, run_args, warmup_iterations: int) -> tuple[float, float]:

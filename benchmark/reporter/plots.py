@@ -1,6 +1,6 @@
 """The report's learning curves: each seed's returns smoothed onto one grid, against global steps or
-wall time, and the plots drawn with matplotlib (a variant's on each environment, and the variants side
-by side for an ablation's page), with the file names the pages link to."""
+wall time, and the plots drawn with matplotlib (a variant's on each environment, and the variants
+side by side for an ablation's page), with the file names the pages link to."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmark.results import EnvSummary
+from benchmark.reporter.results import EnvSummary
 
 CURVE_POINTS = 200          # points of each learning curve
-CURVE_WINDOW = 0.05         # each curve point averages the episodes of the preceding 5% of the x range
+CURVE_WINDOW = 0.05         # a curve point averages the episodes of the preceding 5% of the x range
 COLORS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown")
 
 
@@ -21,9 +21,10 @@ def file_stem(env_id: str) -> str:
     return env_id.replace("/", "_")
 
 
-def curve_on_grid(x: np.ndarray, y: np.ndarray, grid: np.ndarray, window: float, x_end: float) -> np.ndarray:
-    """A run's returns smoothed onto `grid`: the mean of the points with x in (g - window, g], carried
-    forward across gaps; NaN before the first point and after the run's end `x_end`."""
+def curve_on_grid(x: np.ndarray, y: np.ndarray, grid: np.ndarray, window: float,
+                  x_end: float) -> np.ndarray:
+    """A run's returns smoothed onto `grid`: the mean of the points with x in (g - window, g],
+    carried forward across gaps; NaN before the first point and after the run's end `x_end`."""
     order = np.argsort(x, kind="stable")
     x, y = x[order], y[order]
     cumulative = np.concatenate([[0.0], np.cumsum(y)])
@@ -51,8 +52,8 @@ def curve_label(variant: str, row: EnvSummary) -> str:
 
 
 def seed_curves(row: EnvSummary, against_time: bool, time_scale: float = 1.0):
-    """The curve of each seed on one grid, against global steps or wall time (in units of `time_scale`
-    seconds): returns (grid, mean, min, max over the seeds)."""
+    """The curve of each seed on one grid, against global steps or wall time (in units of
+    `time_scale` seconds): returns (grid, mean, min, max over the seeds)."""
     if against_time:
         xs = [run.return_seconds / time_scale for run in row.runs]
         ends = [run.wall_seconds / time_scale for run in row.runs]
@@ -65,7 +66,8 @@ def seed_curves(row: EnvSummary, against_time: bool, time_scale: float = 1.0):
                        for x, run, end in zip(xs, row.runs, ends)])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN columns before the first episode
-        return grid, np.nanmean(curves, axis=0), np.nanmin(curves, axis=0), np.nanmax(curves, axis=0)
+        return (grid, np.nanmean(curves, axis=0), np.nanmin(curves, axis=0),
+                np.nanmax(curves, axis=0))
 
 
 def time_unit(rows: list[EnvSummary]) -> tuple[float, str]:
@@ -89,14 +91,15 @@ def plot_env(variant: str, row: EnvSummary, out_dir: Path) -> list[Path]:
 
         figure, axes = plt.subplots(figsize=(6, 4), dpi=100)
         axes.plot(grid, mean, color="tab:blue", label=curve_label(variant, row))
-        axes.fill_between(grid, low, high, color="tab:blue", alpha=0.2, linewidth=0, label="min–max over seeds")
+        axes.fill_between(grid, low, high, color="tab:blue", alpha=0.2, linewidth=0,
+                          label="min–max over seeds")
         if row.baseline:
             label = row.baseline_variant.get("ours_label", "published")
             axes.axhline(row.baseline["ours"]["mean"], color="black", linestyle="--", linewidth=1,
                          label=f"{label}: {row.baseline['ours']['mean']:.2f}")
             label = row.baseline_variant.get("reference_label", "comparison")
-            axes.axhline(row.baseline["reference"]["mean"], color="gray", linestyle=":", linewidth=1,
-                         label=f"{label}: {row.baseline['reference']['mean']:.2f}")
+            axes.axhline(row.baseline["reference"]["mean"], color="gray", linestyle=":",
+                         linewidth=1, label=f"{label}: {row.baseline['reference']['mean']:.2f}")
         axes.set_xlim(left=0)
         axes.set_xlabel(xlabel)
         axes.set_ylabel("episodic return")

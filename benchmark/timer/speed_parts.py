@@ -1,7 +1,7 @@
-"""Each part of a run alone, for benchmark/speed.py: the raw environments (the script's own vector env
-under random actions), the policy step and one gradient step, each replaying the arguments that a
-one-iteration run passed them (seen with sys.setprofile, in that untimed run only), and the start (a
-fresh Python process that imports the script and builds its optimizer)."""
+"""Each part of a run alone, for benchmark/speed.py: the raw environments (the script's own vector
+env under random actions), the policy step and one gradient step, each replaying the arguments that
+a one-iteration run passed them (seen with sys.setprofile, in that untimed run only), and the start
+(a fresh Python process that imports the script and builds its optimizer)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import time
 import numpy as np
 
 from benchmark.common import REPO
-from benchmark.speed_clocks import run_logged
+from benchmark.timer.speed_clocks import run_logged
 
 
 def timed(function) -> tuple[float, float]:
@@ -30,7 +30,8 @@ def raw_env_speed(script, env_id: str, num_envs: int, seconds: float) -> tuple[f
     """(wall, CPU) environment steps per second of the script's vector env under random actions."""
     envs = script.make_envs(env_id, num_envs)
     # Actions are drawn beforehand: they are not part of the env's cost. Every script's make_envs
-    # gives a gymnasium vector env or a class that steps like one (ppo_procgen.py's, envpool_games').
+    # gives a gymnasium vector env or a class that steps like one (ppo_procgen.py's,
+    # envpool_games').
     envs.reset(seed=0)
     envs.single_action_space.seed(0)
     actions = [np.stack([envs.single_action_space.sample() for _ in range(num_envs)])
@@ -58,8 +59,8 @@ def policy_step_name(script) -> str:
 
 
 def call_arguments(frame) -> tuple[tuple, dict]:
-    """The arguments of the call that `frame` has just started, as (positional, named), read from its
-    locals by its code's signature (the parameters come first among a code's variables)."""
+    """The arguments of the call that `frame` has just started, as (positional, named), read from
+    its locals by its code's signature (the parameters come first among a code's variables)."""
     code, values = frame.f_code, frame.f_locals
     names = code.co_varnames
     positional = [values[name] for name in names[:code.co_argcount]]
@@ -75,11 +76,11 @@ def call_arguments(frame) -> tuple[tuple, dict]:
 
 @contextlib.contextmanager
 def first_calls_noted(functions: dict, noted: dict):
-    """Within the block, note in `noted[name]` the arguments of the first call of each of `functions`
-    ({name: function}) in this thread, seen with sys.setprofile, which observes every call (and so
-    slows them: no timed run is watched) and is taken away once each function was called. A function
-    behind a decorator (the scripts' `run_life.compiled`, the same wrapper around each) is known by
-    the code of the function it wraps."""
+    """Within the block, note in `noted[name]` the arguments of the first call of each of
+    `functions` ({name: function}) in this thread, seen with sys.setprofile, which observes every
+    call (and so slows them: no timed run is watched) and is taken away once each function was
+    called. A function behind a decorator (the scripts' `run_life.compiled`, the same wrapper around
+    each) is known by the code of the function it wraps."""
     wanted = {inspect.unwrap(function).__code__: name for name, function in functions.items()}
     previous = sys.getprofile()
 
@@ -100,7 +101,8 @@ def record_first_calls(script, run_args) -> dict:
     """The arguments of the first policy step and of the first minibatch loss of a one-iteration
     run of `script` with `run_args`: {"policy": (args, kwargs), "loss": (args, kwargs)}."""
     recorded = {}
-    functions = {"policy": getattr(script.Agent, policy_step_name(script)), "loss": script.minibatch_loss}
+    functions = {"policy": getattr(script.Agent, policy_step_name(script)),
+                 "loss": script.minibatch_loss}
     batch_size = run_args.num_envs * run_args.num_steps
     run_logged(script, dataclasses.replace(run_args, total_timesteps=batch_size),
                first_calls_noted(functions, recorded))
@@ -126,11 +128,13 @@ def part_floors(script, run_args) -> tuple[float, float]:
 
     def policy_step():
         with torch.inference_mode():
-            action = getattr(script.Agent, policy_step_name(script))(agent, *policy_args, **policy_named)
+            action = getattr(script.Agent, policy_step_name(script))(agent, *policy_args,
+                                                                     **policy_named)
             (action[0] if isinstance(action, tuple) else action).cpu().numpy()
 
     (agent, *loss_args), loss_named = recorded["loss"]
-    optimizer = script.adam.Adam(agent.parameters(), lr=1e-6, eps=1e-5, fused=True)  # the scripts' own
+    # The scripts' own optimizer.
+    optimizer = script.adam.Adam(agent.parameters(), lr=1e-6, eps=1e-5, fused=True)
 
     def gradient_step():
         loss, _ = script.minibatch_loss(agent, *loss_args, **loss_named)
@@ -147,7 +151,8 @@ def start_seconds(script_file: str) -> float:
     optimizer: what every run pays before its first step, environments left out. Each starts in
     ppo/, which `-c` puts on the path as a script's run puts its folder there."""
     module = script_file.removesuffix(".py")
-    code = f"import torch, {module} as script; script.adam.Adam([torch.nn.Parameter(torch.zeros(1))], lr=1)"
+    code = (f"import torch, {module} as script; "
+            "script.adam.Adam([torch.nn.Parameter(torch.zeros(1))], lr=1)")
     times = []
     for _ in range(3):
         start = time.perf_counter()

@@ -1,7 +1,7 @@
 """Running a benchmark's runs here: each started in the background with its log (continued from the
 checkpoint an earlier attempt left), `workers` at a time, their progress read from their logs and
-shown, each ending judged and marked, and a stop (Ctrl-C, SIGTERM, Slurm's SIGUSR1) passed on to them
-so that they save first. Standard library only."""
+shown, each ending judged and marked, and a stop (Ctrl-C, SIGTERM, Slurm's SIGUSR1) passed on to
+them so that they save first. Standard library only."""
 
 from __future__ import annotations
 
@@ -16,23 +16,25 @@ import sys
 import time
 from pathlib import Path
 
-from benchmark.run_plan import Run
+from benchmark.runner.run_plan import Run
 from ppo_utils.exits import DIVERGED, STOPPED
 
 
 def attempt(run: Run, workdir: Path, force: bool) -> tuple[list[str], Path | None]:
-    """What to execute for `run` now, and the checkpoint it continues from: `--resume CHECKPOINT` when an
-    earlier attempt left one (unless `force`, which starts every run again), else the run itself."""
+    """What to execute for `run` now, and the checkpoint it continues from: with
+    `--resume CHECKPOINT` when an earlier attempt left one (unless `force`, which starts every run
+    again), else the run itself."""
     checkpoint = None if force else run.checkpoint(workdir)
     if checkpoint is None:
         return run.argv, None
     return run.argv + ["--resume", os.path.relpath(checkpoint, workdir)], checkpoint
 
 
-def start(run: Run, workdir: Path, force: bool = False) -> tuple[subprocess.Popen, object, Path | None]:
+def start(run: Run, workdir: Path,
+          force: bool = False) -> tuple[subprocess.Popen, object, Path | None]:
     """Start one run in the background, its output going to its log file: a new log, or, when it
-    continues from a checkpoint, the earlier attempts' log with this attempt's output added. Returns the
-    process, the open log and that checkpoint (None for a new start)."""
+    continues from a checkpoint, the earlier attempts' log with this attempt's output added. Returns
+    the process, the open log and that checkpoint (None for a new start)."""
     run.log_path.parent.mkdir(parents=True, exist_ok=True)
     run.done_path.unlink(missing_ok=True)
     argv, checkpoint = attempt(run, workdir, force)
@@ -41,7 +43,7 @@ def start(run: Run, workdir: Path, force: bool = False) -> tuple[subprocess.Pope
               + f"# command: {shlex.join(argv)}\n# cwd: {workdir}\n"
               f"# started: {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
     log.flush()
-    # One thread per run unless the user (OMP_NUM_THREADS) or Slurm (the task's CPUs) says otherwise.
+    # One thread per run unless the user (OMP_NUM_THREADS) or Slurm (the task's CPUs) set another.
     threads = os.environ.get("OMP_NUM_THREADS") or os.environ.get("SLURM_CPUS_PER_TASK") or "1"
     env = {**os.environ, "OMP_NUM_THREADS": threads, "PYTHONUNBUFFERED": "1"}
     process = subprocess.Popen(argv, cwd=workdir, env=env, stdout=log, stderr=subprocess.STDOUT,
@@ -50,14 +52,15 @@ def start(run: Run, workdir: Path, force: bool = False) -> tuple[subprocess.Pope
 
 
 def finish(run: Run, returncode: int, seconds: float, log) -> None:
-    """Close the run's log and, when it succeeded or diverged (it is over either way), write its .done
-    marker."""
+    """Close the run's log and, when it succeeded or diverged (it is over either way), write its
+    .done marker."""
     log.write(f"# exit code {returncode} after {seconds:.1f}s\n")
     log.close()
     if returncode in (0, DIVERGED):
         run.done_path.write_text(json.dumps({
-            "command": run.command, "argv": run.argv, "exit_code": returncode, "seconds": round(seconds, 1),
-            "finished": time.strftime("%Y-%m-%d %H:%M:%S")}, indent=1) + "\n")
+            "command": run.command, "argv": run.argv, "exit_code": returncode,
+            "seconds": round(seconds, 1), "finished": time.strftime("%Y-%m-%d %H:%M:%S")},
+            indent=1) + "\n")
 
 
 def log_tail(path: Path, lines: int = 3) -> str:
@@ -74,7 +77,8 @@ def last_lines(path: Path, count: int) -> list[str]:
     return [line for line in text if not line.startswith("# exit code")][-count:]
 
 
-# A run's progress line, as the PPO scripts print it: `step N/TOTAL | SPS | E elapsed, L left | ...`.
+# A run's progress line, as the PPO scripts print it:
+# `step N/TOTAL | SPS | E elapsed, L left | ...`.
 PROGRESS = re.compile(r"^step +([\d,]+)/([\d,]+) \|[^|]*\| *([\d:]+) elapsed, ([\d:]+|\?) left")
 # How often the progress of the running runs is shown: live in a terminal, as lines elsewhere.
 LIVE_SECONDS, LINE_SECONDS = 1.0, 60.0
@@ -112,10 +116,12 @@ def last_progress(log_path: Path) -> tuple[int, int, int, int | None] | None:
     return None
 
 
-def progress_report(running: list, pending: int, done: int, workers: int, durations: list[float]) -> list[str]:
-    """What the running runs have done (from their logs) and the time the whole benchmark has left: the
-    running runs' own estimates, then the waiting runs at the mean length of the runs seen so far
-    (finished, or estimated from their progress), `workers` at a time. `running` holds (run, started)."""
+def progress_report(running: list, pending: int, done: int, workers: int,
+                    durations: list[float]) -> list[str]:
+    """What the running runs have done (from their logs) and the time the whole benchmark has
+    left: the running runs' own estimates, then the waiting runs at the mean length of the runs
+    seen so far (finished, or estimated from their progress), `workers` at a time. `running` holds
+    (run, started)."""
     lines, lefts, lengths = [], [], list(durations)
     for run, started in running:
         progress = last_progress(run.log_path)
@@ -135,14 +141,15 @@ def progress_report(running: list, pending: int, done: int, workers: int, durati
 
 
 def run_all(runs: list[Run], workers: int, workdir: Path, force: bool = False) -> dict[str, int]:
-    """Run everything not finished earlier, `workers` at a time, continuing each from its checkpoint if
-    an earlier attempt left one (`force`: start every run again); print a line per run as it starts and
-    as it ends, and meanwhile each running run's step and time left, read from its log, and the whole
-    benchmark's: live in a terminal, as a few lines a minute elsewhere (CI, Slurm logs).
+    """Run everything not finished earlier, `workers` at a time, continuing each from its
+    checkpoint if an earlier attempt left one (`force`: start every run again); print a line per
+    run as it starts and as it ends, and meanwhile each running run's step and time left, read from
+    its log, and the whole benchmark's: live in a terminal, as a few lines a minute elsewhere (CI,
+    Slurm logs).
 
     Returns the counts of runs that succeeded, were skipped, failed and stopped (a run stopped by a
-    signal of its own, not the runner's). Asked to stop itself (Stopped, a KeyboardInterrupt), it lets
-    the running runs save and stop (stop_runs), starts no other, and raises it again."""
+    signal of its own, not the runner's). Asked to stop itself (Stopped, a KeyboardInterrupt), it
+    lets the running runs save and stop (stop_runs), starts no other, and raises it again."""
     counts = {"ok": 0, "skipped": 0, "failed": 0}  # and "stopped", once a run stops
     pending = skip_finished(runs, force, counts)
     running: list[tuple[Run, subprocess.Popen, object, float, Path | None]] = []
@@ -159,8 +166,8 @@ def run_all(runs: list[Run], workers: int, workdir: Path, force: bool = False) -
                 run = pending.pop(0)
                 process, log, checkpoint = start(run, workdir, force)
                 running.append((run, process, log, time.time(), checkpoint))
-                say(f"[resume] {run.label}: from {checkpoint}, log {run.log_path}" if checkpoint else
-                    f"[start] {run.label}: log {run.log_path}")
+                say(f"[resume] {run.label}: from {checkpoint}, log {run.log_path}" if checkpoint
+                    else f"[start] {run.label}: log {run.log_path}")
                 shown = ""
             time.sleep(0.1)
             for line in reap(running, counts, durations, workdir):
@@ -172,8 +179,9 @@ def run_all(runs: list[Run], workers: int, workdir: Path, force: bool = False) -
                                          counts["ok"] + counts["failed"], workers, durations)
                 shown = show_progress(report, live)
     except KeyboardInterrupt as stop:
-        print(("\n" if shown else "") + f"{signal_name(stop)}: asking {len(running)} running run(s) to save and "
-              "stop (again: stop them at once); the same command continues them", flush=True)
+        print(("\n" if shown else "")
+              + f"{signal_name(stop)}: asking {len(running)} running run(s) to save and stop "
+              "(again: stop them at once); the same command continues them", flush=True)
         stop_runs(running, workdir)
         raise
     return counts
@@ -220,45 +228,52 @@ def show_progress(report: list[str], live: bool) -> str:
         return ""
     shown = " | ".join(report)
     width = shutil.get_terminal_size().columns - 1
-    print("\r\033[K" + (shown if len(shown) <= width else shown[:width - 3] + "..."), end="", flush=True)
+    print("\r\033[K" + (shown if len(shown) <= width else shown[:width - 3] + "..."), end="",
+          flush=True)
     return shown
 
 
-def judge(run: Run, returncode: int, seconds: float, checkpoint: Path | None, workdir: Path) -> tuple[str, str]:
-    """How a run ended, as (count, the line that says so): ok, diverged (exit code DIVERGED: its network
-    became non-finite), stopped (exit code STOPPED, a signal of its own: it continues from its
-    checkpoint) or failed. A run given a checkpoint that exits with 2,
-    the PPO scripts' code for input they refuse, could not resume from it: that is said in one line,
-    and the run is not started again in its place."""
+def judge(run: Run, returncode: int, seconds: float, checkpoint: Path | None,
+          workdir: Path) -> tuple[str, str]:
+    """How a run ended, as (count, the line that says so): ok, diverged (exit code DIVERGED: its
+    network became non-finite), stopped (exit code STOPPED, a signal of its own: it continues from
+    its checkpoint) or failed. A run given a checkpoint that exits with 2, the PPO scripts' code for
+    input they refuse, could not resume from it: that is said in one line, and the run is not
+    started again in its place."""
     if returncode == 0:
         return "ok", f"[ok]   {run.label}: {seconds:.1f}s, log {run.log_path}"
     if returncode == STOPPED:
-        return "stopped", f"[stop] {run.label}: {where_it_stopped(run, workdir)}, log {run.log_path}"
-    if returncode == DIVERGED:  # the script's own line says where, why, and which checkpoint is good
-        line = next((line for line in reversed(last_lines(run.log_path, 5)) if "diverged:" in line), "")
-        return "diverged", (f"[DIVERGED] {run.label}: {line.strip().split('diverged: ', 1)[-1]} (not started "
-                            f"again: change its settings), log {run.log_path}")
+        return "stopped", (f"[stop] {run.label}: {where_it_stopped(run, workdir)}, "
+                           f"log {run.log_path}")
+    if returncode == DIVERGED:  # the script's own line says where, why, which checkpoint is good
+        line = next((line for line in reversed(last_lines(run.log_path, 5)) if "diverged:" in line),
+                    "")
+        return "diverged", (f"[DIVERGED] {run.label}: {line.strip().split('diverged: ', 1)[-1]} "
+                            f"(not started again: change its settings), log {run.log_path}")
     if returncode == 2 and checkpoint is not None:
-        refusal = next((line for line in reversed(last_lines(run.log_path, 5)) if "error:" in line), "")
-        return "failed", (f"[FAIL] {run.label}: cannot resume from {checkpoint} ({refusal.strip()}): move it "
-                          "away to start the run again, or continue it with the version of the script that wrote it")
+        refusal = next((line for line in reversed(last_lines(run.log_path, 5)) if "error:" in line),
+                       "")
+        return "failed", (f"[FAIL] {run.label}: cannot resume from {checkpoint} "
+                          f"({refusal.strip()}): move it away to start the run again, or continue "
+                          "it with the version of the script that wrote it")
     return "failed", (f"[FAIL] {run.label}: exit code {returncode} after {seconds:.1f}s, "
                       f"log {run.log_path}{log_tail(run.log_path)}")
 
 
 def where_it_stopped(run: Run, workdir: Path) -> str:
-    """What a stopped run left for the next invocation: its checkpoint, or nothing to continue from."""
+    """What a stopped run left for the next invocation: its checkpoint, or nothing to resume."""
     checkpoint = run.checkpoint(workdir)
     return (f"stopped, the same command continues it from {checkpoint}" if checkpoint else
             "stopped before its first checkpoint, the same command starts it again")
 
 
 def stop_runs(running: list, workdir: Path) -> None:
-    """Ask each running run to save and stop (SIGTERM, once: the PPO scripts finish their iteration and
-    write their checkpoint, torchrun passes it on to its processes), wait until they have, and say
-    where each one stopped. Another Ctrl-C or SIGTERM meanwhile sends SIGTERM again, which stops them
-    at once (they lose the work since their last checkpoint); those still running 10 s later are killed.
-    SIGUSR1, Slurm's warning of a time limit, only says again what the runs are doing already."""
+    """Ask each running run to save and stop (SIGTERM, once: the PPO scripts finish their iteration
+    and write their checkpoint, torchrun passes it on to its processes), wait until they have, and
+    say where each one stopped. Another Ctrl-C or SIGTERM meanwhile sends SIGTERM again, which
+    stops them at once (they lose the work since their last checkpoint); those still running 10 s
+    later are killed. SIGUSR1, Slurm's warning of a time limit, only says again what the runs are
+    doing already."""
     for entry in running:
         entry[1].send_signal(signal.SIGTERM)
     deadline = None
@@ -269,7 +284,8 @@ def stop_runs(running: list, workdir: Path) -> None:
                 for entry in running:
                     entry[1].kill()
         except KeyboardInterrupt as again:
-            if deadline is None and not (isinstance(again, Stopped) and again.args[0] == signal.SIGUSR1):
+            if deadline is None \
+                    and not (isinstance(again, Stopped) and again.args[0] == signal.SIGUSR1):
                 print("stopping the runs at once", flush=True)
                 for entry in running:
                     if entry[1].poll() is None:
@@ -278,16 +294,19 @@ def stop_runs(running: list, workdir: Path) -> None:
     for run, process, log, started, _ in running:
         finish(run, process.returncode, time.time() - started, log)
         if process.returncode == 0:
-            print(f"[ok]   {run.label}: finished as it was asked to stop, log {run.log_path}", flush=True)
+            print(f"[ok]   {run.label}: finished as it was asked to stop, log {run.log_path}",
+                  flush=True)
         else:
-            print(f"[stop] {run.label}: {where_it_stopped(run, workdir)}, log {run.log_path}", flush=True)
+            print(f"[stop] {run.label}: {where_it_stopped(run, workdir)}, log {run.log_path}",
+                  flush=True)
 
 
 def print_commands(runs: list[Run], workdir: Path, force: bool) -> None:
-    """--dry-run: each run as a shell line (with --resume where it would continue from a checkpoint),
-    marked when it would be skipped."""
+    """--dry-run: each run as a shell line (with --resume where it would continue from a
+    checkpoint), marked when it would be skipped."""
     for run in runs:
-        state = "  # finished earlier, would be skipped" if run.finished_earlier() and not force else ""
+        state = ("  # finished earlier, would be skipped" if run.finished_earlier() and not force
+                 else "")
         argv, checkpoint = attempt(run, workdir, force)
         where = "" if workdir == Path(".") else f"(cd {shlex.quote(str(workdir))} && "
         print(f"{where}{shlex.join(argv)}{')' if where else ''} {'>>' if checkpoint else '>'} "
@@ -295,8 +314,8 @@ def print_commands(runs: list[Run], workdir: Path, force: bool) -> None:
 
 
 class Stopped(KeyboardInterrupt):
-    """The runner was asked to stop: by Ctrl-C (SIGINT), `kill` or Slurm at a task's end (SIGTERM), or
-    Slurm's warning before a task's time limit (SIGUSR1). Its argument is the signal's number."""
+    """The runner was asked to stop: by Ctrl-C (SIGINT), `kill` or Slurm at a task's end (SIGTERM),
+    or Slurm's warning before a task's time limit (SIGUSR1). Its argument is the signal's number."""
 
 
 def stop_on_signal(signum, frame):
@@ -312,7 +331,9 @@ def signal_name(stop: KeyboardInterrupt) -> str:
 
 def summary_line(counts: dict[str, int]) -> str:
     total = sum(counts.values())
-    stopped = f", {counts['stopped']} stopped (the same command continues them)" if counts.get("stopped") else ""
+    stopped = (f", {counts['stopped']} stopped (the same command continues them)"
+               if counts.get("stopped") else "")
     diverged = f", {counts['diverged']} diverged" if counts.get("diverged") else ""
-    return (f"{total} run(s): {counts['ok']} ran ok, {counts['skipped']} skipped (finished earlier), "
+    return (f"{total} run(s): {counts['ok']} ran ok, "
+            f"{counts['skipped']} skipped (finished earlier), "
             f"{counts['failed']} failed{diverged}{stopped}")
