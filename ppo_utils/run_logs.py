@@ -67,7 +67,7 @@ def command(variant: str, flag: str, path: str) -> str:
     """The command that goes on with a checkpoint (or an exported agent) at `path`, to paste into
     the shell the run was started from: the script's path as it was run, the checkpoint's from
     there (an evaluation plays in one process, a resumed torchrun run in as many as before)."""
-    if flag == "--resume" and "TORCHELASTIC_RUN_ID" in os.environ:
+    if flag == "--resume" and int(os.environ.get("WORLD_SIZE", "1")) > 1:  # torchrun's ranks
         return f"the same torchrun command with --resume {shlex.quote(path)}"
     script = script_as_run or f"ppo/{variant}.py"
     return f"python {shlex.quote(script)} {flag} {shlex.quote(path)}"
