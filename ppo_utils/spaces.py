@@ -6,7 +6,7 @@ says what to do (check_spaces)."""
 import gymnasium as gym
 import numpy as np
 
-from ppo_utils.environments import gymnasium_spec
+from ppo_utils.environments import gymnasium_spec, packages_checked
 from ppo_utils.exits import WrongInput
 
 # named when an environment is refused
@@ -78,10 +78,16 @@ def check_gymnasium_id(env_id: str, hint: str = "", filmed: bool = False) -> Non
     one that draws no frames."""
     atari = "NoFrameskip" in env_id or env_id.startswith("ALE/")
     spec = gymnasium_spec(env_id, hint or (" (Atari ids need ppo/ppo_atari.py)" if atari else ""))
-    creator = spec.entry_point if callable(spec.entry_point) else \
-        gym.envs.registration.load_env_creator(spec.entry_point)
+    if spec.entry_point == "ale_py.env:AtariEnv" and spec.kwargs.get("obs_type") != "ram":
+        raise WrongInput(f"{env_id} is an Atari game, seen as frames: ppo/ppo_atari.py trains on "
+                         "it")
+    if not filmed:
+        return
+    with packages_checked(env_id):  # its module may need a package not installed
+        creator = spec.entry_point if callable(spec.entry_point) else \
+            gym.envs.registration.load_env_creator(spec.entry_point)
     modes = getattr(creator, "metadata", {}).get("render_modes", ["rgb_array"])
-    if filmed and "rgb_array" not in modes:
+    if "rgb_array" not in modes:
         raise WrongInput(f"--capture-video and --watch take the frames an environment draws, and "
                          f"{env_id} draws none (its render modes: {', '.join(modes) or 'none'}): "
                          "drop the flag, or give the environment an rgb_array render mode")

@@ -501,6 +501,14 @@ def test_unknown_env_id(capsys, workdir):
     expect_usage_error(capsys, lambda: main(Args(env_id="BreakoutNoFrameskip-v4", cuda=False)), "ppo.py", "ppo/ppo_atari.py")
 
 
+def test_an_atari_game_is_refused_once_ale_py_registered_its_games(capsys, workdir):
+    """Registered (ale-py registers its games in the process that imports it), an Atari game's frames
+    are a Box that the MLP could flatten: it is refused with the script that trains on them."""
+    gym.register_envs(pytest.importorskip("ale_py"))
+    expect_usage_error(capsys, lambda: main(Args(env_id="BreakoutNoFrameskip-v4", cuda=False)), "ppo.py",
+                       "is an Atari game, seen as frames: ppo/ppo_atari.py")
+
+
 def test_registered_ids_that_cannot_be_made_here(capsys, workdir):
     """gymnasium registers ids whose code needs a package the project does not install (jax)."""
     if importlib.util.find_spec("jax") is not None:

@@ -93,6 +93,7 @@ class TargetEnv(gym.Env):
         return self.target, -float(np.sum((action - self.target) ** 2)), True, False, {}
 
 
+gym.register(id="TightBounds-v0", entry_point=TightBoundsEnv)
 gym.register(id="Target-v0", entry_point=TargetEnv)
 
 
