@@ -7,16 +7,7 @@
 START=$(date +%s); LIMIT=${LIMIT:-560}
 left() { echo $(( LIMIT - ($(date +%s) - START) )); }
 export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1
-{
-    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-    nproc --all
-    python3 - <<'PY'
-import torch, numpy, gymnasium, envpool, ale_py
-print('torch', torch.__version__, 'numpy', numpy.__version__, 'gymnasium', gymnasium.__version__,
-      'envpool', envpool.__version__, 'ale_py', ale_py.__version__)
-PY
-    date -u
-} > $OUT/machine.txt 2>&1
+. benchmark/gpu/machine.sh  # the GPU, cores and releases: $OUT/machine.txt
 mkdir -p /tmp/checks && cd /tmp/checks
 R=$OLDPWD
 check() {
