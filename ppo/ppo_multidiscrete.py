@@ -23,7 +23,7 @@ import torch
 import torch.nn as nn
 from torch.distributions.categorical import Categorical
 
-from ppo_utils import (adam, command_line, environments, envpool_games, envpool_ids, exits, spaces,
+from ppo_utils import (adam, command_line, environments, envpool_ids, exits, jumanji_games, spaces,
                        speed, training)
 from ppo_utils.evaluation import Evaluation
 
@@ -84,7 +84,7 @@ def make_env(env_id: str, idx: int, capture_video: bool, video_folder: str,
     def thunk():
         render_mode = "rgb_array" if capture_video and idx == 0 else None
         if env_id.startswith("Jumanji/"):
-            env = envpool_games.JumanjiGame(env_id, render_mode)
+            env = jumanji_games.JumanjiGame(env_id, render_mode)
         else:
             env = gym.make(env_id, **({"render_mode": render_mode} if render_mode else {}))
         if render_mode:

@@ -3,8 +3,8 @@
 Each script holds PPO and its variant's idea; ppo_utils holds the run machinery (command_line,
 checkpoint, training and the parts of the run it puts together, environments, evaluation, exits), one
 concern a module, and knows no variant, beside the helpers of some families (atari_games,
-envpool_games, envpool_ids, procgen_games, video_recorder, adam, numpy_policy). Everything imports
-ppo_utils by its full name, and nothing in ppo/, ppo_utils/ or benchmark/ changes sys.path, so each
+envpool_games, envpool_ids, jumanji_games, procgen_games, video_recorder, adam, numpy_policy).
+Everything imports ppo_utils by its full name, and nothing in ppo/, ppo_utils/ or benchmark/ changes sys.path, so each
 module has one name. Imports go one way: from a script to the package, never from the package to a
 script, never from one script to another, and among the modules in one order (exits at the bottom).
 torchrun's ranks are ppo_atari_multigpu.py's alone. ruff holds every line to 100 characters; each
@@ -45,9 +45,11 @@ MODULES = {"exits": set(), "checkpoint": {"exits"},
            "atari_games": {"exits", "environments", "env_states"},
            # not run machinery: envpool's and Procgen's games with what RecordEpisodeStatistics
            # and RecordVideo add to gymnasium's, as CleanRL's envpool script writes its own wrapper
-           "video_recorder": set(), "envpool_games": {"exits", "video_recorder"},
+           "video_recorder": set(), "envpool_games": {"video_recorder"},
            "envpool_ids": {"exits"},
            "procgen_games": {"exits", "video_recorder"},
+           # not run machinery: envpool's ports of Jumanji's tasks as gymnasium environments
+           "jumanji_games": {"exits"},
            # not run machinery: every script's optimizer, torch.optim.Adam's update without its
            # import of the compiler
            "adam": set(),

@@ -23,7 +23,7 @@ import ppo.ppo_multidiscrete as script
 from ppo_utils import environments
 from conftest import parse_args as parse_args_of
 from ppo.ppo_multidiscrete import ActionParts, Agent, Args, main, ruled_out_share
-from ppo_utils.envpool_games import JumanjiGame
+from ppo_utils.jumanji_games import JumanjiGame
 
 SMALL = dict(env_id="Shelves-v0", num_envs=2, num_steps=32, num_minibatches=2, cuda=False)
 SMALL_FLAGS = ["--env-id", "masked_envs:Shelves-v0", "--num-envs", "2", "--num-steps", "32", "--num-minibatches",
