@@ -166,13 +166,13 @@ def test_the_first_line_of_each_module_states_its_one_concern():
         assert docstring and len(docstring.splitlines()[0]) > 40, module
 
 
-def test_ruff_finds_nothing_in_ppo_and_ppo_utils():
-    """Every line of the scripts and the modules within 100 characters, and pycodestyle's and
-    pyflakes' checks clean: pyproject.toml's [tool.ruff] settings, which an editor's ruff uses
-    too."""
+def test_ruff_finds_nothing_in_ppo_ppo_utils_and_tests():
+    """Every line of the scripts, the modules and the tests within 100 characters, and
+    pycodestyle's and pyflakes' checks clean: pyproject.toml's [tool.ruff] settings, which an
+    editor's ruff uses too."""
     pytest.importorskip("ruff", reason="ruff comes with the test extra")
     result = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "ppo",
-                             "ppo_utils"], cwd=REPO, capture_output=True, text=True)
+                             "ppo_utils", "tests"], cwd=REPO, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
