@@ -1,13 +1,15 @@
 """A one-node Slurm cluster on this machine, from Debian's `slurm-wlm` and `munge` packages, for the
 end-to-end test of `benchmark/run.py --slurm` and for trying it by hand:
 
-    python tests/slurm_cluster.py /tmp/cluster     # start; prints the SLURM_CONF to export; Ctrl-C stops
+    python tests/slurm_cluster.py /tmp/cluster     # start; prints the SLURM_CONF to export;
+                                                   # Ctrl-C stops
 
 Everything lives in one directory: a munge key and socket, slurm.conf, the daemons' state, spool,
-logs and pid files. munged, slurmctld and slurmd run as the current user (root here, as in CI) on free
-ports of 127.0.0.1, so a cluster started by hand and one started by a test do not meet, and nothing
-of the system's own Slurm or munge configuration is read or changed. Clients (sbatch, squeue, sinfo)
-find the cluster through the SLURM_CONF environment variable that `environment()` returns.
+logs and pid files. munged, slurmctld and slurmd run as the current user (root here, as in CI) on
+free ports of 127.0.0.1, so a cluster started by hand and one started by a test do not meet, and
+nothing of the system's own Slurm or munge configuration is read or changed. Clients (sbatch,
+squeue, sinfo) find the cluster through the SLURM_CONF environment variable that `environment()`
+returns.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ DAEMONS = ("munged", "mungekey", "slurmctld", "slurmd", "sbatch", "squeue", "sin
 
 
 def missing_programs() -> list[str]:
-    """The programs a cluster needs that are not installed (the sbin ones are often off a user's PATH)."""
+    """The programs a cluster needs that are not installed (the sbin ones are often off a user's
+    PATH)."""
     path = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"])
     return [name for name in DAEMONS if shutil.which(name, path=path) is None]
 
@@ -53,8 +56,8 @@ class OneNodeCluster:
         return {"SLURM_CONF": str(self.conf), "PATH": self.path}
 
     def write_config(self) -> None:
-        # Slurm checks that SlurmctldHost and the node name are this machine's host name; the address
-        # in brackets keeps all traffic on the loopback interface.
+        # Slurm checks that SlurmctldHost and the node name are this machine's host name; the
+        # address in brackets keeps all traffic on the loopback interface.
         host = socket.gethostname().split(".")[0]
         cpus = os.cpu_count() or 1
         for sub in ("state", "spool"):
@@ -84,12 +87,14 @@ class OneNodeCluster:
             "SwitchType=switch/none",
             "MailProg=/bin/true",
             "ReturnToService=2",
-            # Schedule as soon as something changes, not once a minute, so a test does not wait idle.
+            # Schedule as soon as something changes, not once a minute, so a test does not wait
+            # idle.
             "SchedulerType=sched/builtin",
             "SchedulerParameters=sched_interval=1",
             "SelectType=select/cons_tres",
             "SelectTypeParameters=CR_CPU",
-            # Use the node as described here, whatever the hardware reports about sockets and memory.
+            # Use the node as described here, whatever the hardware reports about sockets and
+            # memory.
             "SlurmdParameters=config_overrides",
             f"NodeName={host} NodeAddr=127.0.0.1 CPUs={cpus} RealMemory=1000 State=UNKNOWN",
             f"PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP",
@@ -101,11 +106,13 @@ class OneNodeCluster:
         subprocess.run(["mungekey", "--create", "--keyfile", str(key), "--force"], check=True,
                        env={**os.environ, "PATH": self.path}, capture_output=True)
         key.chmod(0o400)
-        # --force: munged refuses to run as root, or with its files outside /etc and /run, without it.
-        subprocess.run(["munged", "--force", "--key-file", str(key), "--socket", str(self.munge_socket),
-                        "--pid-file", str(self.dir / "munged.pid"), "--log-file", str(self.dir / "munged.log"),
-                        "--seed-file", str(self.dir / "munged.seed")],
-                       check=True, env={**os.environ, "PATH": self.path}, capture_output=True)
+        # --force: munged refuses to run as root, or with its files outside /etc and /run, without
+        # it.
+        subprocess.run(["munged", "--force", "--key-file", str(key), "--socket",
+                        str(self.munge_socket), "--pid-file", str(self.dir / "munged.pid"),
+                        "--log-file", str(self.dir / "munged.log"), "--seed-file",
+                        str(self.dir / "munged.seed")], check=True,
+                       env={**os.environ, "PATH": self.path}, capture_output=True)
 
     def start(self, timeout: float = HUNG_AFTER) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -114,8 +121,9 @@ class OneNodeCluster:
         env = {**os.environ, **self.environment()}
         for daemon in (["slurmctld", "-D", "-i"], ["slurmd", "-D"]):
             log = open(self.dir / f"{daemon[0]}.out", "w")
-            self.processes.append(subprocess.Popen(daemon, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                                   stdin=subprocess.DEVNULL, start_new_session=True))
+            self.processes.append(
+                subprocess.Popen(daemon, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                 stdin=subprocess.DEVNULL, start_new_session=True))
         deadline = time.time() + timeout
         while time.time() < deadline:
             for process in self.processes:
@@ -123,7 +131,8 @@ class OneNodeCluster:
                     self.stop()
                     raise RuntimeError(f"{process.args[0]} exited with code {process.returncode}: "
                                        f"{self.log_tails()}")
-            state = subprocess.run(["sinfo", "-h", "-o", "%t"], env=env, capture_output=True, text=True)
+            state = subprocess.run(["sinfo", "-h", "-o", "%t"], env=env,
+                                   capture_output=True, text=True)
             if state.returncode == 0 and state.stdout.strip() == "idle":
                 return
             time.sleep(0.5)
@@ -135,7 +144,8 @@ class OneNodeCluster:
         for name in ("munged.log", "slurmctld.log", "slurmd.log", "slurmctld.out", "slurmd.out"):
             path = self.dir / name
             if path.exists():
-                tails.append(f"\n--- {path}\n" + "\n".join(path.read_text(errors="replace").splitlines()[-15:]))
+                tails.append(f"\n--- {path}\n"
+                             + "\n".join(path.read_text(errors="replace").splitlines()[-15:]))
         return "".join(tails)
 
     def stop(self) -> None:

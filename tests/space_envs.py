@@ -1,6 +1,7 @@
-"""Environments over every combination of gymnasium's observation and action spaces, for the property
-test of tests/test_spaces.py: `--env-id space_envs:Spaces-<observations>-<actions>-v0`, importable as
-a user's own module (tests/ is on sys.path in the tests, on PYTHONPATH for a subprocess).
+"""Environments over every combination of gymnasium's observation and action spaces, for the
+property test of tests/test_spaces.py: `--env-id space_envs:Spaces-<observations>-<actions>-v0`,
+importable as a user's own module (tests/ is on sys.path in the tests, on PYTHONPATH for a
+subprocess).
 
 Each observes a sample of its observation space and pays 1 a step for 8 steps, a time limit. It
 refuses an action outside its action space, as a real environment would misbehave on one: a script
@@ -21,12 +22,14 @@ OBSERVATIONS = {
     "DiscreteFrom2": spaces.Discrete(4, start=2),
     "MultiDiscrete": spaces.MultiDiscrete([2, 3]),
     "MultiBinary": spaces.MultiBinary(4),
-    "Dict": spaces.Dict({"position": spaces.Box(-1.0, 1.0, (2,), np.float32), "door": spaces.Discrete(2)}),
+    "Dict": spaces.Dict({"position": spaces.Box(-1.0, 1.0, (2,), np.float32),
+                         "door": spaces.Discrete(2)}),
     "Tuple": spaces.Tuple((spaces.Discrete(3), spaces.Box(-1.0, 1.0, (2,), np.float32))),
     "Text": spaces.Text(6),
     "Graph": spaces.Graph(spaces.Box(-1.0, 1.0, (2,), np.float32), spaces.Discrete(2)),
     "Sequence": spaces.Sequence(spaces.Box(-1.0, 1.0, (2,), np.float32)),
-    "DictWithText": spaces.Dict({"position": spaces.Box(-1.0, 1.0, (2,), np.float32), "note": spaces.Text(4)}),
+    "DictWithText": spaces.Dict({"position": spaces.Box(-1.0, 1.0, (2,), np.float32),
+                                 "note": spaces.Text(4)}),
 }
 ACTIONS = {
     "Discrete": spaces.Discrete(3),

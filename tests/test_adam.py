@@ -1,5 +1,5 @@
-"""adam.Adam, every script's optimizer: torch.optim.Adam's update without torch.optim.Optimizer, whose
-methods import the compiler. What it must keep: torch.optim.Adam's numbers, bit for bit; its
+"""adam.Adam, every script's optimizer: torch.optim.Adam's update without torch.optim.Optimizer,
+whose methods import the compiler. What it must keep: torch.optim.Adam's numbers, bit for bit; its
 checkpoint format, both ways (checkpoints written before it existed resume); and a start that does
 not load torch._dynamo, which is why it exists."""
 
@@ -22,7 +22,8 @@ def twin_networks() -> tuple[torch.nn.Module, torch.nn.Module]:
 
 
 def train(network: torch.nn.Module, optimizer, steps: int, seed: int) -> None:
-    """Gradient steps on random inputs, the learning rate annealed between them as the scripts do."""
+    """Gradient steps on random inputs, the learning rate annealed between them as the scripts
+    do."""
     inputs = torch.Generator().manual_seed(seed)
     for step in range(steps):
         optimizer.param_groups[0]["lr"] = 1e-3 * (1.0 - step / steps)
@@ -62,7 +63,8 @@ def test_either_adam_resumes_what_the_other_saved(saver, tmp_path):
     network, _ = twin_networks()
     optimizer = classes[saver](network.parameters(), lr=1e-3, eps=1e-5, fused=True)
     train(network, optimizer, 10, seed=1)
-    torch.save({"model": network.state_dict(), "optimizer": optimizer.state_dict()}, tmp_path / "ckpt.pt")
+    torch.save({"model": network.state_dict(), "optimizer": optimizer.state_dict()},
+               tmp_path / "ckpt.pt")
 
     saved = torch.load(tmp_path / "ckpt.pt", weights_only=True)
     resumed = copy.deepcopy(network)

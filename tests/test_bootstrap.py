@@ -2,8 +2,8 @@
 must be given the value of the observation after the rollout's last step, as the agent sees it (the
 continuous script's normalized one), computed with the weights of the rollout. A value of the last
 stored observation (one step early), of a reset observation, or of an unnormalized one, differs.
-(envpool's pools: tests/test_ppo_atari_envpool.py's two-pools test; time-limit cuts inside a rollout:
-tests/test_algorithm.py.)"""
+(envpool's pools: tests/test_ppo_atari_envpool.py's two-pools test; time-limit cuts inside a
+rollout: tests/test_algorithm.py.)"""
 
 import importlib
 
@@ -12,11 +12,12 @@ import pytest
 import torch
 
 TINY = {  # a run of two iterations of each script, and what it needs installed
-    "ppo": (dict(env_id="CartPole-v1", total_timesteps=256, num_envs=2, num_steps=64, num_minibatches=2), ()),
-    "ppo_continuous_action": (dict(env_id="Pendulum-v1", total_timesteps=128, num_envs=2, num_steps=32,
-                                   num_minibatches=2, update_epochs=1), ()),
-    "ppo_atari": (dict(env_id="BreakoutNoFrameskip-v4", total_timesteps=64, num_envs=2, num_steps=16,
-                       num_minibatches=2, update_epochs=1), ("ale_py", "cv2")),
+    "ppo": (dict(env_id="CartPole-v1", total_timesteps=256, num_envs=2, num_steps=64,
+                 num_minibatches=2), ()),
+    "ppo_continuous_action": (dict(env_id="Pendulum-v1", total_timesteps=128, num_envs=2,
+                                   num_steps=32, num_minibatches=2, update_epochs=1), ()),
+    "ppo_atari": (dict(env_id="BreakoutNoFrameskip-v4", total_timesteps=64, num_envs=2,
+                       num_steps=16, num_minibatches=2, update_epochs=1), ("ale_py", "cv2")),
     # CartPole's actions as one part
     "ppo_multidiscrete": (dict(env_id="CartPole-v1", total_timesteps=256, num_envs=2, num_steps=64,
                                num_minibatches=2), ()),
@@ -55,10 +56,12 @@ def test_gae_bootstraps_from_the_observation_after_the_last_step(script, workdir
     def checking_gae(rewards, values, dones, next_value, next_done, *rest):
         (agent,) = agents
         obs = after_each_step[-1]
-        if script == "ppo_continuous_action":  # as the agent sees it, with the statistics as they stand
+        if script == "ppo_continuous_action":
+            # as the agent sees it, with the statistics as they stand
             obs = agent.normalize_obs(obs, update=False)
         with torch.no_grad():
-            expected = agent.get_value(torch.as_tensor(obs, dtype=None if script == "ppo_atari" else torch.float32))
+            expected = agent.get_value(torch.as_tensor(obs, dtype=None if script == "ppo_atari"
+                                                       else torch.float32))
         bootstraps.append((np.asarray(next_value).copy(), expected.flatten().numpy()))
         return compute_gae(rewards, values, dones, next_value, next_done, *rest)
 
@@ -97,14 +100,16 @@ def ends_made_at(step: int, terminations, truncations, infos, obs):
         final_obs = np.empty(len(truncations), dtype=object)
         for i in range(len(truncations)):
             final_obs[i] = np.array(obs[i], copy=True)
-        infos = {**infos, "final_obs": final_obs, "_final_obs": np.ones(len(truncations), dtype=bool)}
+        infos = {**infos, "final_obs": final_obs,
+                 "_final_obs": np.ones(len(truncations), dtype=bool)}
     return terminations, truncations, infos
 
 
 @pytest.mark.parametrize("script", list(CUT_RUNS))
-def test_a_step_both_terminated_and_truncated_adds_no_bootstrap_in_the_real_loop(script, workdir, monkeypatch):
-    """[Truncation] Through each script's own rollout loop: at a step whose episode the task ended as
-    the time limit struck (terminated and truncated at once) the episode is over, and nothing is
+def test_a_step_both_terminated_and_truncated_adds_no_bootstrap_in_the_real_loop(
+        script, workdir, monkeypatch):
+    """[Truncation] Through each script's own rollout loop: at a step whose episode the task ended
+    as the time limit struck (terminated and truncated at once) the episode is over, and nothing is
     bootstrapped; a step cut by the time limit alone is (--bootstrap-truncated). A loop that took
     every truncation as a cut (`cut_off = truncations`) would value the terminated one too."""
     settings, needs = CUT_RUNS[script]
@@ -123,7 +128,8 @@ def test_a_step_both_terminated_and_truncated_adds_no_bootstrap_in_the_real_loop
                 if options.get("reset"):  # the pool's reset() receives its first observations so
                     return recv(*inputs, **options)
                 obs, reward, terminations, truncations, info = recv(*inputs, **options)
-                terminations, truncations, info = ends_made_at(steps[0], terminations, truncations, info, obs)
+                terminations, truncations, info = ends_made_at(steps[0], terminations,
+                                                               truncations, info, obs)
                 steps[0] += 1
                 return obs, reward, terminations, truncations, info
 
@@ -133,7 +139,8 @@ def test_a_step_both_terminated_and_truncated_adds_no_bootstrap_in_the_real_loop
 
             def ending_step(actions):
                 obs, reward, terminations, truncations, infos = step(actions)
-                terminations, truncations, infos = ends_made_at(steps[0], terminations, truncations, infos, obs)
+                terminations, truncations, infos = ends_made_at(steps[0], terminations,
+                                                                truncations, infos, obs)
                 steps[0] += 1
                 return obs, reward, terminations, truncations, infos
 
@@ -148,6 +155,7 @@ def test_a_step_both_terminated_and_truncated_adds_no_bootstrap_in_the_real_loop
 
     monkeypatch.setattr(module, "truncated_value", recording_value)
     monkeypatch.setattr(module, "make_envs", made_to_end_both_ways)
-    module.main(module.Args(num_envs=2, num_minibatches=2, update_epochs=1, total_timesteps=2 * settings["num_steps"],
-                            bootstrap_truncated=True, cuda=False, **settings))
+    module.main(module.Args(num_envs=2, num_minibatches=2, update_epochs=1,
+                            total_timesteps=2 * settings["num_steps"], bootstrap_truncated=True,
+                            cuda=False, **settings))
     assert cuts[CUT_AT].tolist() == [False, True]

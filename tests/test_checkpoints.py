@@ -1,12 +1,12 @@
-"""Checkpoints (ppo_utils/checkpoint.py): what one holds, declared once and versioned; reading one runs
-no code that it names; writing one replaces the last one atomically. In every script.
+"""Checkpoints (ppo_utils/checkpoint.py): what one holds, declared once and versioned; reading one
+runs no code that it names; writing one replaces the last one atomically. In every script.
 
 A checkpoint crafted to run a command when it is unpickled (in a top-level entry, in the settings or
-in the environments' state) is refused by --evaluate and by --resume: exit code 2, one line that names
-what was found, and the command never runs. A checkpoint of an earlier format is refused in one line
-that names the last commit that reads it; one of today's format, kept in tests/fixtures/, resumes.
-Each script's checkpoint comes from one tiny run of its own (conftest's `tiny`), shared by the tests
-of a file.
+in the environments' state) is refused by --evaluate and by --resume: exit code 2, one line that
+names what was found, and the command never runs. A checkpoint of an earlier format is refused in
+one line that names the last commit that reads it; one of today's format, kept in tests/fixtures/,
+resumes. Each script's checkpoint comes from one tiny run of its own (conftest's `tiny`), shared by
+the tests of a file.
 """
 
 import os
@@ -27,7 +27,8 @@ FIXTURES = REPO / "tests" / "fixtures"
 
 
 class RunsACommand:
-    """Unpickled, this runs `touch <marker>`: what a crafted checkpoint can do to a pickle reader."""
+    """Unpickled, this runs `touch <marker>`: what a crafted checkpoint can do to a pickle
+    reader."""
 
     def __init__(self, marker: Path):
         self.marker = marker
@@ -43,7 +44,8 @@ def read(path: Path) -> dict:
 
 
 def first_leaf_replaced(state, payload):
-    """`state` with its first value (going down the first item of each list and dict) replaced by `payload`."""
+    """`state` with its first value (going down the first item of each list and dict) replaced by
+    `payload`."""
     if isinstance(state, list) and state:
         return [first_leaf_replaced(state[0], payload), *state[1:]]
     if isinstance(state, dict) and state:
@@ -61,9 +63,11 @@ def crafted(checkpoint: dict, where: str, payload) -> dict:
         return {**checkpoint, "args": {**checkpoint["args"], "exp_name": payload}}
     process = checkpoint["processes"][0]
     if process["envs"] is not None:
-        return {**checkpoint, "processes": [{**process, "envs": first_leaf_replaced(process["envs"], payload)},
+        return {**checkpoint, "processes": [{**process,
+                                             "envs": first_leaf_replaced(process["envs"], payload)},
                                             *checkpoint["processes"][1:]]}
-    return {**checkpoint, "recent_returns": first_leaf_replaced(checkpoint["recent_returns"] or [0.0], payload)}
+    return {**checkpoint,
+            "recent_returns": first_leaf_replaced(checkpoint["recent_returns"] or [0.0], payload)}
 
 
 @pytest.mark.parametrize("where", ["entry", "args", "envs"])
@@ -73,8 +77,8 @@ def test_a_checkpoint_that_would_run_a_command_is_refused(tiny, where, tmp_path,
     evil = tmp_path / "evil.pt"
     torch.save(crafted(read(path), where, RunsACommand(marker)), evil)
     for mode in ("--evaluate", "--resume"):
-        expect_usage_error(capsys, lambda: parse_args(script, [mode, str(evil)]), f"{script.VARIANT}.py",
-                           f"refusing {str(evil)!r}", "posix.system")
+        expect_usage_error(capsys, lambda: parse_args(script, [mode, str(evil)]),
+                           f"{script.VARIANT}.py", f"refusing {str(evil)!r}", "posix.system")
         assert not marker.exists(), mode
     torch.load(evil, weights_only=False)  # the payload is live: a pickle reader runs it
     assert marker.exists()
@@ -82,22 +86,23 @@ def test_a_checkpoint_that_would_run_a_command_is_refused(tiny, where, tmp_path,
 
 @pytest.mark.parametrize("tiny", ["ppo"], indirect=True)
 def test_the_command_line_refuses_the_crafted_checkpoint_of_the_issue(tiny, tmp_path):
-    """The issue's steps: a real checkpoint plus one entry whose unpickling calls os.system, given to
-    `python ppo/ppo.py --evaluate`, as a user would."""
+    """The issue's steps: a real checkpoint plus one entry whose unpickling calls os.system, given
+    to `python ppo/ppo.py --evaluate`, as a user would."""
     marker = tmp_path / "marker"
     torch.save({**read(tiny[1]), "notes": RunsACommand(marker)}, tmp_path / "evil.pt")
-    result = run_script("ppo.py", "--evaluate", "evil.pt", "--eval-episodes", "1", cwd=tmp_path, check=False)
+    result = run_script("ppo.py", "--evaluate", "evil.pt", "--eval-episodes", "1",
+                        cwd=tmp_path, check=False)
     assert result.returncode == 2 and result.stdout == "", result
     assert result.stderr.strip().splitlines() == [
-        "ppo.py: error: refusing 'evil.pt': it holds posix.system, which loading it would call or build; the "
-        "checkpoints of these scripts hold only tensors, arrays, numbers and text, so this file was made "
-        "otherwise or altered"]
+        "ppo.py: error: refusing 'evil.pt': it holds posix.system, which loading it would call or "
+        "build; the checkpoints of these scripts hold only tensors, arrays, numbers and text, "
+        "so this file was made otherwise or altered"]
     assert not marker.exists()
 
 
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # What a checkpoint holds, and its format
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 
 def one_batch_more(checkpoint: dict) -> dict:
@@ -117,27 +122,32 @@ def test_a_checkpoint_holds_the_declared_fields_and_each_process_its_own(tiny):
     for process in saved["processes"]:
         assert set(process) == {field.name for field in fields(checkpoints.ProcessState)}
     loaded = checkpoints.Checkpoint.read(str(path), script.VARIANT)
-    assert loaded.global_step == saved["global_step"] and len(loaded.processes) == len(saved["processes"])
+    assert (loaded.global_step == saved["global_step"]
+            and len(loaded.processes) == len(saved["processes"]))
 
 
 @pytest.mark.parametrize("tiny", ["ppo"], indirect=True)
 @pytest.mark.parametrize("written", [None, 2, 99], ids=["no-format", "format-2", "format-99"])
-def test_a_checkpoint_of_another_format_is_refused_naming_the_commit_that_reads_it(tiny, written, tmp_path, capsys):
+def test_a_checkpoint_of_another_format_is_refused_naming_the_commit_that_reads_it(
+        tiny, written, tmp_path, capsys):
     script, path = tiny
     old = {key: value for key, value in read(path).items() if key != "format"}
     torch.save(old if written is None else {**old, "format": written}, tmp_path / "old.pt")
     for mode in ("--resume", "--evaluate"):
-        line = expect_usage_error(capsys, lambda: parse_args(script, [mode, str(tmp_path / "old.pt")]), "ppo.py",
-                                  f"has checkpoint format {written or 1}, which this version of the scripts does not read")
+        line = expect_usage_error(capsys,
+                                  lambda: parse_args(script, [mode, str(tmp_path / "old.pt")]),
+                                  "ppo.py", f"has checkpoint format {written or 1}, which this "
+                                            "version of the scripts does not read")
         last = checkpoints.LAST_COMMIT_READING.get(written or 1)
         assert (f"git checkout {last}" in line) if last else "use the version that wrote it" in line
 
 
 def test_a_checkpoint_of_today_s_format_kept_from_an_earlier_commit_still_resumes(tmp_path):
     """tests/fixtures/checkpoint-format-<FORMAT>.pt: a checkpoint ppo.py wrote when the format was
-    introduced (CartPole-v1, stopped at step 256 of 512). Whatever changes in how checkpoints are read,
-    it resumes to its end, its log holding each step once; a new format keeps the old fixture resuming
-    (a migration) or says in LAST_COMMIT_READING which commit reads it, and brings a fixture of its own."""
+    introduced (CartPole-v1, stopped at step 256 of 512). Whatever changes in how checkpoints are
+    read, it resumes to its end, its log holding each step once; a new format keeps the old fixture
+    resuming (a migration) or says in LAST_COMMIT_READING which commit reads it, and brings a
+    fixture of its own."""
     fixture = FIXTURES / f"checkpoint-format-{checkpoints.FORMAT}.pt"
     run_dir = tmp_path / "runs" / "kept"
     run_dir.mkdir(parents=True)
@@ -151,25 +161,26 @@ def test_a_checkpoint_of_today_s_format_kept_from_an_earlier_commit_still_resume
 
 
 @pytest.mark.parametrize("tiny", ["ppo"], indirect=True)
-def test_saved_environments_that_do_not_fit_are_refused_in_one_line(tiny, tmp_path, capsys, monkeypatch):
-    """Data that cannot run code can still be wrong (another version of the wrappers, an altered file):
-    resuming it stops with one line, not a traceback from inside the environments."""
+def test_saved_environments_that_do_not_fit_are_refused_in_one_line(
+        tiny, tmp_path, capsys, monkeypatch):
+    """Data that cannot run code can still be wrong (another version of the wrappers, an altered
+    file): resuming it stops with one line, not a traceback from inside the environments."""
     script, path = tiny
     checkpoint = one_batch_more(read(path))
     checkpoint["processes"][0]["envs"][0][0]["class"] = "AnotherWrapper"
     torch.save(checkpoint, tmp_path / "checkpoint.pt")
     monkeypatch.chdir(tmp_path)
     args, loaded = parse_args(script, ["--resume", str(tmp_path / "checkpoint.pt")])
-    expect_usage_error(capsys, lambda: script.main(args, loaded), "ppo.py", "cannot resume the saved environments",
-                       "AnotherWrapper")
+    expect_usage_error(capsys, lambda: script.main(args, loaded), "ppo.py",
+                       "cannot resume the saved environments", "AnotherWrapper")
 
 
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # A checkpoint is replaced atomically
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
-# A process that saves a checkpoint over an earlier one and, halfway through writing it (while its state
-# is being pickled, the new file already opened), says so in a file and waits to be killed.
+# A process that saves a checkpoint over an earlier one and, halfway through writing it (while its
+# state is being pickled, the new file already opened), says so in a file and waits to be killed.
 SAVE_UNTIL_KILLED = """\
 import sys, time
 from pathlib import Path
@@ -182,14 +193,16 @@ class Halfway:
         time.sleep(600)
         return int, ()
 
-checkpoints.write_atomically(sys.argv[1], {"model": {"weight": torch.zeros(1000)}, "halfway": Halfway()})
+checkpoints.write_atomically(sys.argv[1], {"model": {"weight": torch.zeros(1000)},
+                                           "halfway": Halfway()})
 """
 
 
 def saved_over(tmp_path: Path) -> tuple[Path, bytes]:
     """A folder holding one good checkpoint, its path and its bytes."""
     path = tmp_path / "run" / "checkpoint.pt"
-    checkpoints.write_atomically(str(path), {"model": {"weight": torch.ones(1000)}, "global_step": 128})
+    checkpoints.write_atomically(str(path),
+                                 {"model": {"weight": torch.ones(1000)}, "global_step": 128})
     return path, path.read_bytes()
 
 
@@ -218,8 +231,8 @@ def test_a_save_killed_halfway_leaves_the_previous_checkpoint_and_nothing_else(t
 def test_a_save_stopped_by_a_second_ctrl_c_leaves_the_previous_checkpoint_and_nothing_else(
         tmp_path, monkeypatch, unnamed_files):
     """A second Ctrl-C during the save (the first one asked the run to stop and save) raises in the
-    middle of the write: the previous checkpoint is kept, and the unfinished file goes; also where the
-    file system has no unnamed files, and the save writes <path>.tmp."""
+    middle of the write: the previous checkpoint is kept, and the unfinished file goes; also where
+    the file system has no unnamed files, and the save writes <path>.tmp."""
     path, before = saved_over(tmp_path)
     if not unnamed_files:
         monkeypatch.delattr(os, "O_TMPFILE")
@@ -229,6 +242,7 @@ def test_a_save_stopped_by_a_second_ctrl_c_leaves_the_previous_checkpoint_and_no
             raise exits.StoppedAtOnce("Ctrl-C")
 
     with pytest.raises(exits.StoppedAtOnce):
-        checkpoints.write_atomically(str(path), {"model": {"weight": torch.zeros(1000)}, "halfway": SecondCtrlC()})
+        checkpoints.write_atomically(str(path), {"model": {"weight": torch.zeros(1000)},
+                                                 "halfway": SecondCtrlC()})
     assert sorted(path.parent.iterdir()) == [path]
     assert path.read_bytes() == before

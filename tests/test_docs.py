@@ -1,10 +1,10 @@
-"""The documentation: the site builds in strict mode, every relative link resolves, and every link to
-a line of a script still points at the implementation detail it names.
+"""The documentation: the site builds in strict mode, every relative link resolves, and every link
+to a line of a script still points at the implementation detail it names.
 
 The pages link to the scripts relative to the repository (../ppo/ppo.py#L123), as GitHub reads them;
-the checks here hold those links to the repository's files. On the site, mkdocs_hooks.py publishes the
-scripts as pages with line anchors and points the links at them: tests/test_site.py checks the built
-site.
+the checks here hold those links to the repository's files. On the site, mkdocs_hooks.py publishes
+the scripts as pages with line anchors and points the links at them: tests/test_site.py checks the
+built site.
 """
 
 import ast
@@ -26,8 +26,10 @@ DETAIL_KINDS = ("Core", "Atari", "Continuous", "LSTM", "Multi-GPU")
 
 FENCE = re.compile(r"^\s*(```|~~~)")
 HEADING = re.compile(r"^#{1,6}\s")
-# [text](target "title") and ![alt](target); the text may hold one level of brackets: [`[Core 5: GAE]`](...)
-INLINE_LINK = re.compile(r"!?\[((?:[^\[\]]|\[[^\[\]]*\])*)\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+# [text](target "title") and ![alt](target); the text may hold one level of brackets:
+# [`[Core 5: GAE]`](...)
+INLINE_LINK = re.compile(
+    r"!?\[((?:[^\[\]]|\[[^\[\]]*\])*)\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
 REFERENCE_DEFINITION = re.compile(r"^\s{0,3}\[[^\]]+\]:\s*<?(\S+?)>?(?:\s+\"[^\"]*\")?\s*$")
 HTML_LINK = re.compile(r"\b(?:href|src)\s*=\s*[\"']([^\"']+)[\"']")
 SCHEME = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*:")
@@ -43,7 +45,8 @@ def markdown_files() -> list[Path]:
 
 
 def detail_kinds() -> list[str]:
-    """Marker kinds: the known ones plus any a script uses (`[Procgen 1: ...]` would add Procgen)."""
+    """Marker kinds: the known ones plus any a script uses (`[Procgen 1: ...]` would add
+    Procgen)."""
     kinds = set(DETAIL_KINDS)
     for script in (REPO / "ppo").glob("*.py"):
         kinds.update(re.findall(r"\[([A-Z][A-Za-z-]*) \d+:", script.read_text()))
@@ -70,7 +73,8 @@ def links(path: Path, kinds: list[str]) -> list[dict]:
         if in_fence:
             continue
         if HEADING.match(line):
-            section_kind = next((kind for kind in kinds if re.search(rf"\b{kind}\b", line, re.IGNORECASE)), None)
+            section_kind = next((kind for kind in kinds
+                                 if re.search(rf"\b{kind}\b", line, re.IGNORECASE)), None)
         announced = re.search(rf"\[({'|'.join(kinds)}) N\b", line)
         if announced:
             section_kind = announced.group(1)
@@ -92,7 +96,8 @@ def links(path: Path, kinds: list[str]) -> list[dict]:
 
 
 def local_target(link: dict) -> tuple[Path, str] | None:
-    """(resolved file, fragment) of a relative link; None for web links, anchors and absolute paths."""
+    """(resolved file, fragment) of a relative link; None for web links, anchors and absolute
+    paths."""
     target = link["target"]
     if SCHEME.match(target) or target.startswith(("#", "/")):
         return None
@@ -118,13 +123,15 @@ def marker_lines(script: Path, kind: str, number: int) -> list[int]:
 
 
 def named_line(script: Path, text: str) -> tuple[str, list[int]] | None:
-    """For a link whose text names a `[Speed: ...]` marker or a name in code, that name and the lines
-    that carry it: a function or class of the script, its definition; `module.name`, the lines
-    that use it; any other name, the lines that hold it. None for texts that name nothing ("here")."""
+    """For a link whose text names a `[Speed: ...]` marker or a name in code, that name and the
+    lines that carry it: a function or class of the script, its definition; `module.name`, the lines
+    that use it; any other name, the lines that hold it. None for texts that name nothing
+    ("here")."""
     source = script.read_text().splitlines()
     speed = re.search(r"\[Speed: [^\]]+\]", text)
     if speed:
-        return speed.group(0), [i for i, line in enumerate(source, start=1) if speed.group(0) in line]
+        return speed.group(0), [i for i, line in enumerate(source, start=1)
+                                if speed.group(0) in line]
     code = re.fullmatch(r"`((\w+\.)?(\w+)[^`]*)`", text)
     if not code:
         return None
@@ -139,7 +146,8 @@ def named_line(script: Path, text: str) -> tuple[str, list[int]] | None:
 
 
 def stale_line_links(files: list[Path], kinds: list[str]) -> list[str]:
-    """Problems with links to script lines: past the end of the file, or away from the detail they name."""
+    """Problems with links to script lines: past the end of the file, or away from the detail they
+    name."""
     problems = []
     for path in files:
         for link in links(path, kinds):
@@ -155,7 +163,8 @@ def stale_line_links(files: list[Path], kinds: list[str]) -> list[str]:
             last = int(match.group(2) or first)
             length = len(script.read_text().splitlines())
             if last > length:
-                problems.append(f"{where}: {link['target']} is past the end of {script.name} ({length} lines)")
+                problems.append(f"{where}: {link['target']} is past the end of {script.name} "
+                                f"({length} lines)")
                 continue
             # A link that names no detail must name what it points at, and land on it.
             named = None if link["markers"] else named_line(script, link["text"])
@@ -163,16 +172,18 @@ def stale_line_links(files: list[Path], kinds: list[str]) -> list[str]:
                 problems.append(f"{where}: {link['target']} names nothing its line can be checked "
                                 f"against ({link['text']!r}): name the detail, marker or code")
             elif named is not None and not any(first <= line <= last for line in named[1]):
-                problems.append(f"{where}: {link['target']} names {named[0]}, which {script.name} has on "
-                                f"line(s) {', '.join(map(str, named[1])) or 'none'}")
+                problems.append(f"{where}: {link['target']} names {named[0]}, which {script.name} "
+                                f"has on line(s) {', '.join(map(str, named[1])) or 'none'}")
             for kind, number in link["markers"]:
                 lines = marker_lines(script, kind, number)
                 if not lines:
-                    problems.append(f"{where}: {link['target']} names [{kind} {number}], which {script.name} "
-                                    "does not mark")
-                elif not any(first - MARKER_WINDOW <= line <= last + MARKER_WINDOW for line in lines):
-                    problems.append(f"{where}: {link['target']} names [{kind} {number}], but {script.name} marks "
-                                    f"it on line(s) {', '.join(map(str, lines))}")
+                    problems.append(f"{where}: {link['target']} names [{kind} {number}], which "
+                                    f"{script.name} does not mark")
+                elif not any(first - MARKER_WINDOW <= line <= last + MARKER_WINDOW
+                             for line in lines):
+                    problems.append(f"{where}: {link['target']} names [{kind} {number}], but "
+                                    f"{script.name} marks it on line(s) "
+                                    f"{', '.join(map(str, lines))}")
     return problems
 
 
@@ -204,8 +215,8 @@ def test_every_relative_link_resolves():
 
 def test_the_links_of_one_line_point_at_different_lines():
     """A table row that links one detail twice names two places (Core 12: the loss that computes the
-    debug variables, and the loop that logs them); two of its links on one script line, as a renumbering
-    that sends both to the first marker leaves them, name one place twice."""
+    debug variables, and the loop that logs them); two of its links on one script line, as a
+    renumbering that sends both to the first marker leaves them, name one place twice."""
     kinds = detail_kinds()
     problems = []
     for path in markdown_files():
@@ -214,14 +225,15 @@ def test_the_links_of_one_line_point_at_different_lines():
             if "#L" in link["target"]:
                 targets_by_line.setdefault(link["line"], []).append(link["target"])
         for line, targets in targets_by_line.items():
-            problems += [f"{display(path)}:{line}: {target} twice" for target in sorted(set(targets))
-                         if targets.count(target) > 1]
+            problems += [f"{display(path)}:{line}: {target} twice"
+                         for target in sorted(set(targets)) if targets.count(target) > 1]
     assert not problems, "\n".join(problems)
 
 
 def test_script_line_links_point_at_the_details_they_name():
     problems = stale_line_links(markdown_files(), detail_kinds())
-    assert not problems, "stale links to script lines (update the line numbers):\n" + "\n".join(problems)
+    assert not problems, ("stale links to script lines (update the line numbers):\n"
+                          + "\n".join(problems))
 
 
 def test_line_link_check_catches_stale_links(tmp_path):
@@ -248,7 +260,8 @@ def test_line_link_check_catches_stale_links(tmp_path):
         "## The core details",
         "Each carries a `[Core N: ...]` comment.",
         "| 5 | GAE | [gae](../ppo/demo.py#L9) |",                      # stale: one line off
-        "| 5 | GAE | [gae](../ppo/demo.py#L10) |",                     # ok: row number in a Core table
+        # ok: row number in a Core table
+        "| 5 | GAE | [gae](../ppo/demo.py#L10) |",
         "| 5 | GAE | [gae](../ppo/demo.py#L25) |",                     # stale
         "[Core 7](../ppo/demo.py#L10)",                                # not marked in the script
         "[plain](../ppo/demo.py#L99)",                                 # past the end
@@ -263,7 +276,8 @@ def test_line_link_check_catches_stale_links(tmp_path):
         "```",
         "[Core 5](../ppo/demo.py#L1)",                                 # in a code block: ignored
         "```",
-        "| 5 | GAE | [gae](../ppo/demo.py#L1) |",                      # stale: the docstring's index
+        # stale: the docstring's index
+        "| 5 | GAE | [gae](../ppo/demo.py#L1) |",
     ]) + "\n")
     problems = stale_line_links([page], list(DETAIL_KINDS))
     flagged = sorted(int(problem.split(":")[1]) for problem in problems)
@@ -286,17 +300,19 @@ def test_every_page_is_in_the_nav():
 
 
 def test_docs_cite_nothing_outside_the_repository():
-    """A user's clone has the repository's tracked files and nothing beside them: every relative path
-    a page names, in a link or in code, must be one of them (docs/ once cited `../shared/FACTS.md`, a
-    file of the machine the project was built on)."""
-    tracked = set(subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True).stdout.split())
+    """A user's clone has the repository's tracked files and nothing beside them: every relative
+    path a page names, in a link or in code, must be one of them (docs/ once cited
+    `../shared/FACTS.md`, a file of the machine the project was built on)."""
+    tracked = set(subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True,
+                                 text=True).stdout.split())
     outside = []
     for path in markdown_files():
         for number, line in enumerate(path.read_text().splitlines(), 1):
             for target in re.findall(r"(?:\]\(|`)((?:\.\./)+[^)`\s]*)", line):
                 resolved = (path.parent / unquote(target.split("#")[0])).resolve()
                 inside = resolved.is_relative_to(REPO) and (
-                    str(resolved.relative_to(REPO)) in tracked or resolved.is_dir() or not resolved.suffix)
+                    str(resolved.relative_to(REPO)) in tracked or resolved.is_dir()
+                    or not resolved.suffix)
                 if not inside:
                     outside.append(f"{display(path)}:{number}: {target}")
     assert not outside, "paths outside the repository:\n" + "\n".join(outside)
@@ -324,18 +340,22 @@ def test_every_test_the_docs_name_exists():
 SCRIPT_PAGE_WORDS = 1_500
 USER_PAGES_WORDS = 16_000  # 12,000 until "Your own environment" (issue 37), 13,000 until the eighth
 # script's page and its results (ppo_multidiscrete.py, issue 47) joined the pages, 15,000 until a
-# trained agent's path (--watch, --export: issue 71) joined getting_started.md and each script's page
+# trained agent's path (--watch, --export: issue 71) joined getting_started.md and each script's
+# page
 
 
 def test_user_pages_stay_short_and_the_notes_come_last():
     """Each script page within SCRIPT_PAGE_WORDS, all pages outside docs/notes/ together within
     USER_PAGES_WORDS (`wc -w`), and the notes in one section at the end of the nav."""
     words = {path.relative_to(REPO / "docs").as_posix(): len(path.read_text().split())
-             for path in (REPO / "docs").glob("**/*.md") if "notes" not in path.relative_to(REPO / "docs").parts}
-    long_pages = {page: count for page, count in words.items() if page.startswith("ppo") and count > SCRIPT_PAGE_WORDS}
+             for path in (REPO / "docs").glob("**/*.md")
+             if "notes" not in path.relative_to(REPO / "docs").parts}
+    long_pages = {page: count for page, count in words.items()
+                  if page.startswith("ppo") and count > SCRIPT_PAGE_WORDS}
     assert not long_pages, f"script pages over {SCRIPT_PAGE_WORDS} words: {long_pages}"
     assert sum(words.values()) <= USER_PAGES_WORDS, (
-        f"the user pages hold {sum(words.values())} words, over {USER_PAGES_WORDS}: move lab notes to docs/notes/")
+        f"the user pages hold {sum(words.values())} words, over {USER_PAGES_WORDS}: move lab notes "
+        "to docs/notes/")
     config = (REPO / "mkdocs.yml").read_text()
     nav = config.split("\nnav:\n", 1)[1].split("\n\n", 1)[0]
     top = [line for line in nav.splitlines() if re.match(r"^  - ", line)]
@@ -346,8 +366,9 @@ def test_user_pages_stay_short_and_the_notes_come_last():
 # Phrases that speak of how the project was made, not to its readers: the machines it was built on,
 # its working sessions, files only those machines hold. The docs name the hardware a figure was
 # measured on ("a 2-core AMD EPYC VM") and cite public sources instead.
-PRIVATE_WORDING = re.compile(r"\b(?:this machine|reference machine|this VM|(?:earlier|previous|this|a) session|lent)\b"
-                             r"|\bshared/|\bseeds/\S*\.txt", re.IGNORECASE)
+PRIVATE_WORDING = re.compile(
+    r"\b(?:this machine|reference machine|this VM|(?:earlier|previous|this|a) session|lent)\b"
+    r"|\bshared/|\bseeds/\S*\.txt", re.IGNORECASE)
 
 
 def test_pages_speak_to_readers_not_of_the_project_s_own_machines():
@@ -355,5 +376,7 @@ def test_pages_speak_to_readers_not_of_the_project_s_own_machines():
     for page in [*markdown_files(), REPO / "CONTRIBUTING.md"]:
         text = " ".join(page.read_text().split())  # a phrase may break across lines
         for match in PRIVATE_WORDING.finditer(text):
-            found.append(f"{page.relative_to(REPO)}: {match.group(0)!r} in ...{text[max(0, match.start() - 50):match.end() + 50]}...")
-    assert not found, "pages that speak of the project's own machines or sessions:\n" + "\n".join(found)
+            found.append(f"{page.relative_to(REPO)}: {match.group(0)!r} in "
+                         f"...{text[max(0, match.start() - 50):match.end() + 50]}...")
+    assert not found, ("pages that speak of the project's own machines or sessions:\n"
+                       + "\n".join(found))

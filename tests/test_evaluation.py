@@ -1,5 +1,5 @@
-"""--evaluate, in every script, as the docs describe it: it samples each action from the saved policy,
-as training does (not the most likely action), on seeds that training never played.
+"""--evaluate, in every script, as the docs describe it: it samples each action from the saved
+policy, as training does (not the most likely action), on seeds that training never played.
 
 Each script's checkpoint comes from one tiny run of its own (conftest's `tiny`)."""
 
@@ -9,21 +9,24 @@ import torch
 from conftest import parse_args
 
 from ppo_utils import procgen_games  # noqa: E402
-from ppo_utils import evaluation  # noqa: E402  (the scripts' Evaluation, whose play() every evaluate() calls)
+# the scripts' Evaluation, whose play() every evaluate() calls
+from ppo_utils import evaluation  # noqa: E402
 
 
 def uniform(model: dict) -> dict:
     """The saved weights with the policy's head zeroed: every choice equally likely (a Gaussian
     policy: mean 0, standard deviation 1), whatever the observation."""
-    heads = [name for name in model if name.startswith("actor") and name.endswith(("weight", "bias"))][-2:]
+    heads = [name for name in model
+             if name.startswith("actor") and name.endswith(("weight", "bias"))][-2:]
     return {name: torch.zeros_like(value) if name in heads or name == "actor_logstd" else value
             for name, value in model.items()}
 
 
 def played_actions(script, checkpoint_path, monkeypatch) -> tuple[np.ndarray, np.ndarray]:
-    """The actions an evaluation of `checkpoint_path` played in 2 episodes, and the most likely action of
-    a uniform policy at each of those steps: the first choice of each part of the action that its mask
-    (ppo_multidiscrete.py's) allows. From every call of the policy that evaluate() hands Evaluation.play."""
+    """The actions an evaluation of `checkpoint_path` played in 2 episodes, and the most likely
+    action of a uniform policy at each of those steps: the first choice of each part of the action
+    that its mask (ppo_multidiscrete.py's) allows. From every call of the policy that evaluate()
+    hands Evaluation.play."""
     actions, first_allowed = [], []
     play = evaluation.Evaluation.play
 
@@ -32,24 +35,29 @@ def played_actions(script, checkpoint_path, monkeypatch) -> tuple[np.ndarray, np
 
         def recorded(obs, done, *more):
             decided = policy(obs, done, *more)
-            action = decided[0] if isinstance(decided, tuple) else decided  # the LSTM's: with its state
+            # the LSTM's: with its state
+            action = decided[0] if isinstance(decided, tuple) else decided
             actions.append(np.asarray(action, dtype=float).reshape(len(obs), -1))
-            masks = more[0]["action_mask"] if nvec is not None else np.ones((len(obs), 1), dtype=bool)
+            masks = (more[0]["action_mask"] if nvec is not None
+                     else np.ones((len(obs), 1), dtype=bool))
             starts = np.cumsum([0, *(nvec if nvec is not None else [1])[:-1]])
-            first_allowed.append([[np.argmax(row[start:start + n]) for start, n in zip(starts, nvec)]
-                                  if nvec is not None else [0] for row in masks])
+            first_allowed.append([[np.argmax(row[start:start + n])
+                                   for start, n in zip(starts, nvec)] if nvec is not None else [0]
+                                  for row in masks])
             return decided
 
         return play(self, envs, recorded, *rest, **options)
 
     monkeypatch.setattr(evaluation.Evaluation, "play", recording_play)
-    script.evaluate(*parse_args(script, ["--evaluate", str(checkpoint_path), "--eval-episodes", "2", "--no-cuda"]))
+    script.evaluate(*parse_args(script, ["--evaluate", str(checkpoint_path),
+                                         "--eval-episodes", "2", "--no-cuda"]))
     return np.concatenate(actions), np.concatenate(first_allowed)
 
 
 def test_an_evaluation_samples_its_actions_from_the_policy(tiny, tmp_path, monkeypatch):
     """With every choice equally likely, the most likely action is always the first one (the first
-    allowed one, under a mask), and a Gaussian's is its mean, 0; a sampled one is any, each step anew."""
+    allowed one, under a mask), and a Gaussian's is its mean, 0; a sampled one is any, each step
+    anew."""
     script, path = tiny
     checkpoint = torch.load(path, weights_only=False)
     torch.save({**checkpoint, "model": uniform(checkpoint["model"])}, tmp_path / "uniform.pt")
@@ -79,7 +87,8 @@ def recording_seeds(script, monkeypatch) -> list[int]:
         return method_recording
 
     for vector_env in (gym.vector.SyncVectorEnv, gym.vector.AsyncVectorEnv):
-        monkeypatch.setattr(vector_env, "reset", recording(vector_env.reset, lambda envs: envs.num_envs))
+        monkeypatch.setattr(vector_env, "reset",
+                            recording(vector_env.reset, lambda envs: envs.num_envs))
     if script.VARIANT == "ppo_procgen":
         monkeypatch.setattr(procgen_games.Games, "reset",
                             recording(procgen_games.Games.reset, lambda envs: envs.num_envs))
@@ -108,6 +117,7 @@ def test_an_evaluation_plays_on_seeds_that_training_never_played(tiny, tmp_path,
     training = list(played)
     assert training
     evaluated = recording_seeds(script, monkeypatch)
-    script.evaluate(*parse_args(script, ["--evaluate", str(only_run_dir(tmp_path) / "checkpoint.pt"),
+    script.evaluate(*parse_args(script, ["--evaluate",
+                                         str(only_run_dir(tmp_path) / "checkpoint.pt"),
                                          "--eval-episodes", "1", "--no-cuda"]))
     assert evaluated and not set(evaluated) & set(training), (sorted(evaluated), sorted(training))

@@ -1,17 +1,19 @@
-"""The layout: ppo/ holds the eight scripts, and ppo_utils/, the package they import, what is not PPO.
+"""The layout: ppo/ holds the eight scripts, and ppo_utils/, the package they import, what is not
+PPO.
 
 Each script holds PPO and its variant's idea; ppo_utils holds the run machinery (command_line,
-checkpoint, training and the parts of the run it puts together, environments, evaluation, exits), one
-concern a module, and knows no variant, beside the helpers of some families (atari_games,
+checkpoint, training and the parts of the run it puts together, environments, evaluation, exits),
+one concern a module, and knows no variant, beside the helpers of some families (atari_games,
 envpool_games, envpool_ids, jumanji_games, procgen_games, video_recorder, adam, numpy_policy).
-Everything imports ppo_utils by its full name, and nothing in ppo/, ppo_utils/ or benchmark/ changes sys.path, so each
-module has one name. Imports go one way: from a script to the package, never from the package to a
-script, never from one script to another, and among the modules in one order (exits at the bottom).
+Everything imports ppo_utils by its full name, and nothing in ppo/, ppo_utils/ or benchmark/ changes
+sys.path, so each module has one name. Imports go one way: from a script to the package, never from
+the package to a script, never from one script to another, and among the modules in one order (exits
+at the bottom).
 torchrun's ranks are ppo_atari_multigpu.py's alone. ruff holds every line to 100 characters; each
 script stays within 1.3 times CleanRL's same script, its import closure within CLOSURE_LINES, its
 iteration loop's run machinery within a few statements, and its diff against the script it follows
-within its number. In benchmark/, each command's modules keep to 400 lines and their functions to 60,
-or say why in a comment, and import one way, none of them the runner's command, run.py.
+within its number. In benchmark/, each command's modules keep to 400 lines and their functions to
+60, or say why in a comment, and import one way, none of them the runner's command, run.py.
 """
 
 import ast
@@ -74,7 +76,8 @@ def imported(path) -> tuple[set[str], set[str]]:
             names = {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom) and node.level == 0:
             names = {node.module} | {f"{node.module}.{alias.name}" for alias in node.names
-                                     if (PACKAGE / f"{alias.name}.py").exists() and node.module == "ppo_utils"}
+                                     if (PACKAGE / f"{alias.name}.py").exists()
+                                     and node.module == "ppo_utils"}
         else:
             continue
         everywhere |= names
@@ -88,7 +91,8 @@ def package_modules(names: set[str]) -> set[str]:
 
 
 def closure(path) -> list:
-    """The files of the project that `path` imports, directly or through each other, itself included."""
+    """The files of the project that `path` imports, directly or through each other, itself
+    included."""
     seen, waiting = [], [path]
     while waiting:
         current = waiting.pop()
@@ -103,22 +107,24 @@ def closure(path) -> list:
 
 
 def test_ppo_holds_the_eight_scripts_and_ppo_utils_the_modules():
-    """ppo/ is a folder of scripts (no __init__.py: nothing there but what a user runs); ppo_utils/ is
-    a package, which pyproject.toml installs."""
-    assert SCRIPTS == ["ppo", "ppo_atari", "ppo_atari_envpool", "ppo_atari_lstm", "ppo_atari_multigpu",
-                       "ppo_continuous_action", "ppo_multidiscrete", "ppo_procgen"]
+    """ppo/ is a folder of scripts (no __init__.py: nothing there but what a user runs); ppo_utils/
+    is a package, which pyproject.toml installs."""
+    assert SCRIPTS == ["ppo", "ppo_atari", "ppo_atari_envpool", "ppo_atari_lstm",
+                       "ppo_atari_multigpu", "ppo_continuous_action",
+                       "ppo_multidiscrete", "ppo_procgen"]
     assert {path.stem for path in PACKAGE.glob("*.py")} == {"__init__", *MODULES}
     assert "ppo_utils" in (REPO / "pyproject.toml").read_text()
 
 
 def test_nothing_changes_the_module_search_path():
     """No file of ppo/, ppo_utils/ or benchmark/ touches sys.path: each module is found by its one
-    name, from the installed package (a module found again under another name would be a second copy,
-    with classes of its own)."""
+    name, from the installed package (a module found again under another name would be a second
+    copy, with classes of its own)."""
     offenders = []
     for path in [*PPO.glob("*.py"), *PACKAGE.glob("*.py"), *REPO.glob("benchmark/**/*.py")]:
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Attribute) and node.attr == "path" and getattr(node.value, "id", "") == "sys":
+            if (isinstance(node, ast.Attribute) and node.attr == "path"
+                and getattr(node.value, "id", "") == "sys"):
                 offenders.append(f"{path.relative_to(REPO)}:{node.lineno}")
     assert not offenders, offenders
 
@@ -136,7 +142,8 @@ def test_a_module_imports_no_script_and_only_the_modules_below_it(module):
 def test_a_script_imports_the_package_and_no_other_script():
     for script in SCRIPTS:  # (a loop, not parameters: a test named after ppo_procgen is Procgen's)
         _, everywhere = imported(PPO / f"{script}.py")
-        others = {f"ppo.{other}" for other in SCRIPTS if other != script} | (set(SCRIPTS) - {script})
+        others = ({f"ppo.{other}" for other in SCRIPTS if other != script}
+                  | (set(SCRIPTS) - {script}))
         assert not everywhere & others, f"{script}.py imports another script"
         assert {"command_line", "training"} <= package_modules(everywhere), script
 
@@ -147,13 +154,13 @@ def test_only_the_multigpu_script_reaches_torchrun_s_ranks():
         assert ("ranks" in reached) == (script == "ppo_atari_multigpu"), script
 
 
-# Not yet: 2,156 (ppo_atari.py) to 2,365 (ppo_multidiscrete.py) lines, 2,005 to 2,149 before issue 70
-# (spaces.py: a user's environment) and issue 71 (--watch, --export: watching.py, model_folder.py)
-# joined the scripts' paths.
+# Not yet: 2,156 (ppo_atari.py) to 2,365 (ppo_multidiscrete.py) lines, 2,005 to 2,149 before issue
+# 70 (spaces.py: a user's environment) and issue 71 (--watch, --export: watching.py,
+# model_folder.py) joined the scripts' paths.
 @pytest.mark.xfail(strict=True, reason="issue 69's 2,100 lines: every script's closure is over it")
 def test_each_script_imports_at_most_closure_lines_of_project_code():
-    sizes = {script: sum(len(path.read_text().splitlines()) for path in closure(PPO / f"{script}.py"))
-             for script in SCRIPTS}
+    sizes = {script: sum(len(path.read_text().splitlines())
+                         for path in closure(PPO / f"{script}.py")) for script in SCRIPTS}
     assert max(sizes.values()) <= CLOSURE_LINES, sizes
 
 
@@ -163,21 +170,30 @@ def test_the_first_line_of_each_module_states_its_one_concern():
         assert docstring and len(docstring.splitlines()[0]) > 40, module
 
 
-def test_ruff_finds_nothing_in_ppo_and_ppo_utils():
-    """Every line of the scripts and the modules within 100 characters, and pycodestyle's and
-    pyflakes' checks clean: pyproject.toml's [tool.ruff] settings, which an editor's ruff uses too."""
+def test_ruff_finds_nothing_in_ppo_ppo_utils_and_tests():
+    """Every line of the scripts, the modules and the tests within 100 characters, and
+    pycodestyle's and pyflakes' checks clean: pyproject.toml's [tool.ruff] settings, which an
+    editor's ruff uses too."""
     pytest.importorskip("ruff", reason="ruff comes with the test extra")
-    result = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "ppo", "ppo_utils"], cwd=REPO,
-                            capture_output=True, text=True)
+    folders = ["ppo", "ppo_utils", "tests"]
+    ruff = [sys.executable, "-m", "ruff", "check", "--no-cache"]
+    result = subprocess.run(ruff + folders, cwd=REPO, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
+    # every file checked: one that pyproject.toml's `include` leaves out would pass unread
+    checked = subprocess.run(ruff + ["--show-files"] + folders, cwd=REPO, capture_output=True,
+                             text=True).stdout
+    unread = [str(path.relative_to(REPO)) for folder in folders
+              for path in (REPO / folder).glob("*.py") if str(path) not in checked]
+    assert not unread, f"ruff does not check {unread}: add them to [tool.ruff] include"
 
 
 # The iteration loop of main() reads as PPO: the iterations come from the run (resume and the stop
 # signals inside it), and its run machinery stays within these many statements: what the run records
 # after each step (the episodes that ended, the progress line) and at the iteration's end (the
 # divergence guard, the logs, the checkpoint; under torchrun, the ranks' agreement too).
-MACHINERY = re.compile(r"\brun\.|\btraining\.|\benvironments\.|\bcheckpoint\.|\bexits\.|cudagraph_mark_step_begin"
-                       r"|args\.cudagraphs|writer\.|\ball_gather|dist\.all_gather")
+MACHINERY = re.compile(r"\brun\.|\btraining\.|\benvironments\.|\bcheckpoint\.|\bexits\."
+                       r"|cudagraph_mark_step_begin|args\.cudagraphs|writer\.|\ball_gather"
+                       r"|dist\.all_gather")
 MOST_MACHINERY_IN_THE_LOOP = 3
 
 
@@ -219,9 +235,9 @@ def test_the_iteration_loop_holds_little_but_ppo():
 
 
 def test_the_iterations_come_from_the_run():
-    """Where a run starts (a resumed one: after its checkpoint's iteration) and where it stops (after
-    the iteration in which a stop signal came) is the run's to say: no script's loop counts its own
-    iterations, or breaks on a signal itself."""
+    """Where a run starts (a resumed one: after its checkpoint's iteration) and where it stops
+    (after the iteration in which a stop signal came) is the run's to say: no script's loop counts
+    its own iterations, or breaks on a signal itself."""
     for script in SCRIPTS:
         source = (PPO / f"{script}.py").read_text()
         main = next(node for node in ast.parse(source).body
@@ -234,16 +250,17 @@ def test_the_iterations_come_from_the_run():
 
 
 # How much each variant adds to the script it follows, measured as `diff a b | grep -c '^[<>]'`: the
-# lines a reader compares to see the variant's idea. A change that must grow a diff says why by raising
-# its number, in the same commit; one that shrinks it lowers the number. Measured on 2026-12-02, once
-# the run's machinery-narrating comments left the scripts (issue 69).
+# lines a reader compares to see the variant's idea. A change that must grow a diff says why by
+# raising its number, in the same commit; one that shrinks it lowers the number. Measured on
+# 2026-12-02, once the run's machinery-narrating comments left the scripts (issue 69).
 NEIGHBOUR_DIFFS = {("ppo", "ppo_atari"): 223, ("ppo_atari", "ppo_procgen"): 303,
                    ("ppo_atari", "ppo_atari_multigpu"): 234, ("ppo_atari", "ppo_atari_lstm"): 187,
                    ("ppo_atari", "ppo_atari_envpool"): 251, ("ppo", "ppo_continuous_action"): 175,
                    # 314 until issue 70's MultiBinary actions and the observations flattened whole
                    ("ppo", "ppo_multidiscrete"): 316}
-# The lines of CleanRL's same script (vwxyzjn/cleanrl at v1.0.0 and later: ppo.py, ppo_atari.py, ...);
-# each script here stays within 1.3 times them, ppo_multidiscrete.py, which CleanRL lacks, within 560.
+# The lines of CleanRL's same script (vwxyzjn/cleanrl at v1.0.0 and later: ppo.py, ppo_atari.py,
+# ...); each script here stays within 1.3 times them, ppo_multidiscrete.py, which CleanRL lacks,
+# within 560.
 CLEANRL_LINES = {"ppo": 312, "ppo_atari": 329, "ppo_atari_lstm": 375, "ppo_atari_envpool": 344,
                  "ppo_continuous_action": 353, "ppo_procgen": 346, "ppo_atari_multigpu": 403}
 MULTIDISCRETE_LINES = 560
@@ -272,9 +289,10 @@ def test_each_variant_adds_little_to_its_neighbour():
     assert not grown, "\n".join(grown)
 
 
-# benchmark/: each command (run.py, report.py, tune.py) over modules of one concern each. A module over
-# this many lines, or a function over FUNCTION_LINES, says why in a comment at its top (`# Over 400
-# lines, kept whole: ...`; for a function, a comment on its first line or the one above).
+# benchmark/: each command (run.py, report.py, tune.py) over modules of one concern each. A module
+# over this many lines, or a function over FUNCTION_LINES, says why in a comment at its top
+# (`# Over 400 lines, kept whole: ...`; for a function, a comment on its first line or the one
+# above).
 MODULE_LINES, FUNCTION_LINES = 400, 60
 BENCHMARK = sorted([*REPO.glob("benchmark/*.py"), *REPO.glob("benchmark/*/*.py")])
 
@@ -283,10 +301,11 @@ def benchmark_imports(path) -> set[str]:
     """The benchmark modules a file of benchmark/ imports, by dotted name."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "benchmark":
+        if (isinstance(node, ast.ImportFrom) and node.module
+            and node.module.split(".")[0] == "benchmark"):
             packages = {".".join(file.relative_to(REPO).parent.parts) for file in BENCHMARK}
-            found |= ({f"{node.module}.{alias.name}" for alias in node.names} if node.module in packages
-                      else {node.module})
+            found |= ({f"{node.module}.{alias.name}" for alias in node.names}
+                      if node.module in packages else {node.module})
     return found
 
 
@@ -294,30 +313,36 @@ def test_benchmark_modules_stay_short_or_say_why():
     long_modules = [path.relative_to(REPO).as_posix() for path in BENCHMARK
                     if len(path.read_text().splitlines()) > MODULE_LINES
                     and not path.read_text().startswith(f"# Over {MODULE_LINES} lines")]
-    assert not long_modules, f"over {MODULE_LINES} lines with no comment at the top saying why: {long_modules}"
+    assert not long_modules, (f"over {MODULE_LINES} lines with no comment at the top saying why: "
+                              f"{long_modules}")
     long_functions = []
     for path in BENCHMARK:
         lines = path.read_text().splitlines()
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and \
                     node.end_lineno - node.lineno + 1 > FUNCTION_LINES:
-                said = "#" in lines[node.lineno - 1] or lines[node.lineno - 2].strip().startswith("#")
+                said = ("#" in lines[node.lineno - 1]
+                        or lines[node.lineno - 2].strip().startswith("#"))
                 if not said:
                     long_functions.append(f"{path.relative_to(REPO).as_posix()}: {node.name}")
-    assert not long_functions, f"over {FUNCTION_LINES} lines with no comment saying why: {long_functions}"
+    assert not long_functions, (f"over {FUNCTION_LINES} lines with no comment saying why: "
+                                f"{long_functions}")
 
 
 def test_benchmark_modules_import_one_way():
-    """No cycle among benchmark/'s modules: each command imports its parts, and no part imports it back."""
-    graph = {".".join(path.relative_to(REPO).with_suffix("").parts): benchmark_imports(path) for path in BENCHMARK}
+    """No cycle among benchmark/'s modules: each command imports its parts, and no part imports it
+    back."""
+    graph = {".".join(path.relative_to(REPO).with_suffix("").parts): benchmark_imports(path)
+             for path in BENCHMARK}
 
     def cycle_from(module: str, path: list[str]) -> list[str] | None:
         if module in path:
             return path[path.index(module):] + [module]
-        return next((found for imported in graph.get(module, ()) if (found := cycle_from(imported, path + [module]))),
-                    None)
+        return next((found for imported in graph.get(module, ())
+                     if (found := cycle_from(imported, path + [module]))), None)
 
     cycles = [cycle for module in graph if (cycle := cycle_from(module, []))]
     assert not cycles, f"import cycles: {cycles}"
     importers = [module for module, imported in graph.items() if "benchmark.run" in imported]
-    assert not importers, f"{importers} import run.py, the command: import the part that holds the name"
+    assert not importers, (f"{importers} import run.py, the command: import the part that "
+                           "holds the name")

@@ -1,11 +1,11 @@
 """The locks (locks/main.txt, locks/procgen.txt, locks/tools.txt) satisfy pyproject.toml.
 
 Each tested stack is installed from its lock and nothing else (noxfile.py: `uv pip sync`), so a lock
-that pyproject.toml no longer admits would test releases users cannot get: a floor raised above a pin,
-a release excluded after it was locked, a new dependency missing from the lock. Each requirement that
-applies to a stack (its extra, the extras that one names, the core dependencies, on the Python the
-stacks are tested on) must be pinned in the stack's lock to a version its specifier admits. When this
-fails, renew the locks: `nox -s lock` (CONTRIBUTING.md).
+that pyproject.toml no longer admits would test releases users cannot get: a floor raised above a
+pin, a release excluded after it was locked, a new dependency missing from the lock. Each
+requirement that applies to a stack (its extra, the extras that one names, the core dependencies, on
+the Python the stacks are tested on) must be pinned in the stack's lock to a version its specifier
+admits. When this fails, renew the locks: `nox -s lock` (CONTRIBUTING.md).
 """
 
 import ast
@@ -27,7 +27,8 @@ PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)$")
 def noxfile_constant(name: str):
     """A constant of noxfile.py (STACKS, PYTHON), read without importing nox."""
     for node in ast.parse((REPO / "noxfile.py").read_text()).body:
-        if isinstance(node, ast.Assign) and any(getattr(target, "id", None) == name for target in node.targets):
+        if isinstance(node, ast.Assign) and any(getattr(target, "id", None) == name
+                                                for target in node.targets):
             return ast.literal_eval(node.value)
     raise LookupError(f"noxfile.py defines no {name}")
 
@@ -45,7 +46,8 @@ def test_pyproject_admits_exactly_the_tested_pythons():
     named = [line.rsplit(":: ", 1)[1] for line in project["classifiers"]
              if re.fullmatch(r"Programming Language :: Python :: 3\.\d+", line)]
     assert named == tested
-    admitted = [f"3.{minor}" for minor in range(8, 20) if f"3.{minor}.0" in SpecifierSet(project["requires-python"])]
+    admitted = [f"3.{minor}" for minor in range(8, 20)
+                if f"3.{minor}.0" in SpecifierSet(project["requires-python"])]
     assert admitted == tested
 
 
@@ -68,7 +70,8 @@ def requirements(extra: str) -> list[Requirement]:
     extra's, following the extras it names (`ppo-scripts[atari,...]`), with the markers that hold on
     the stacks' Python."""
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-    environment = {**default_environment(), "python_version": noxfile_constant("PYTHON"), "extra": ""}
+    environment = {**default_environment(),
+                   "python_version": noxfile_constant("PYTHON"), "extra": ""}
     found = [Requirement(text) for text in project["dependencies"]]
     todo, seen = [extra], set()
     while todo:
@@ -82,7 +85,8 @@ def requirements(extra: str) -> list[Requirement]:
                 todo += sorted(requirement.extras)
             else:
                 found.append(requirement)
-    return [requirement for requirement in found if requirement.marker is None or requirement.marker.evaluate(environment)]
+    return [requirement for requirement in found
+            if requirement.marker is None or requirement.marker.evaluate(environment)]
 
 
 def unmet(pinned: dict[str, Version], required: list[Requirement]) -> list[str]:
@@ -118,7 +122,8 @@ def test_the_tools_lock_meets_the_tools_group():
 def test_each_lock_is_written_by_the_lock_command_and_holds_pytorchs_cpu_build(stack):
     text = lock_text(stack)
     assert "#    nox -s lock" in text.splitlines()[:3]
-    (torch,) = [line for line in (REPO / "locks" / "torch.txt").read_text().splitlines() if PIN.match(line)]
+    (torch,) = [line for line in (REPO / "locks" / "torch.txt").read_text().splitlines()
+                if PIN.match(line)]
     assert pins(text)["torch"] == Version(PIN.match(torch).group(2))
 
 
@@ -135,13 +140,16 @@ def test_a_pin_outside_a_range_or_a_missing_package_is_found():
     planted = re.sub(r"(?m)^numpy==\S+$", "numpy==1.23.5", text)
     planted = re.sub(r"(?m)^mujoco==\S+$", "mujoco==4.0.0", planted)
     planted = re.sub(r"(?m)^tyro==\S+$\n", "", planted)
-    problems = set(unmet(pins(planted), requirements("test"))) - set(unmet(pins(text), requirements("test")))
-    assert sorted(problems) == ["mujoco==4.0.0 is outside mujoco!=4.0.0", "numpy==1.23.5 is outside numpy>=1.24",
+    problems = (set(unmet(pins(planted), requirements("test")))
+                - set(unmet(pins(text), requirements("test"))))
+    assert sorted(problems) == ["mujoco==4.0.0 is outside mujoco!=4.0.0",
+                                "numpy==1.23.5 is outside numpy>=1.24",
                                 "tyro>=0.8 is not in the lock"], problems
 
 
 def test_the_procgen_stack_looks_in_every_file_that_holds_a_procgen_test(request):
-    """The Procgen stack runs `-m procgen` on the files noxfile.py names: a Procgen test elsewhere would
-    run in neither stack. (Checked on the files this pytest run collected: all of them in the main stack.)"""
+    """The Procgen stack runs `-m procgen` on the files noxfile.py names: a Procgen test elsewhere
+    would run in neither stack. (Checked on the files this pytest run collected: all of them in the
+    main stack.)"""
     _, _, files = STACKS["procgen"]
     assert request.config.stash[conftest.PROCGEN_TEST_FILES] - set(files) == set()

@@ -39,9 +39,9 @@ NO_FIRE_ID = "AsterixNoFrameskip-v4"
 GRAY_LEVELS = 1
 
 
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Helpers: recording what a run sees, and the reference's reward and observation statistics
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 
 def record_outputs(monkeypatch, env_class: type) -> list:
@@ -57,7 +57,8 @@ def record_outputs(monkeypatch, env_class: type) -> list:
 
     def recording_step(self, actions):
         obs, reward, terminated, truncated, info = step(self, actions)
-        outputs.append(("step", *(np.array(value, copy=True) for value in (obs, reward, terminated, truncated))))
+        outputs.append(("step", *(np.array(value, copy=True)
+                                  for value in (obs, reward, terminated, truncated))))
         return obs, reward, terminated, truncated, info
 
     monkeypatch.setattr(env_class, "reset", recording_reset)
@@ -66,7 +67,8 @@ def record_outputs(monkeypatch, env_class: type) -> list:
 
 
 def record_calls(monkeypatch, owner, name: str, keep) -> list:
-    """Within the test, each call of owner.name appends keep(*args, **kwargs), then runs unchanged."""
+    """Within the test, each call of owner.name appends keep(*args, **kwargs), then runs
+    unchanged."""
     calls, original = [], getattr(owner, name)
 
     def recording(*args, **kwargs):
@@ -79,29 +81,32 @@ def record_calls(monkeypatch, owner, name: str, keep) -> list:
 
 def the_whole_batch(size: int):
     """A `keep` for record_calls on Agent.get_action_and_value: the observations of the batched pass
-    over a whole rollout of `size` transitions; None for every other call (minibatches, single steps)."""
-    return lambda agent, obs, action=None: obs.clone() if action is not None and len(obs) == size else None
+    over a whole rollout of `size` transitions; None for every other call (minibatches, single
+    steps)."""
+    return (lambda agent, obs, action=None: obs.clone()
+            if action is not None and len(obs) == size else None)
 
 
 def mean_and_var(samples: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Mean and variance over the first axis of all `samples`, merged with the prior that the
-    references' running statistics start from (openai/baselines' RunningMeanStd and gymnasium's: mean
-    0, variance 1, a count of 1e-4), in closed form over the whole history rather than batch by batch
-    as the scripts do."""
+    references' running statistics start from (openai/baselines' RunningMeanStd and gymnasium's:
+    mean 0, variance 1, a count of 1e-4), in closed form over the whole history rather than batch by
+    batch as the scripts do."""
     prior, count = 1e-4, len(samples)
     total = prior + count
     mean, var = samples.mean(axis=0), samples.var(axis=0)
-    return mean * count / total, (prior + var * count + np.square(mean) * prior * count / total) / total
+    return mean * count / total, (prior + var * count
+                                  + np.square(mean) * prior * count / total) / total
 
 
 def scaled_rewards(rewards: np.ndarray, restarts: np.ndarray, gamma: float, clip: float,
                    restart_after: bool) -> np.ndarray:
     """The reference's reward scaling, written from its description: per environment a return
-    discounted by gamma accumulates the raw rewards; each reward is divided by the standard deviation
-    of every return so far (all environments together, mean_and_var), then clipped to [-clip, clip].
-    The return restarts where `restarts` is set: after that step (restart_after: openai/baselines'
-    VecNormalize, as Procgen's reference uses it), or at it, the terminal step's return being its
-    own reward (gymnasium's NormalizeReward, as the MuJoCo reference uses it)."""
+    discounted by gamma accumulates the raw rewards; each reward is divided by the standard
+    deviation of every return so far (all environments together, mean_and_var), then clipped to
+    [-clip, clip]. The return restarts where `restarts` is set: after that step (restart_after:
+    openai/baselines' VecNormalize, as Procgen's reference uses it), or at it, the terminal step's
+    return being its own reward (gymnasium's NormalizeReward, as the MuJoCo reference uses it)."""
     returns, seen, scaled = np.zeros(rewards.shape[1]), [], np.zeros(rewards.shape)
     for t, (reward, restart) in enumerate(zip(rewards, restarts)):
         returns = returns * gamma * (1.0 if restart_after else 1.0 - restart) + reward
@@ -112,7 +117,8 @@ def scaled_rewards(rewards: np.ndarray, restarts: np.ndarray, gamma: float, clip
     return scaled
 
 
-def assert_same_vector_env_outputs(made: gym.vector.VectorEnv, reference: gym.vector.VectorEnv, actions) -> None:
+def assert_same_vector_env_outputs(made: gym.vector.VectorEnv, reference: gym.vector.VectorEnv,
+                                   actions) -> None:
     """Both vector envs, seeded alike and given the same actions, return the same observations,
     rewards, terminations, truncations and final observations; some episodes end on the way."""
     np.testing.assert_array_equal(made.reset(seed=5)[0], reference.reset(seed=5)[0])
@@ -129,17 +135,17 @@ def assert_same_vector_env_outputs(made: gym.vector.VectorEnv, reference: gym.ve
 
 @pytest.fixture
 def one_torch_thread():
-    """The tests that train run on one PyTorch thread: faster for these tiny batches on a busy 2-core
-    machine."""
+    """The tests that train run on one PyTorch thread: faster for these tiny batches on a busy
+    2-core machine."""
     previous = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(previous)
 
 
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Helpers: raw Atari frames, and the observations they should become
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 
 def ale_script(name: str):
@@ -154,7 +160,8 @@ def frames_per_observation(script) -> int:
 
 
 def shrink(gray: np.ndarray) -> np.ndarray:
-    """A 210x160 grayscale screen as the Atari details want it: 84x84, OpenCV's area interpolation."""
+    """A 210x160 grayscale screen as the Atari details want it: 84x84, OpenCV's area
+    interpolation."""
     import cv2
 
     return cv2.resize(gray, (84, 84), interpolation=cv2.INTER_AREA)
@@ -164,14 +171,15 @@ def assert_frames_close(actual: np.ndarray, expected: np.ndarray, what: str) -> 
     assert actual.shape == expected.shape, (what, actual.shape, expected.shape)
     difference = np.abs(actual.astype(np.int16) - expected.astype(np.int16))
     worst = int(difference.max())
-    assert worst <= GRAY_LEVELS, (f"{what}: {np.mean(difference > GRAY_LEVELS):.2%} of the pixels differ by more "
-                                  f"than {GRAY_LEVELS} gray level(s), by up to {worst}")
+    assert (worst <= GRAY_LEVELS), (f"{what}: {np.mean(difference > GRAY_LEVELS):.2%} of the "
+                                    f"pixels differ by more than {GRAY_LEVELS} gray level(s), "
+                                    f"by up to {worst}")
 
 
 @dataclass
 class Frame:
-    """One emulated frame: the name of the action the emulator was asked for ("start" marks a new game
-    instead), the reward it paid, the lives after it, and its grayscale screen."""
+    """One emulated frame: the name of the action the emulator was asked for ("start" marks a new
+    game instead), the reward it paid, the lives after it, and its grayscale screen."""
     action: str
     reward: float
     lives: int
@@ -179,9 +187,9 @@ class Frame:
 
 
 class FrameLog:
-    """Stands in for an ale-py AtariEnv's emulator (`env.unwrapped.ale`) and notes every frame it runs
-    and every new game; everything else goes to the emulator unchanged. Every wrapper of the scripts
-    sits above AtariEnv, whose frames all pass through `ale.act`, one call per frame."""
+    """Stands in for an ale-py AtariEnv's emulator (`env.unwrapped.ale`) and notes every frame it
+    runs and every new game; everything else goes to the emulator unchanged. Every wrapper of the
+    scripts sits above AtariEnv, whose frames all pass through `ale.act`, one call per frame."""
 
     def __init__(self, ale):
         self._ale = ale
@@ -189,7 +197,8 @@ class FrameLog:
 
     def act(self, action, *args):
         reward = self._ale.act(action, *args)
-        self.frames.append(Frame(action.name, reward, self._ale.lives(), self._ale.getScreenGrayscale()))
+        self.frames.append(Frame(action.name, reward, self._ale.lives(),
+                                 self._ale.getScreenGrayscale()))
         return reward
 
     def reset_game(self):
@@ -213,10 +222,10 @@ def log_frames(envs: gym.vector.SyncVectorEnv) -> FrameLog:
 
 @dataclass
 class Played:
-    """What the emulator ran during one call of the vector env, kept small: the actions of its frames,
-    their rewards and lives, and the frames an observation can be made of: `pooled_after_4` from the
-    3rd and 4th frames (None unless 4 frames ran before any new game), `pooled_last` from the last two
-    frames, `last` the last frame alone."""
+    """What the emulator ran during one call of the vector env, kept small: the actions of its
+    frames, their rewards and lives, and the frames an observation can be made of: `pooled_after_4`
+    from the 3rd and 4th frames (None unless 4 frames ran before any new game), `pooled_last` from
+    the last two frames, `last` the last frame alone."""
     actions: list[str]
     rewards: list[float]
     lives: list[int]
@@ -229,7 +238,8 @@ class Played:
         screens = [frame.gray for frame in frames]
         first_four = len(screens) >= 4 and all(screen is not None for screen in screens[:4])
         last_two = len(screens) >= 2 and all(screen is not None for screen in screens[-2:])
-        return cls([f.action for f in frames], [f.reward for f in frames], [f.lives for f in frames],
+        return cls([f.action for f in frames], [f.reward for f in frames],
+                   [f.lives for f in frames],
                    shrink(np.maximum(screens[2], screens[3])) if first_four else None,
                    shrink(np.maximum(screens[-2], screens[-1])) if last_two else None,
                    shrink(screens[-1]) if screens and screens[-1] is not None else None)
@@ -270,15 +280,16 @@ def ale_play(script_name: str, env_id: str, seed: int = 1, extra_steps: int = 8)
     log = log_frames(envs)
     meanings = envs.envs[0].unwrapped.get_action_meanings()
     obs, _ = envs.reset(seed=seed)
-    play = Play(meanings, log.getFloat("repeat_action_probability"), obs[0].copy(), Played.of(log.take()))
+    play = Play(meanings, log.getFloat("repeat_action_probability"), obs[0].copy(),
+                Played.of(log.take()))
     rng = np.random.default_rng(seed)
     steps_left = None
     while steps_left != 0:
         action = int(rng.integers(len(meanings)))
         obs, reward, terminated, truncated, infos = envs.step(np.array([action]))
         ended = bool(terminated[0] or truncated[0])
-        play.steps.append(Step(action, obs[0].copy(), float(reward[0]), bool(terminated[0]), bool(truncated[0]),
-                               infos["final_obs"][0].copy() if ended else None,
+        play.steps.append(Step(action, obs[0].copy(), float(reward[0]), bool(terminated[0]),
+                               bool(truncated[0]), infos["final_obs"][0].copy() if ended else None,
                                [(0, *game) for game in finished_episodes(infos)],
                                Played.of(log.take())))
         if steps_left is not None:
@@ -297,8 +308,8 @@ def reset_actions(meanings: list[str]) -> list[str]:
 
 
 def no_ops_of_a_new_game(actions: list[str], meanings: list[str]) -> int:
-    """The number of no-op frames of a game start; `actions` must be "start", one or more NOOP frames,
-    then reset_actions(meanings)."""
+    """The number of no-op frames of a game start; `actions` must be "start", one or more NOOP
+    frames, then reset_actions(meanings)."""
     tail = reset_actions(meanings)
     assert actions[0] == "start" and actions[len(actions) - len(tail):] == tail, actions
     no_ops = actions[1:len(actions) - len(tail)]
@@ -332,17 +343,18 @@ def reset_part(step: Step, kind: str) -> list[str]:
 
 def first_frame_of_a_game(played: Played, meanings: list[str]) -> np.ndarray:
     """A new game's first observed frame: with FIRE, the max of the last two frames of the step of
-    action 2; without, the last no-op frame alone, as the original NoopResetEnv gives it (there is no
-    earlier frame of that game to pool it with)."""
+    action 2; without, the last no-op frame alone, as the original NoopResetEnv gives it (there is
+    no earlier frame of that game to pool it with)."""
     return played.pooled_last if reset_actions(meanings) else played.last
 
 
 def expected_observations(play: Play, frames: int):
-    """For each step of `play`, (the expected final_obs or None, the expected obs), stacks of `frames`
-    frames built from the emulator's raw frames alone: a step's new frame is the max of its 3rd and
-    4th frames, appended last, the oldest dropped; after any reset the stack holds the reset's frame
-    `frames` times (the original FrameStack's fill). The final observation of a game is None:
-    gymnasium's AtariPreprocessing stops at the game's end within the 4 frames, and no one acts on it."""
+    """For each step of `play`, (the expected final_obs or None, the expected obs), stacks of
+    `frames` frames built from the emulator's raw frames alone: a step's new frame is the max of its
+    3rd and 4th frames, appended last, the oldest dropped; after any reset the stack holds the
+    reset's frame `frames` times (the original FrameStack's fill). The final observation of a game
+    is None: gymnasium's AtariPreprocessing stops at the game's end within the 4 frames, and no one
+    acts on it."""
     stack = [first_frame_of_a_game(play.reset, play.meanings)] * frames
     for step in play.steps:
         kind, final = kind_of(step, play), None
@@ -360,11 +372,12 @@ SHORT_GAMES_ID = "ObservationTestShortBreakout-v0"
 
 
 def register_short_games() -> None:
-    """Breakout cut off after 48 frames: a new game every few steps, without reloading the ROM (0.3 s
-    here) as a seeded reset does."""
+    """Breakout cut off after 48 frames: a new game every few steps, without reloading the ROM (0.3
+    s here) as a seeded reset does."""
     if SHORT_GAMES_ID not in gym.registry:
         gym.register(id=SHORT_GAMES_ID, entry_point="ale_py.env:AtariEnv",
-                     kwargs={"game": "breakout", "repeat_action_probability": 0.0, "max_num_frames_per_episode": 48})
+                     kwargs={"game": "breakout", "repeat_action_probability": 0.0,
+                             "max_num_frames_per_episode": 48})
 
 
 @pytest.fixture(params=ALE_SCRIPTS)
@@ -379,21 +392,21 @@ def forget_the_plays_afterwards():
     ale_play.cache_clear()
 
 
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Helpers: envpool's games replayed on ale-py's emulator
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 
 class EmulatorReplay:
     """Replays an envpool Atari game on ale-py's emulator (no preprocessing, one frame per act, no
     sticky actions) and says what each step should return.
 
-    envpool's no-ops come from its own generator, so at each reset every count it could have drawn is
-    tried (0-29 no-op frames then one FIRE frame in games with FIRE, 1-30 no-op frames in the others:
-    envpool's reset) and those whose frame matches envpool's are kept as candidates. Several can
-    match (Breakout's screen stands still until the ball is launched): the replay goes on with the
-    first, and on a mismatch tries the others from the reset on; it fails only when none reproduces
-    what envpool returned."""
+    envpool's no-ops come from its own generator, so at each reset every count it could have drawn
+    is tried (0-29 no-op frames then one FIRE frame in games with FIRE, 1-30 no-op frames in the
+    others: envpool's reset) and those whose frame matches envpool's are kept as candidates. Several
+    can match (Breakout's screen stands still until the ball is launched): the replay goes on with
+    the first, and on a mismatch tries the others from the reset on; it fails only when none
+    reproduces what envpool returned."""
 
     def __init__(self, game_id: str):
         import ale_py
@@ -407,7 +420,8 @@ class EmulatorReplay:
         self.candidates, self.history = [], []
 
     def reset(self, new_game: bool, observed: np.ndarray) -> None:
-        """envpool reset its game (a new one, or the same one after a lost life) and shows `observed`."""
+        """envpool reset its game (a new one, or the same one after a lost life) and shows
+        `observed`."""
         if new_game:
             self.ale.reset_game()
         state, self.candidates, self.history = self.ale.cloneState(), [], []
@@ -420,10 +434,12 @@ class EmulatorReplay:
                 self.ale.act(self.fire)
             elif no_ops == 0:
                 continue
-            if np.abs(shrink(self.ale.getScreenGrayscale()).astype(np.int16) - observed).max() <= GRAY_LEVELS:
+            if (np.abs(shrink(self.ale.getScreenGrayscale()).astype(np.int16) - observed).max()
+                <= GRAY_LEVELS):
                 self.candidates.append(self.ale.cloneState())
             self.ale.restoreState(state)
-        assert self.candidates, "no reset of 0-30 no-op frames (and FIRE) shows envpool's first frame"
+        assert self.candidates, ("no reset of 0-30 no-op frames (and FIRE) shows envpool's "
+                                 "first frame")
         self.ale.restoreState(self.candidates[0])
 
     def _step(self, action: int) -> tuple[np.ndarray | None, float, int, bool]:
@@ -438,14 +454,16 @@ class EmulatorReplay:
 
     @staticmethod
     def _agrees(result, observed) -> bool:
-        (frame, reward, lives, over), (newest, observed_reward, observed_lives, observed_over) = result, observed
+        (frame, reward, lives, over), (newest, observed_reward, observed_lives,
+                                       observed_over) = result, observed
         return (reward == observed_reward and lives == observed_lives and over == observed_over
                 and (over or np.abs(frame.astype(np.int16) - newest).max() <= GRAY_LEVELS))
 
     def step(self, action: int, newest: np.ndarray, reward: float, lives: int, game_over: bool):
         """Play `action`, for which envpool returned `newest` (its newest frame), `reward` (its
-        info["reward"]), `lives` and `game_over` (its info["terminated"]). Returns the replay's (frame,
-        reward, lives, game over), switching to another candidate where that reproduces envpool's game."""
+        info["reward"]), `lives` and `game_over` (its info["terminated"]). Returns the replay's
+        (frame, reward, lives, game over), switching to another candidate where that reproduces
+        envpool's game."""
         observed = (newest, reward, lives, game_over)
         self.history.append((action, observed))
         result = self._step(action)
@@ -461,21 +479,24 @@ class EmulatorReplay:
             else:
                 self.candidates = [candidate]
                 return result
-        raise AssertionError(f"no replay reproduces envpool's step {len(self.history)} after its last reset: "
-                             f"envpool {reward=}, {lives=}, {game_over=}; the replay {first[1:]}")
+        raise AssertionError(f"no replay reproduces envpool's step {len(self.history)} after its "
+                             f"last reset: envpool {reward=}, {lives=}, {game_over=}; the "
+                             f"replay {first[1:]}")
 
 
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Atari through ale-py: the observations rebuilt from the emulator's raw frames
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("env_id", ALE_IDS)
-def test_every_step_plays_its_action_for_four_emulator_frames_and_v5_keeps_sticky_actions(ale_script_name, env_id):
-    """[Atari 2] A step is 4 frames of the game, for NoFrameskip-v4 and v5 ids alike (the scripts make
-    v5 games with frameskip=1 and skip frames themselves: 16 frames, or 1, would fail here), each
-    frame asked for the step's action; the sticky actions stay the id's (0.25 for v5, none for v4).
-    Counted at the emulator, frame by frame, over a whole random game and the start of the next."""
+def test_every_step_plays_its_action_for_four_emulator_frames_and_v5_keeps_sticky_actions(
+        ale_script_name, env_id):
+    """[Atari 2] A step is 4 frames of the game, for NoFrameskip-v4 and v5 ids alike (the scripts
+    make v5 games with frameskip=1 and skip frames themselves: 16 frames, or 1, would fail here),
+    each frame asked for the step's action; the sticky actions stay the id's (0.25 for v5, none for
+    v4). Counted at the emulator, frame by frame, over a whole random game and the start of the
+    next."""
     play = ale_play(ale_script_name, env_id)
     kinds = [kind_of(step, play) for step in play.steps]  # each checks its step's frames
     assert {"step", "life", "game"} <= set(kinds)
@@ -483,15 +504,19 @@ def test_every_step_plays_its_action_for_four_emulator_frames_and_v5_keeps_stick
 
 
 @pytest.mark.parametrize("env_id", ALE_IDS)
-def test_each_new_frame_is_the_max_of_the_last_two_emulator_frames_in_grayscale_at_84x84(ale_script_name, env_id):
-    """[Atari 2, 5] The newest frame of every observation is, pixel for pixel, the 84x84 area resize of
-    the max of the 3rd and 4th frames the emulator ran in that step, in ALE's grayscale; after a
-    reset, of its last frames (first_frame_of_a_game). A frame that is only the last of the four (ALE
-    skipping the frames itself) differs wherever a sprite flickers: in 0.3% of Breakout's pixels."""
+def test_each_new_frame_is_the_max_of_the_last_two_emulator_frames_in_grayscale_at_84x84(
+        ale_script_name, env_id):
+    """[Atari 2, 5] The newest frame of every observation is, pixel for pixel, the 84x84 area resize
+    of the max of the 3rd and 4th frames the emulator ran in that step, in ALE's grayscale; after a
+    reset, of its last frames (first_frame_of_a_game). A frame that is only the last of the four
+    (ALE skipping the frames itself) differs wherever a sprite flickers: in 0.3% of Breakout's
+    pixels."""
     script = ale_script(ale_script_name)
     play = ale_play(ale_script_name, env_id)
-    assert play.first_obs.shape == (frames_per_observation(script), 84, 84) and play.first_obs.dtype == np.uint8
-    assert_frames_close(play.first_obs[-1], first_frame_of_a_game(play.reset, play.meanings), "first observation")
+    assert (play.first_obs.shape == (frames_per_observation(script), 84, 84)
+            and play.first_obs.dtype == np.uint8)
+    assert_frames_close(play.first_obs[-1], first_frame_of_a_game(play.reset, play.meanings),
+                        "first observation")
     for t, (step, (final, expected)) in enumerate(zip(play.steps, expected_observations(play, 1))):
         if final is not None:
             assert_frames_close(step.final_obs[-1], final[-1], f"final observation of step {t}")
@@ -499,24 +524,27 @@ def test_each_new_frame_is_the_max_of_the_last_two_emulator_frames_in_grayscale_
 
 
 @pytest.mark.parametrize("env_id", ALE_IDS)
-def test_the_stack_holds_the_last_four_frames_newest_last_and_moves_by_one_each_step(ale_script_name, env_id):
-    """[Atari 7] Each observation is the game's last 4 frames, oldest first and newest last, moving by
-    one frame per step; after every reset (a new game, or the same game after a lost life) it holds
-    the reset's frame 4 times, as the original FrameStack does. The LSTM variant observes the newest
-    frame alone, (1, 84, 84). Every stack is rebuilt from the emulator's raw frames
+def test_the_stack_holds_the_last_four_frames_newest_last_and_moves_by_one_each_step(
+        ale_script_name, env_id):
+    """[Atari 7] Each observation is the game's last 4 frames, oldest first and newest last, moving
+    by one frame per step; after every reset (a new game, or the same game after a lost life) it
+    holds the reset's frame 4 times, as the original FrameStack does. The LSTM variant observes the
+    newest frame alone, (1, 84, 84). Every stack is rebuilt from the emulator's raw frames
     (expected_observations), so a reversed stack fails at the first step that moves, not only where
     two frames happen to differ."""
     script = ale_script(ale_script_name)
     play = ale_play(ale_script_name, env_id)
     frames = frames_per_observation(script)
-    for t, (step, (final, expected)) in enumerate(zip(play.steps, expected_observations(play, frames))):
+    for t, (step, (final, expected)) in enumerate(zip(play.steps,
+                                                      expected_observations(play, frames))):
         if final is not None:
             assert_frames_close(step.final_obs, final, f"final observation of step {t}")
         assert_frames_close(step.obs, expected, f"observation of step {t}")
 
 
 @pytest.mark.parametrize("env_id", [ALE_IDS[0], NO_FIRE_ID])
-def test_every_reset_presses_fire_then_action_2_in_games_with_fire_and_nothing_in_others(ale_script_name, env_id):
+def test_every_reset_presses_fire_then_action_2_in_games_with_fire_and_nothing_in_others(
+        ale_script_name, env_id):
     """[Atari 4] Every reset, a game's start as well as the one after each lost life, ends with FIRE
     for a step (4 frames) and then action 2 for a step in a game that has FIRE, as the original
     FireResetEnv does; a game without FIRE (Asterix) ends it with no-ops. Read from the emulator's
@@ -524,10 +552,12 @@ def test_every_reset_presses_fire_then_action_2_in_games_with_fire_and_nothing_i
     play = ale_play(ale_script_name, env_id)
     kinds = [kind_of(step, play) for step in play.steps]
     assert "life" in kinds and "game" in kinds
-    resets = [play.reset.actions] + [reset_part(step, kind) for step, kind in zip(play.steps, kinds) if kind != "step"]
+    resets = [play.reset.actions] + [reset_part(step, kind) for step, kind in zip(play.steps, kinds)
+                                     if kind != "step"]
     for actions in resets:
         if env_id == NO_FIRE_ID:
-            assert "FIRE" not in play.meanings and "FIRE" not in actions and actions[-1] == "NOOP", actions
+            assert ("FIRE" not in play.meanings and "FIRE" not in actions
+                    and actions[-1] == "NOOP"), actions
         else:
             assert actions[-8:] == ["FIRE"] * 4 + [play.meanings[2]] * 4, actions
 
@@ -552,27 +582,31 @@ def test_a_lost_life_ends_the_training_episode_and_the_same_game_goes_on(ale_scr
 
 
 @pytest.mark.parametrize("env_id", [ALE_IDS[0], ALE_IDS[1], NO_FIRE_ID])
-def test_rewards_are_clipped_to_their_sign_and_the_logged_score_is_the_whole_games_raw_score(ale_script_name, env_id):
+def test_rewards_are_clipped_to_their_sign_and_the_logged_score_is_the_whole_games_raw_score(
+        ale_script_name, env_id):
     """[Atari 6] Each step's training reward is the sign of what its 4 frames paid; the score and
-    length that finished_episodes reports (RecordEpisodeStatistics below the lives and the clipping) are
-    the whole game's: the raw rewards of every frame after the start's no-ops, over all the game's
-    lives and reset steps, and the number of its steps of 4 frames. Asterix pays 50 a reward, so a
-    score summed from clipped rewards is 50 times too small."""
+    length that finished_episodes reports (RecordEpisodeStatistics below the lives and the clipping)
+    are the whole game's: the raw rewards of every frame after the start's no-ops, over all the
+    game's lives and reset steps, and the number of its steps of 4 frames. Asterix pays 50 a reward,
+    so a score summed from clipped rewards is 50 times too small."""
     play = ale_play(ale_script_name, env_id)
-    start = no_ops_of_a_new_game(play.reset.actions, play.meanings) + 1  # "start" and the no-ops: not counted
+    # "start" and the no-ops: not counted
+    start = no_ops_of_a_new_game(play.reset.actions, play.meanings) + 1
     rewards, frames, games = play.reset.rewards[start:], len(play.reset.actions) - start, []
     for t, step in enumerate(play.steps):
         kind = kind_of(step, play)
         own = step.played.actions.index("start") if kind == "game" else 4  # the step's own frames
         assert step.reward == np.sign(sum(step.played.rewards[:own])), t
         rewards, frames = rewards + step.played.rewards[:own], frames + own
-        start = own  # the rest of the step's frames are a reset's, part of the game unless a new one began
+        # the rest of the step's frames are a reset's, part of the game unless a new one began
+        start = own
         if kind == "game":
             games.append((0, sum(rewards), math.ceil(frames / 4)))
             assert step.games == [games[-1]], t
             start += no_ops_of_a_new_game(step.played.actions[own:], play.meanings) + 1
             rewards, frames = [], 0
-        rewards, frames = rewards + step.played.rewards[start:], frames + len(step.played.actions) - start
+        rewards, frames = (rewards + step.played.rewards[start:],
+                           frames + len(step.played.actions) - start)
     assert games
     if env_id == NO_FIRE_ID:
         assert games[0][1] >= 100 and games[0][1] % 50 == 0
@@ -581,9 +615,10 @@ def test_rewards_are_clipped_to_their_sign_and_the_logged_score_is_the_whole_gam
 def test_games_start_after_1_to_30_no_op_frames_drawn_at_random(ale_script_name):
     """[Atari 1] 30 game starts through the script's factory, on a Breakout cut off after 48 frames
     (register_short_games) so that games start often: each starts with 1 to 30 no-op frames, counted
-    at the emulator, then FIRE and action 2. The counts vary and reach both ends of the range: with 30
-    uniform draws from 1-30, a maximum under 25 or a minimum over 6 each has odds of 0.1%, while a
-    noop_max of 10, 20 or 60 fails. (The seed fixes the draws: the outcome is the same every run.)"""
+    at the emulator, then FIRE and action 2. The counts vary and reach both ends of the range: with
+    30 uniform draws from 1-30, a maximum under 25 or a minimum over 6 each has odds of 0.1%, while
+    a noop_max of 10, 20 or 60 fails. (The seed fixes the draws: the outcome is the same every
+    run.)"""
     script = ale_script(ale_script_name)
     register_short_games()
     envs = script.make_envs(SHORT_GAMES_ID, 1)
@@ -603,38 +638,40 @@ def test_games_start_after_1_to_30_no_op_frames_drawn_at_random(ale_script_name)
     assert len(set(counts)) >= 12, counts
 
 
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Atari through ale-py: the same games on ale-py's own preprocessing, AtariVectorEnv
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("env_id, game", [(ALE_IDS[0], "breakout"), (NO_FIRE_ID, "asterix")])
 def test_frames_rewards_and_lives_match_ale_py_own_preprocessing(ale_script_name, env_id, game):
     """Farama's C++ implementation of the Atari preprocessing, ale_py.vector_env.AtariVectorEnv
-    (ale-py >= 0.10), replays the game of ale_play with the same actions: 4 frames a step and the max
-    of the last two, grayscale, 84x84 area resize, a stack of 4 (1 for the LSTM), rewards unclipped,
-    lost lives reported without a reset (life_loss_info). Compared to the end of the game: every
-    observation (within GRAY_LEVELS, for the resize kernels), every training reward (the sign of the
-    reference's), every terminated flag, and the logged score and length (the sum of the reference's
-    rewards and its number of steps).
+    (ale-py >= 0.10), replays the game of ale_play with the same actions: 4 frames a step and the
+    max of the last two, grayscale, 84x84 area resize, a stack of 4 (1 for the LSTM), rewards
+    unclipped, lost lives reported without a reset (life_loss_info). Compared to the end of the
+    game: every observation (within GRAY_LEVELS, for the resize kernels), every training reward (the
+    sign of the reference's), every terminated flag, and the logged score and length (the sum of the
+    reference's rewards and its number of steps).
 
     What differs by design is played on the reference instead of compared: its reset presses FIRE
-    for one frame and then draws 0-29 no-ops from its own generator, where the scripts draw 1-30 from
-    gymnasium's and then press FIRE and action 2 for a step each. So the reference, its FIRE reset
-    off, is reset (unseeded, which is fast) until its no-op count is the script's, then stepped with
-    FIRE and 2; after a lost life it is stepped with the no-op (and FIRE and 2) that EpisodicLife and
-    FireReset document, where its own episodic_life would start over with new random no-ops. Its
-    stack starts from zeros, not from the first frame: the expected stacks are built from its newest
-    frames. v5 ids are left out: their sticky actions draw from each implementation's generator, so
-    the games part within a few frames (ale_play's tests cover them)."""
+    for one frame and then draws 0-29 no-ops from its own generator, where the scripts draw 1-30
+    from gymnasium's and then press FIRE and action 2 for a step each. So the reference, its FIRE
+    reset off, is reset (unseeded, which is fast) until its no-op count is the script's, then
+    stepped with FIRE and 2; after a lost life it is stepped with the no-op (and FIRE and 2) that
+    EpisodicLife and FireReset document, where its own episodic_life would start over with new
+    random no-ops. Its stack starts from zeros, not from the first frame: the expected stacks are
+    built from its newest frames. v5 ids are left out: their sticky actions draw from each
+    implementation's generator, so the games part within a few frames (ale_play's tests cover
+    them)."""
     script = ale_script(ale_script_name)
     vector_env = pytest.importorskip("ale_py.vector_env")
     play = ale_play(ale_script_name, env_id)
     frames = frames_per_observation(script)
     reference = vector_env.AtariVectorEnv(
-        game, 1, frameskip=4, maxpool=True, grayscale=True, img_height=84, img_width=84, stack_num=frames,
-        noop_max=30, use_fire_reset=False, episodic_life=False, life_loss_info=True, reward_clipping=False,
-        repeat_action_probability=0.0, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+        game, 1, frameskip=4, maxpool=True, grayscale=True, img_height=84, img_width=84,
+        stack_num=frames, noop_max=30, use_fire_reset=False, episodic_life=False,
+        life_loss_info=True, reward_clipping=False, repeat_action_probability=0.0,
+        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     no_ops = no_ops_of_a_new_game(play.reset.actions, play.meanings)
     obs, info = reference.reset(seed=1)
     for _ in range(500):
@@ -664,7 +701,8 @@ def test_frames_rewards_and_lives_match_ale_py_own_preprocessing(ale_script_name
             assert step.games == [(0, score, length)]
             break
         stack = stack[1:] + [obs[0, -1]]
-        assert_frames_close(step.final_obs if step.terminated else step.obs, np.stack(stack), f"step {t}")
+        assert_frames_close(step.final_obs if step.terminated else step.obs,
+                            np.stack(stack), f"step {t}")
         if step.terminated:  # a lost life: EpisodicLife's no-op step, then FireReset's steps
             for action in [0] + fire:
                 obs, reward, terminated, *_ = step_reference(action)
@@ -676,9 +714,9 @@ def test_frames_rewards_and_lives_match_ale_py_own_preprocessing(ale_script_name
     reference.close()
 
 
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Atari through envpool
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("game", ["Breakout", "Asterix"])
@@ -688,13 +726,13 @@ def test_envpool_frames_rewards_and_lives_match_a_replay_on_the_emulator(game):
     of the max of the step's last two grayscale frames (within GRAY_LEVELS); [Atari 7] the stack is
     the previous one moved by one, newest last, and a new game's first stack is its first frame 4
     times (after a lost life envpool does not refill it: a difference from the ale-py scripts that
-    docs/ppo_atari_envpool.md lists); [Atari 6] the reward is the sign of info["reward"], and that is
-    the frames' raw reward (Asterix: 50); [Atari 3] terminated exactly on a lost life, after which the
-    same game goes on (the replay continues its emulator, no new game), and on the game's end;
-    [Atari 4] every reset ends with a FIRE frame in Breakout and none in Asterix (no other reset
-    matches). envpool's reset step after a done step (which ignores its action) is matched as a
-    reset. Not compared: the no-op counts, drawn from envpool's own generator (the candidates cover
-    them all), and sticky actions (none: repeat_action_probability=0, as the script sets)."""
+    docs/ppo_atari_envpool.md lists); [Atari 6] the reward is the sign of info["reward"], and that
+    is the frames' raw reward (Asterix: 50); [Atari 3] terminated exactly on a lost life, after
+    which the same game goes on (the replay continues its emulator, no new game), and on the game's
+    end; [Atari 4] every reset ends with a FIRE frame in Breakout and none in Asterix (no other
+    reset matches). envpool's reset step after a done step (which ignores its action) is matched as
+    a reset. Not compared: the no-op counts, drawn from envpool's own generator (the candidates
+    cover them all), and sticky actions (none: repeat_action_probability=0, as the script sets)."""
     pytest.importorskip("envpool")
     pytest.importorskip("ale_py")
     pytest.importorskip("cv2")
@@ -721,15 +759,17 @@ def test_envpool_frames_rewards_and_lives_match_a_replay_on_the_emulator(game):
                 assert np.array_equal(obs[0, :-1], previous[1:]), t
             lives, previous, reset_next = int(info["lives"][0]), obs[0], False
             continue
-        frame, raw_reward, replay_lives, over = replay.step(action, newest, float(info["reward"][0]),
-                                                            int(info["lives"][0]), bool(info["terminated"][0]))
+        frame, raw_reward, replay_lives, over = replay.step(
+            action, newest, float(info["reward"][0]), int(info["lives"][0]),
+            bool(info["terminated"][0]))
         assert reward[0] == np.sign(info["reward"][0]), t
         if not over:
             assert_frames_close(newest, frame, f"step {t}")
             assert np.array_equal(obs[0, :-1], previous[1:]), t
         lost_a_life = 0 < replay_lives < lives
         assert terminated[0] == (lost_a_life or over), t
-        lost_lives, games, best_reward = lost_lives + lost_a_life, games + over, max(best_reward, raw_reward)
+        lost_lives, games, best_reward = (lost_lives + lost_a_life, games + over,
+                                          max(best_reward, raw_reward))
         lives, previous = replay_lives, obs[0]
         reset_next, new_game_next = bool(terminated[0] or truncated[0]), over or bool(truncated[0])
     pool.close()
@@ -737,12 +777,13 @@ def test_envpool_frames_rewards_and_lives_match_a_replay_on_the_emulator(game):
     assert best_reward == (50 if game == "Asterix" else 1)
 
 
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Procgen
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 
-def procgen_frames(game: str, options: dict, actions: np.ndarray, seed: int) -> tuple[list, list, list]:
+def procgen_frames(
+        game: str, options: dict, actions: np.ndarray, seed: int) -> tuple[list, list, list]:
     """Frames, rewards and episode starts of procgen's own ProcgenGym3Env made with `options`."""
     from procgen import ProcgenGym3Env
 
@@ -764,11 +805,12 @@ def procgen_frames(game: str, options: dict, actions: np.ndarray, seed: int) -> 
     dict(distribution_mode="hard", num_levels=1, start_level=42),
 ], ids=["defaults", "hard-level-42"])
 def test_procgen_observations_are_the_games_own_frames_with_the_mode_and_levels_asked_for(options):
-    """The script's make_envs with these settings gives, step for step, the very (64, 64, 3) uint8 RGB
-    frames, rewards and episode ends (as terminated, never truncated) of procgen's ProcgenGym3Env made
-    directly with them and the same seed: nothing transforms the frames, and the distribution mode,
-    the number of levels and the first level reach Procgen. The control, so that a setting lost on
-    the way could not pass unseen: procgen made with any one of them changed gives other frames."""
+    """The script's make_envs with these settings gives, step for step, the very (64, 64, 3) uint8
+    RGB frames, rewards and episode ends (as terminated, never truncated) of procgen's
+    ProcgenGym3Env made directly with them and the same seed: nothing transforms the frames, and the
+    distribution mode, the number of levels and the first level reach Procgen. The control, so that
+    a setting lost on the way could not pass unseen: procgen made with any one of them changed gives
+    other frames."""
     script = importlib.import_module("ppo.ppo_procgen")
     if procgen_games.ProcgenGym3Env is None:
         pytest.skip("procgen is not installed: pip install -e '.[procgen]'")
@@ -793,7 +835,7 @@ def test_procgen_observations_are_the_games_own_frames_with_the_mode_and_levels_
         assert any(not np.array_equal(a, b) for a, b in zip(other, frames)), change
 
 
-def test_procgen_training_acts_on_raw_frames_with_rewards_scaled_by_the_return_std_restarted_each_episode(
+def test_procgen_acts_on_raw_frames_with_rewards_scaled_by_the_return_std_restarted_each_episode(
         workdir, monkeypatch, one_torch_thread):
     """[Procgen 2] A short run of main() on stand-in games whose rewards are known (FakeGames of
     test_ppo_procgen.py: 1 a step, 10 at an episode's end, every 6 steps), with frames that differ
@@ -814,30 +856,36 @@ def test_procgen_training_acts_on_raw_frames_with_rewards_scaled_by_the_return_s
 
         def observe(self):
             reward, obs, first = super().observe()
-            shift = np.arange(self.num, dtype=np.uint8)[:, None, None, None] * 40 + np.uint8(7 * self.t.sum() % 50)
+            shift = (np.arange(self.num, dtype=np.uint8)[:, None, None, None] * 40
+                     + np.uint8(7 * self.t.sum() % 50))
             return reward, {"rgb": obs["rgb"] + shift}, first
 
     monkeypatch.setattr(procgen_games, "ProcgenGym3Env", RecordingGames)
     outputs = record_outputs(monkeypatch, procgen_games.Games)
-    gae_rewards = record_calls(monkeypatch, script, "compute_gae", lambda rewards, *rest: rewards.copy())
+    gae_rewards = record_calls(monkeypatch, script, "compute_gae",
+                               lambda rewards, *rest: rewards.copy())
     acted = record_calls(monkeypatch, script.Agent, "get_action_and_value",
                          lambda agent, obs, action=None: obs.clone() if action is None else None)
-    args = script.Args(env_id="bigfish", distribution_mode="hard", num_levels=5, start_level=9, num_envs=2,
-                       num_steps=32, num_minibatches=2, update_epochs=1, reward_clip=3.0, total_timesteps=64,
-                       cuda=False)
+    args = script.Args(env_id="bigfish", distribution_mode="hard", num_levels=5, start_level=9,
+                       num_envs=2, num_steps=32, num_minibatches=2, update_epochs=1,
+                       reward_clip=3.0, total_timesteps=64, cuda=False)
     script.main(args)
     assert made == [dict(env_name="bigfish", distribution_mode="hard", num_levels=5, start_level=9)]
     steps = [output for output in outputs if output[0] == "step"]
     assert len(steps) == args.num_steps
-    rewards, dones = np.array([output[2] for output in steps]), np.array([output[3] for output in steps])
+    rewards, dones = (np.array([output[2] for output in steps]),
+                      np.array([output[3] for output in steps]))
     expected = scaled_rewards(rewards, dones, args.gamma, args.reward_clip, restart_after=True)
     np.testing.assert_allclose(gae_rewards[0], expected, rtol=1e-5, atol=1e-6)
-    assert np.any(np.abs(expected) == args.reward_clip) and np.any(np.abs(expected) < args.reward_clip)
-    frames = np.array([outputs[0][1]] + [output[1] for output in steps[:-1]])  # what each step acted on
-    np.testing.assert_array_equal(np.array([obs.numpy() for obs in acted if obs is not None]), frames)
+    assert (np.any(np.abs(expected) == args.reward_clip)
+            and np.any(np.abs(expected) < args.reward_clip))
+    # what each step acted on
+    frames = np.array([outputs[0][1]] + [output[1] for output in steps[:-1]])
+    np.testing.assert_array_equal(np.array([obs.numpy() for obs in acted if obs is not None]),
+                                  frames)
 
 
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # ppo_continuous_action.py
 #
 # Already covered by tests/test_ppo_continuous_action.py, so not repeated here: normalize_obs with
@@ -846,7 +894,7 @@ def test_procgen_training_acts_on_raw_frames_with_rewards_scaled_by_the_return_s
 # scaled rewards clipped to --reward-clip; actions clipped for the environment while the sample is
 # stored; the logged return being the environment's. Added: the environments left raw by make_envs,
 # and a training run's normalized observations and scaled rewards recomputed from the raw ones.
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 
 def test_continuous_environments_are_left_raw_by_make_envs():
@@ -865,9 +913,9 @@ def test_continuous_agent_acts_on_observations_normalized_by_everything_seen_so_
         workdir, monkeypatch, one_torch_thread):
     """[Continuous 6, 7] In a training run on TightBounds-v0 of test_ppo_continuous_action.py (raw
     observations around 5, std 2), every observation the agent acts on, and the same one stored for
-    the update, is the raw one shifted by the mean and divided by the standard deviation of every raw
-    observation the environments returned up to and including it (the first reset's and each step's;
-    not the final observations of finished episodes, which no one acts on), then clipped to
+    the update, is the raw one shifted by the mean and divided by the standard deviation of every
+    raw observation the environments returned up to and including it (the first reset's and each
+    step's; not the final observations of finished episodes, which no one acts on), then clipped to
     +-obs_clip (1 here, so that the clip bites). Recomputed from the raw observations with
     mean_and_var."""
     import test_ppo_continuous_action  # noqa: F401  (registers TightBounds-v0)
@@ -876,16 +924,18 @@ def test_continuous_agent_acts_on_observations_normalized_by_everything_seen_so_
     outputs = record_outputs(monkeypatch, gym.vector.SyncVectorEnv)
     acted = record_calls(monkeypatch, script.Agent, "get_action", lambda agent, obs: obs.clone())
     stored = record_calls(monkeypatch, script.Agent, "get_action_and_value", the_whole_batch(128))
-    args = script.Args(env_id="TightBounds-v0", num_envs=2, num_steps=64, num_minibatches=2, update_epochs=1,
-                       total_timesteps=128, obs_clip=1.0, cuda=False)
+    args = script.Args(env_id="TightBounds-v0", num_envs=2, num_steps=64, num_minibatches=2,
+                       update_epochs=1, total_timesteps=128, obs_clip=1.0, cuda=False)
     script.main(args)
     raw = np.array([output[1] for output in outputs])  # the reset's, then each step's: (65, 2, 3)
     expected = []
     for t in range(args.num_steps):
         mean, var = mean_and_var(raw[:t + 1].reshape(-1, raw.shape[-1]))
-        expected.append(np.clip((raw[t] - mean) / np.sqrt(var + 1e-8), -args.obs_clip, args.obs_clip))
+        expected.append(np.clip((raw[t] - mean) / np.sqrt(var + 1e-8), -args.obs_clip,
+                                args.obs_clip))
     expected = np.array(expected)
-    np.testing.assert_allclose(np.array([obs.numpy() for obs in acted]), expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.array([obs.numpy() for obs in acted]), expected,
+                               rtol=1e-5, atol=1e-6)
     batch = next(obs for obs in stored if obs is not None).numpy()
     np.testing.assert_allclose(batch.reshape(expected.shape), expected, rtol=1e-5, atol=1e-6)
     assert 0.05 < np.mean(np.abs(expected) == args.obs_clip) < 0.95
@@ -914,35 +964,37 @@ if ENDS_BOTH_WAYS_ID not in gym.registry:
 
 def test_continuous_training_rewards_are_scaled_by_the_return_std_cut_only_at_terminations(
         workdir, monkeypatch, one_torch_thread):
-    """[Continuous 8, 9] What GAE receives in a training run whose episodes terminate or are cut by a
-    time limit: each raw reward divided by the standard deviation of the discounted return (gamma
+    """[Continuous 8, 9] What GAE receives in a training run whose episodes terminate or are cut by
+    a time limit: each raw reward divided by the standard deviation of the discounted return (gamma
     0.99, one set of statistics for both environments), the return cut at a termination (the
     terminal step's return is its own reward) and carried on across a truncation, then clipped to
     +-reward_clip (2 here, so that it bites). Recomputed from the raw rewards (scaled_rewards)."""
     script = importlib.import_module("ppo.ppo_continuous_action")
     outputs = record_outputs(monkeypatch, gym.vector.SyncVectorEnv)
-    gae_rewards = record_calls(monkeypatch, script, "compute_gae", lambda rewards, *rest: rewards.copy())
-    args = script.Args(env_id=ENDS_BOTH_WAYS_ID, num_envs=2, num_steps=64, num_minibatches=2, update_epochs=1,
-                       total_timesteps=128, reward_clip=2.0, cuda=False)
+    gae_rewards = record_calls(monkeypatch, script, "compute_gae",
+                               lambda rewards, *rest: rewards.copy())
+    args = script.Args(env_id=ENDS_BOTH_WAYS_ID, num_envs=2, num_steps=64, num_minibatches=2,
+                       update_epochs=1, total_timesteps=128, reward_clip=2.0, cuda=False)
     script.main(args)
     steps = [output for output in outputs if output[0] == "step"]
     rewards = np.array([output[2] for output in steps])
     terminations, truncations = (np.array([output[i] for output in steps]) for i in (3, 4))
     assert terminations.sum() >= 5 and truncations.sum() >= 5
-    expected = scaled_rewards(rewards, terminations.astype(float), args.gamma, args.reward_clip, restart_after=False)
+    expected = scaled_rewards(rewards, terminations.astype(float), args.gamma, args.reward_clip,
+                              restart_after=False)
     np.testing.assert_allclose(np.concatenate(gae_rewards), expected, rtol=1e-5, atol=1e-6)
     assert 0 < np.mean(np.abs(expected) == args.reward_clip) < 0.5
 
 
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # ppo.py
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 
 def test_ppo_environments_are_left_raw_by_make_envs():
-    """docs/ppo.md lists no observation or reward processing: CartPole-v1 through the script's factory
-    and through gymnasium directly (SAME_STEP autoreset both, same seeds and actions, episodes ending
-    on the way) gives identical outputs."""
+    """docs/ppo.md lists no observation or reward processing: CartPole-v1 through the script's
+    factory and through gymnasium directly (SAME_STEP autoreset both, same seeds and actions,
+    episodes ending on the way) gives identical outputs."""
     script = importlib.import_module("ppo.ppo")
     actions = np.random.default_rng(0).integers(2, size=(300, 2))
     reference = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")] * 2,
@@ -959,12 +1011,15 @@ def test_ppo_agent_acts_on_and_learns_from_the_environments_own_observations_and
     outputs = record_outputs(monkeypatch, gym.vector.SyncVectorEnv)
     acted = record_calls(monkeypatch, script.Agent, "get_action", lambda agent, obs: obs.clone())
     stored = record_calls(monkeypatch, script.Agent, "get_action_and_value", the_whole_batch(128))
-    gae_rewards = record_calls(monkeypatch, script, "compute_gae", lambda rewards, *rest: rewards.copy())
-    args = script.Args(env_id="CartPole-v1", num_envs=2, num_steps=64, num_minibatches=2, update_epochs=1,
-                       total_timesteps=256, cuda=False)
+    gae_rewards = record_calls(monkeypatch, script, "compute_gae",
+                               lambda rewards, *rest: rewards.copy())
+    args = script.Args(env_id="CartPole-v1", num_envs=2, num_steps=64, num_minibatches=2,
+                       update_epochs=1, total_timesteps=256, cuda=False)
     script.main(args)
-    raw = np.array([output[1] for output in outputs], dtype=np.float32)  # the reset's, then each step's
+    # the reset's, then each step's
+    raw = np.array([output[1] for output in outputs], dtype=np.float32)
     np.testing.assert_array_equal(np.array([obs.numpy() for obs in acted]), raw[:128])
     batches = [obs.numpy() for obs in stored if obs is not None]
     np.testing.assert_array_equal(np.array(batches), raw[:128].reshape(2, 128, 4))
-    np.testing.assert_array_equal(np.concatenate(gae_rewards), np.array([output[2] for output in outputs[1:]]))
+    np.testing.assert_array_equal(np.concatenate(gae_rewards),
+                                  np.array([output[2] for output in outputs[1:]]))

@@ -1,5 +1,5 @@
-"""Tests of ppo/ppo_atari.py on real Atari frames: the wrapper stack (shapes, clipped rewards, lives,
-game scores, frame skipping for v4 and v5 ids), a short training run, exact resumption from a
+"""Tests of ppo/ppo_atari.py on real Atari frames: the wrapper stack (shapes, clipped rewards,
+lives, game scores, frame skipping for v4 and v5 ids), a short training run, exact resumption from a
 checkpoint, evaluation, and the errors for wrong input."""
 
 import importlib
@@ -12,14 +12,19 @@ import torch
 pytest.importorskip("ale_py")
 pytest.importorskip("cv2")
 
-from conftest import (assert_compiled_loss_matches_plain, assert_compiles_whole, assert_details_marked,  # noqa: E402
-                      assert_evaluation_output, assert_first_minibatch_replays_the_rollout, assert_logs_every_metric,
-                      assert_resume_keeps_the_latest_scores, assert_same_final_weights, expect_missing_package_error,
-                      expect_usage_error, only_run_dir, run_script, run_unbroken_and_interrupted, without_module,
-                      assert_evaluation_plays_the_saved_weights, assert_target_kl_ends_the_update_early,
-                      assert_one_copy_to_the_host_per_step, assert_logged_losses_are_the_updates_own,
-                      assert_each_update_starts_at_ratio_one, assert_anneal_clip_lowers_the_clipping_coefficient,
-                      assert_progress_is_printed_within_a_rollout, assert_stopped_with_its_logs_flushed)
+from conftest import (assert_compiled_loss_matches_plain, assert_compiles_whole,  # noqa: E402
+                      assert_details_marked, assert_evaluation_output,
+                      assert_first_minibatch_replays_the_rollout, assert_logs_every_metric,
+                      assert_resume_keeps_the_latest_scores, assert_same_final_weights,
+                      expect_missing_package_error, expect_usage_error, only_run_dir, run_script,
+                      run_unbroken_and_interrupted, without_module,
+                      assert_evaluation_plays_the_saved_weights,
+                      assert_target_kl_ends_the_update_early, assert_one_copy_to_the_host_per_step,
+                      assert_logged_losses_are_the_updates_own,
+                      assert_each_update_starts_at_ratio_one,
+                      assert_anneal_clip_lowers_the_clipping_coefficient,
+                      assert_progress_is_printed_within_a_rollout,
+                      assert_stopped_with_its_logs_flushed)
 import ppo.ppo_atari as ppo_atari  # noqa: E402
 from conftest import parse_args as parse_args_of  # noqa: E402
 from ppo.ppo_atari import Agent, Args, main, make_env, make_envs, minibatch_loss  # noqa: E402
@@ -43,10 +48,10 @@ def wrapper_types(env: gym.Env) -> list[type]:
     return types
 
 
-# ---------------------------------------------------------------------------------------------------
-# The wrapper stack, on real frames. ppo_atari_lstm.py and ppo_atari_multigpu.py carry their own copy
-# of it: the tests that need no original pipeline check all three.
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
+# The wrapper stack, on real frames. ppo_atari_lstm.py and ppo_atari_multigpu.py carry their own
+# copy of it: the tests that need no original pipeline check all three.
+# --------------------------------------------------------------------------------------------------
 
 ALE_SCRIPTS = ["ppo_atari", "ppo_atari_lstm", "ppo_atari_multigpu"]
 
@@ -76,7 +81,8 @@ def test_observations_are_stacked_84x84_grayscale_frames(script):
 
 
 @pytest.mark.parametrize("game, max_differing_pixels", [("Breakout", 0.0), ("Pong", 0.01)])
-def test_atari_preprocessing_matches_the_original_pipeline_but_for_the_pooling_order(game, max_differing_pixels):
+def test_atari_preprocessing_matches_the_original_pipeline_but_for_the_pooling_order(
+        game, max_differing_pixels):
     """The original wrappers max-pool the last two color frames, convert to grayscale, then resize
     (OpenCV, area interpolation); gymnasium's AtariPreprocessing, which the script uses, max-pools
     grayscale frames. Same emulator, same actions: the rewards agree, and the observations are
@@ -85,7 +91,8 @@ def test_atari_preprocessing_matches_the_original_pipeline_but_for_the_pooling_o
 
     env_id = f"{game}NoFrameskip-v4"
     make_env(env_id, 0, False, "videos")  # registers ale-py's games
-    ours = gym.wrappers.AtariPreprocessing(gym.make(env_id), noop_max=0, frame_skip=4, screen_size=84)
+    ours = gym.wrappers.AtariPreprocessing(gym.make(env_id), noop_max=0, frame_skip=4,
+                                           screen_size=84)
     raw = gym.make(env_id)
     ours.reset(seed=0)
     raw.reset(seed=0)
@@ -111,8 +118,8 @@ def test_atari_preprocessing_matches_the_original_pipeline_but_for_the_pooling_o
 
 
 def test_each_game_starts_after_a_random_number_of_no_ops(script):
-    """[Atari 1] Up to 30 no-op frames on reset, drawn from the seed: the first observed frame varies
-    from game to game (FireReset's fixed steps come on top)."""
+    """[Atari 1] Up to 30 no-op frames on reset, drawn from the seed: the first observed frame
+    varies from game to game (FireReset's fixed steps come on top)."""
     env = script.make_env("BreakoutNoFrameskip-v4", 0, False, "videos")()
     start_frames = set()
     for seed in range(10):
@@ -160,7 +167,8 @@ def test_a_lost_life_beside_a_finished_game_is_not_a_game(script):
     """In one step, game 0 loses a life (its training episode ends, with no game statistics) while
     game 1 is over: only game 1 is a finished game. The vector env files both ends under final_info;
     the game statistics' own mask says which games they belong to."""
-    with_statistics = lambda: gym.wrappers.RecordEpisodeStatistics(ThreeStepEpisodes())  # noqa: E731
+    with_statistics = lambda: gym.wrappers.RecordEpisodeStatistics(  # noqa: E731
+        ThreeStepEpisodes())
     envs = gym.vector.SyncVectorEnv([ThreeStepEpisodes, with_statistics],
                                     autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     envs.reset(seed=0)
@@ -259,9 +267,9 @@ def test_a_restored_vector_env_continues_the_very_same_games():
     assert games > 0
 
 
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Training, checkpoints, evaluation
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 
 @pytest.mark.smoke
@@ -275,40 +283,45 @@ def test_a_tiny_run_logs_every_metric_and_real_game_scores(workdir):
 
 
 def test_the_first_minibatch_of_each_update_replays_the_rollout(workdir, monkeypatch):
-    assert_first_minibatch_replays_the_rollout(ppo_atari, Args(total_timesteps=96, **TINY_ARGS), monkeypatch)
+    assert_first_minibatch_replays_the_rollout(ppo_atari,
+                                               Args(total_timesteps=96, **TINY_ARGS), monkeypatch)
 
 
 def test_with_async_envs_each_update_starts_at_ratio_one(workdir):
-    """The games play in worker processes: the observations, actions and log-probabilities stored must
-    still be those of one and the same step."""
-    assert_each_update_starts_at_ratio_one(ppo_atari, lambda: main(Args(total_timesteps=96, async_envs=True,
-                                                                         **TINY_ARGS)))
+    """The games play in worker processes: the observations, actions and log-probabilities stored
+    must still be those of one and the same step."""
+    assert_each_update_starts_at_ratio_one(
+        ppo_atari, lambda: main(Args(total_timesteps=96, async_envs=True, **TINY_ARGS)))
 
 
 def test_anneal_clip_lowers_the_clipping_coefficient_with_each_iteration(workdir, monkeypatch):
-    assert_anneal_clip_lowers_the_clipping_coefficient(ppo_atari, Args(total_timesteps=96, **TINY_ARGS), monkeypatch)
+    assert_anneal_clip_lowers_the_clipping_coefficient(
+        ppo_atari, Args(total_timesteps=96, **TINY_ARGS), monkeypatch)
 
 
 def test_the_progress_line_speaks_within_long_rollouts_too(workdir, capsys):
-    assert_progress_is_printed_within_a_rollout(ppo_atari, Args(total_timesteps=64, **TINY_ARGS), capsys,
-                                                gym.vector.SyncVectorEnv)
+    assert_progress_is_printed_within_a_rollout(ppo_atari, Args(total_timesteps=64, **TINY_ARGS),
+                                                capsys, gym.vector.SyncVectorEnv)
 
 
 def test_the_rollout_copies_only_the_actions_to_the_host(workdir, monkeypatch):
-    assert_one_copy_to_the_host_per_step(ppo_atari, Args(total_timesteps=64, **TINY_ARGS), monkeypatch,
-                                         gym.vector.SyncVectorEnv, action_shape=(2,))
+    assert_one_copy_to_the_host_per_step(ppo_atari, Args(total_timesteps=64, **TINY_ARGS),
+                                         monkeypatch, gym.vector.SyncVectorEnv, action_shape=(2,))
 
 
 def test_the_logged_losses_are_the_updates_own(workdir, monkeypatch):
-    assert_logged_losses_are_the_updates_own(ppo_atari, Args(total_timesteps=64, **TINY_ARGS), monkeypatch)
+    assert_logged_losses_are_the_updates_own(ppo_atari,
+                                             Args(total_timesteps=64, **TINY_ARGS), monkeypatch)
 
 
 def test_target_kl_ends_the_update_early(workdir, monkeypatch):
-    assert_target_kl_ends_the_update_early(ppo_atari, Args(total_timesteps=64, **TINY_ARGS), monkeypatch)
+    assert_target_kl_ends_the_update_early(ppo_atari,
+                                           Args(total_timesteps=64, **TINY_ARGS), monkeypatch)
 
 
 def test_evaluation_plays_the_saved_weights(workdir, monkeypatch):
-    assert_evaluation_plays_the_saved_weights(ppo_atari, Args(total_timesteps=64, **TINY_ARGS), monkeypatch)
+    assert_evaluation_plays_the_saved_weights(ppo_atari,
+                                              Args(total_timesteps=64, **TINY_ARGS), monkeypatch)
 
 
 def test_v5_ids_train_and_name_the_run_without_a_slash(workdir):
@@ -341,23 +354,25 @@ def test_interrupted_and_resumed_run_ends_with_the_same_weights_and_evaluates(tm
     resumed = run_script("ppo_atari.py", "--resume", str(checkpoint_path), cwd=interrupted)
     assert f"resuming {run_dir.name} at step {stopped['global_step']:,}" in resumed.stdout
     expected, actual = assert_same_final_weights(unbroken, checkpoint_path, 160)
-    assert np.array_equal(expected["processes"][0]["rollout"]["next_obs"], actual["processes"][0]["rollout"]["next_obs"])
+    assert np.array_equal(expected["processes"][0]["rollout"]["next_obs"],
+                          actual["processes"][0]["rollout"]["next_obs"])
 
-    evaluation = run_script("ppo_atari.py", "--evaluate", str(checkpoint_path), "--eval-episodes", "2",
-                            cwd=interrupted)
+    evaluation = run_script("ppo_atari.py", "--evaluate", str(checkpoint_path),
+                            "--eval-episodes", "2", cwd=interrupted)
     assert_evaluation_output(evaluation.stdout, "BreakoutNoFrameskip-v4", 2)
 
 
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Speed options: asynchronous environments, torch.compile, CUDA graphs
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 
 def test_async_envs_play_the_same_games_as_sync_envs_and_save_them_alike():
     """ale-py is deterministic given the seeds: the games in worker processes give the same frames,
     rewards, dones and game scores as the games in this process; and games saved from the workers
     continue, in this process, exactly as the workers' own games do."""
-    sync, workers = make_envs("BreakoutNoFrameskip-v4", 2), make_envs("BreakoutNoFrameskip-v4", 2, async_envs=True)
+    sync, workers = (make_envs("BreakoutNoFrameskip-v4", 2),
+                     make_envs("BreakoutNoFrameskip-v4", 2, async_envs=True))
     try:
         assert isinstance(workers, gym.vector.AsyncVectorEnv)
         assert np.array_equal(sync.reset(seed=5)[0], workers.reset(seed=5)[0])
@@ -385,11 +400,12 @@ def test_async_envs_play_the_same_games_as_sync_envs_and_save_them_alike():
 
 
 @pytest.mark.parametrize("async_envs", [False, True], ids=["sync", "async"])
-def test_games_recorded_on_video_are_not_saved_and_the_worker_writes_the_video(tmp_path, async_envs):
+def test_games_recorded_on_video_are_not_saved_and_the_worker_writes_the_video(
+        tmp_path, async_envs):
     """The video recorder is not part of a checkpoint (a resumed run starts new games), in this
     process as in a worker process, where RecordVideo writes its files itself."""
-    envs = make_envs("BreakoutNoFrameskip-v4", 2, capture_video=True, video_folder=str(tmp_path / "videos"),
-                     async_envs=async_envs)
+    envs = make_envs("BreakoutNoFrameskip-v4", 2, capture_video=True,
+                     video_folder=str(tmp_path / "videos"), async_envs=async_envs)
     envs.reset(seed=0)
     for _ in range(20):
         envs.step(np.ones(2, dtype=np.int64))
@@ -401,13 +417,13 @@ def test_games_recorded_on_video_are_not_saved_and_the_worker_writes_the_video(t
 def test_an_async_run_interrupted_and_resumed_ends_as_an_unbroken_sync_run(tmp_path):
     """Ctrl-C reaches the workers too (the whole process group): they ignore it, the main process
     saves their games and its logs, and the run resumes, with or without --async-envs, to the very
-    weights of a run that never stopped and never had worker processes. (SIGTERM to every process, as
-    at a Slurm task's time limit: the LSTM script's async test.)"""
+    weights of a run that never stopped and never had worker processes. (SIGTERM to every process,
+    as at a Slurm task's time limit: the LSTM script's async test.)"""
     import shutil
 
     flags = ["--seed", "3", "--total-timesteps", "160", "--save-model", *TINY]
-    unbroken, interrupted, output = run_unbroken_and_interrupted("ppo_atari.py", flags, tmp_path,
-                                                                 interrupted_flags=("--async-envs",))
+    unbroken, interrupted, output = run_unbroken_and_interrupted(
+        "ppo_atari.py", flags, tmp_path, interrupted_flags=("--async-envs",))
     assert "Traceback" not in output, output
     run_dir = only_run_dir(interrupted)
     assert 0 < assert_stopped_with_its_logs_flushed(run_dir / "checkpoint.pt") < 160
@@ -433,19 +449,22 @@ def test_the_compiled_minibatch_loss_gives_the_plain_loss_and_gradients():
     with torch.no_grad():
         _, logprobs, _, values = agent.get_action_and_value(obs, actions)
     minibatch = (obs, actions, logprobs + 0.2 * torch.randn(32, generator=generator),
-                 values.flatten() + torch.randn(32, generator=generator), 1.0 + torch.randn(32, generator=generator),
+                 values.flatten() + torch.randn(32, generator=generator),
+                 1.0 + torch.randn(32, generator=generator),
                  values.flatten() + torch.randn(32, generator=generator))
     stats = assert_compiled_loss_matches_plain(minibatch_loss, agent, *minibatch, 0.1, Args())
     assert stats["clipfrac"] > 0  # the clipped branches are part of the comparison
-    action, _, _, value = assert_compiles_whole(agent.get_action_and_value, obs)  # the rollout's policy step
+    # the rollout's policy step
+    action, _, _, value = assert_compiles_whole(agent.get_action_and_value, obs)
     assert action.shape == (32,) and value.shape == (32, 1)
 
 
 def test_a_compiled_run_trains_starts_each_update_at_ratio_one_and_logs_every_metric(workdir):
-    result = assert_each_update_starts_at_ratio_one(ppo_atari, lambda: main(Args(total_timesteps=64, compile=True,
-                                                                                  **TINY_ARGS)))
+    result = assert_each_update_starts_at_ratio_one(
+        ppo_atari, lambda: main(Args(total_timesteps=64, compile=True, **TINY_ARGS)))
     assert result["global_step"] == 64
-    assert_logs_every_metric(only_run_dir(workdir), except_for=("charts/episodic_return", "charts/episodic_length"))
+    assert_logs_every_metric(only_run_dir(workdir),
+                             except_for=("charts/episodic_return", "charts/episodic_length"))
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on a machine without CUDA")
@@ -454,18 +473,20 @@ def test_cudagraphs_without_cuda_is_a_one_line_error(capsys, workdir):
                        "--cudagraphs needs a CUDA device")
 
 
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Errors
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 
 def test_ids_that_are_not_ale_games_point_to_the_right_script(capsys, workdir):
-    expect_usage_error(capsys, lambda: main(Args(env_id="CartPole-v1")), "ppo_atari.py", "ppo/ppo.py")
+    expect_usage_error(capsys, lambda: main(Args(env_id="CartPole-v1")),
+                       "ppo_atari.py", "ppo/ppo.py")
     expect_usage_error(capsys, lambda: main(Args(env_id="Pendulum-v1")), "ppo_atari.py",
                        "ppo/ppo_continuous_action.py")
     expect_usage_error(capsys, lambda: main(Args(env_id="Breakout-v5")), "ppo_atari.py",
                        "ALE/Breakout-v5", "ppo/ppo_atari_envpool.py")
-    expect_usage_error(capsys, lambda: main(Args(env_id="Breakuot-v4")), "ppo_atari.py", "unknown env id")
+    expect_usage_error(capsys, lambda: main(Args(env_id="Breakuot-v4")), "ppo_atari.py",
+                       "unknown env id")
 
 
 def test_a_box_action_space_is_refused(capsys, workdir):
@@ -476,16 +497,18 @@ def test_a_box_action_space_is_refused(capsys, workdir):
 
 
 def test_sizes_and_checkpoints_of_another_variant(capsys, workdir):
-    expect_usage_error(capsys, lambda: main(Args(num_envs=3, num_steps=5, num_minibatches=4)), "ppo_atari.py",
-                       "--num-minibatches 4")
+    expect_usage_error(capsys, lambda: main(Args(num_envs=3, num_steps=5, num_minibatches=4)),
+                       "ppo_atari.py", "--num-minibatches 4")
     main(Args(total_timesteps=32, save_model=True, **TINY_ARGS))
     checkpoint_path = str(only_run_dir(workdir) / "checkpoint.pt")
-    expect_usage_error(capsys, lambda: parse_args(["--resume", checkpoint_path, "--env-id", "PongNoFrameskip-v4"]),
+    expect_usage_error(capsys, lambda: parse_args(["--resume", checkpoint_path,
+                                                   "--env-id", "PongNoFrameskip-v4"]),
                        "ppo_atari.py", "--env-id BreakoutNoFrameskip-v4")
     checkpoint = torch.load(checkpoint_path, weights_only=False)
     checkpoint["variant"] = "ppo_atari_lstm"
     torch.save(checkpoint, "lstm.pt")
-    expect_usage_error(capsys, lambda: parse_args(["--evaluate", "lstm.pt"]), "ppo_atari.py", "ppo/ppo_atari_lstm.py")
+    expect_usage_error(capsys, lambda: parse_args(["--evaluate", "lstm.pt"]), "ppo_atari.py",
+                       "ppo/ppo_atari_lstm.py")
 
 
 def test_missing_ale_py_names_the_extra(tmp_path):

@@ -1,5 +1,6 @@
-"""Tests of ppo/ppo_atari_envpool.py: what envpool does at an episode's end (the facts the training loop
-relies on), game scores logged from envpool's info, a short run, checkpoints, and the errors."""
+"""Tests of ppo/ppo_atari_envpool.py: what envpool does at an episode's end (the facts the training
+loop relies on), game scores logged from envpool's info, a short run, checkpoints, and the
+errors."""
 
 import signal
 
@@ -10,14 +11,19 @@ import torch
 pytest.importorskip("envpool")
 
 import ppo.ppo_atari_envpool as script  # noqa: E402
-from conftest import (parse_args, write_checkpoint, assert_compiled_loss_matches_plain, assert_compiles_whole, assert_details_marked,  # noqa: E402
-                      assert_evaluation_output, assert_first_minibatch_replays_the_rollout, assert_logs_every_metric,
-                      expect_missing_package_error, expect_usage_error, interrupt_after_first_progress_line,
-                      only_run_dir, read_scalars, run_script, without_module,
-                      assert_evaluation_plays_the_saved_weights, assert_target_kl_ends_the_update_early,
-                      assert_one_copy_to_the_host_per_step, assert_logged_losses_are_the_updates_own,
-                      assert_each_update_starts_at_ratio_one, assert_anneal_clip_lowers_the_clipping_coefficient,
-                      assert_progress_is_printed_within_a_rollout, assert_stopped_with_its_logs_flushed)
+from conftest import (parse_args, write_checkpoint,  # noqa: E402
+                      assert_compiled_loss_matches_plain, assert_compiles_whole,
+                      assert_details_marked, assert_evaluation_output,
+                      assert_first_minibatch_replays_the_rollout, assert_logs_every_metric,
+                      expect_missing_package_error, expect_usage_error,
+                      interrupt_after_first_progress_line, only_run_dir, read_scalars, run_script,
+                      without_module, assert_evaluation_plays_the_saved_weights,
+                      assert_target_kl_ends_the_update_early, assert_one_copy_to_the_host_per_step,
+                      assert_logged_losses_are_the_updates_own,
+                      assert_each_update_starts_at_ratio_one,
+                      assert_anneal_clip_lowers_the_clipping_coefficient,
+                      assert_progress_is_printed_within_a_rollout,
+                      assert_stopped_with_its_logs_flushed)
 from ppo.ppo_atari_envpool import Args, main, make_envs  # noqa: E402
 from ppo_utils import exits, training  # noqa: E402
 
@@ -26,7 +32,8 @@ TINY_ARGS = dict(num_envs=2, num_steps=16, num_minibatches=2, cuda=False)
 
 
 def play(actions: np.ndarray, seed: int = 3) -> list[tuple]:
-    """Step one Breakout-v5 game with the given actions; (obs, reward, terminated, truncated, info) per step."""
+    """Step one Breakout-v5 game with the given actions; (obs, reward, terminated, truncated, info)
+    per step."""
     envs = make_envs("Breakout-v5", 1, seed=seed)
     envs.reset()
     steps = [envs.step(np.array([action])) for action in actions]
@@ -54,7 +61,8 @@ def test_the_step_after_an_episode_ends_is_a_reset_that_ignores_its_action():
             changed = actions.copy()
             changed[reset_step] = action
             variants.append(play(changed))
-        for a, b in zip(variants[0][reset_step:reset_step + 30], variants[1][reset_step:reset_step + 30]):
+        for a, b in zip(variants[0][reset_step:reset_step + 30],
+                        variants[1][reset_step:reset_step + 30]):
             assert np.array_equal(a[0], b[0])
     # So where an episode ends, the step's observation is its last, not the next one's first: Games
     # reports it as info["final_obs"], the observation --bootstrap-truncated values.
@@ -64,7 +72,8 @@ def test_the_step_after_an_episode_ends_is_a_reset_that_ignores_its_action():
     # After a lost life the game goes on (the reset step does not count as a step of the game);
     # after the game's end a new game starts.
     assert steps[lost_life + 1][4]["elapsed_step"][0] == steps[lost_life][4]["elapsed_step"][0]
-    assert steps[game_over + 1][4]["elapsed_step"][0] == 0 and steps[game_over + 1][4]["lives"][0] == 5
+    assert (steps[game_over + 1][4]["elapsed_step"][0] == 0
+            and steps[game_over + 1][4]["lives"][0] == 5)
 
     # The control: changing the action of an ordinary step changes what follows.
     ordinary = lost_life + 8
@@ -73,16 +82,18 @@ def test_the_step_after_an_episode_ends_is_a_reset_that_ignores_its_action():
         changed = actions.copy()
         changed[ordinary:ordinary + 3] = action
         variants.append(play(changed))
-    assert any(not np.array_equal(a[0], b[0]) for a, b in zip(variants[0][ordinary:], variants[1][ordinary:]))
+    assert any(not np.array_equal(a[0], b[0])
+               for a, b in zip(variants[0][ordinary:], variants[1][ordinary:]))
 
 
 def test_the_pool_is_configured_as_the_atari_details_say():
     """envpool's settings for the [Atari 1-7] details and the v5 games' deviations from them: the
-    frames and rewards other tests check cannot tell sticky actions or a shorter time limit apart."""
+    frames and rewards other tests check cannot tell sticky actions or a shorter time limit
+    apart."""
     envs = make_envs("Breakout-v5", 1, seed=1)
-    expected = {"noop_max": 30, "frame_skip": 4, "episodic_life": True, "use_fire_reset": True, "img_height": 84,
-                "img_width": 84, "gray_scale": True, "reward_clip": True, "stack_num": 4,
-                "repeat_action_probability": 0.0, "max_episode_steps": 27000}
+    expected = {"noop_max": 30, "frame_skip": 4, "episodic_life": True, "use_fire_reset": True,
+                "img_height": 84, "img_width": 84, "gray_scale": True, "reward_clip": True,
+                "stack_num": 4, "repeat_action_probability": 0.0, "max_episode_steps": 27000}
     assert {name: envs.pools[0].config[name] for name in expected} == expected
     envs.close()
 
@@ -95,7 +106,8 @@ def test_observations_rewards_and_unclipped_info_rewards():
     rng = np.random.default_rng(0)
     clipped, unclipped = set(), set()
     for _ in range(1500):
-        obs, reward, terminated, truncated, info = envs.step(rng.integers(envs.single_action_space.n, size=2))
+        obs, reward, terminated, truncated, info = envs.step(
+            rng.integers(envs.single_action_space.n, size=2))
         clipped.update(reward.tolist())
         unclipped.update(info["reward"].tolist())
         assert np.array_equal(info["env_id"], [0, 1])  # results come back in environment order
@@ -124,20 +136,24 @@ def record_every_recv(monkeypatch, record) -> None:
     """Have script.make_envs build RecordingGames that give every recv()'s result to record."""
 
     make = script.make_envs
-    monkeypatch.setattr(script, "make_envs", lambda *args, **kwargs: RecordingGames(make(*args, **kwargs), record))
+    monkeypatch.setattr(script, "make_envs",
+                        lambda *args, **kwargs: RecordingGames(make(*args, **kwargs), record))
 
 
 @pytest.mark.parametrize("async_envs", [False, True], ids=["one-pool", "two-pools"])
-def test_logged_game_scores_are_the_sums_of_info_reward_over_whole_games(workdir, monkeypatch, async_envs):
+def test_logged_game_scores_are_the_sums_of_info_reward_over_whole_games(
+        workdir, monkeypatch, async_envs):
     """Train briefly while recording every step envpool returns; recompute each game's score by hand
     (the sum of info["reward"] until the game itself ends, across lost lives) and compare with
     charts/episodic_return, logged at the number of steps played so far. With --async-envs the two
     pools' steps alternate, each adding its own games' steps to the count."""
-    recorded = []  # (pool, terminated, truncated, info) in the order the training loop received them
+    # (pool, terminated, truncated, info) in the order the training loop received them
+    recorded = []
     record_every_recv(monkeypatch, lambda pool, result: recorded.append(
         (pool, result[2].copy(), result[3].copy(),
          {k: result[4][k].copy() for k in ("reward", "terminated", "elapsed_step")})))
-    main(Args(env_id="Breakout-v5", total_timesteps=1024, seed=5, async_envs=async_envs, **TINY_ARGS))
+    main(Args(env_id="Breakout-v5", total_timesteps=1024, seed=5,
+              async_envs=async_envs, **TINY_ARGS))
 
     expected, lives_lost_in_logged_games, steps_played = [], 0, 0
     score, lost = {}, {}
@@ -157,7 +173,8 @@ def test_logged_game_scores_are_the_sums_of_info_reward_over_whole_games(workdir
     logged = [(step, value) for step, value in scalars["charts/episodic_return"]]
     assert len(expected) >= 2 and lives_lost_in_logged_games >= 4  # whole games, across lives
     assert logged == [(step, pytest.approx(value)) for step, value, _ in expected]
-    assert [value for _, value in scalars["charts/episodic_length"]] == [length for _, _, length in expected]
+    assert ([value for _, value in scalars["charts/episodic_length"]]
+            == [length for _, _, length in expected])
 
 
 def spy_on_the_update(monkeypatch) -> tuple[list, list]:
@@ -171,7 +188,8 @@ def spy_on_the_update(monkeypatch) -> tuple[list, list]:
         return compute_gae(rewards, values, dones, *rest)
 
     def recording_loss(agent, obs, *rest):
-        minibatches.append((len(obs), {name: value.clone() for name, value in agent.state_dict().items()}))
+        minibatches.append((len(obs),
+                            {name: value.clone() for name, value in agent.state_dict().items()}))
         return minibatch_loss(agent, obs, *rest)
 
     monkeypatch.setattr(script, "compute_gae", recording_gae)
@@ -198,54 +216,62 @@ def test_an_evaluation_scores_whole_games_unclipped(workdir, monkeypatch):
             return result
 
     make = script.make_envs
-    monkeypatch.setattr(script, "make_envs", lambda *args, **kwargs: Recording(make(*args, **kwargs)))
+    monkeypatch.setattr(script, "make_envs",
+                        lambda *args, **kwargs: Recording(make(*args, **kwargs)))
     torch.manual_seed(0)
-    write_checkpoint(workdir / "untrained.pt", script, Args(env_id="BeamRider-v5"), script.Agent(9).state_dict(),
-                     run_name="untrained")
-    scores = script.evaluate(*parse_args(script, ["--evaluate", "untrained.pt", "--eval-episodes", "1", "--no-cuda"]))
+    write_checkpoint(workdir / "untrained.pt", script, Args(env_id="BeamRider-v5"),
+                     script.Agent(9).state_dict(), run_name="untrained")
+    scores = script.evaluate(*parse_args(script, ["--evaluate", "untrained.pt",
+                                                  "--eval-episodes", "1", "--no-cuda"]))
     clipped, unclipped = (sum(rewards) for rewards in zip(*steps))
     assert scores == [unclipped]
     assert unclipped >= 44 * clipped > 0
 
 
 def test_the_first_minibatch_of_each_update_replays_the_rollout(workdir, monkeypatch):
-    assert_first_minibatch_replays_the_rollout(script, Args(total_timesteps=96, **TINY_ARGS), monkeypatch)
+    assert_first_minibatch_replays_the_rollout(script,
+                                               Args(total_timesteps=96, **TINY_ARGS), monkeypatch)
 
 
-@pytest.mark.parametrize("async_envs, pool_size", [(False, 2), (True, 1)], ids=["one-pool", "two-pools"])
-def test_the_rollout_copies_only_the_actions_to_the_host(workdir, monkeypatch, async_envs, pool_size):
+@pytest.mark.parametrize("async_envs, pool_size", [(False, 2), (True, 1)],
+                         ids=["one-pool", "two-pools"])
+def test_the_rollout_copies_only_the_actions_to_the_host(workdir, monkeypatch,
+                                                         async_envs, pool_size):
     """Between two sends to a pool, whichever pool: its actions, and nothing else."""
     from envpool.python.envpool import EnvPoolMixin
 
-    assert_one_copy_to_the_host_per_step(script, Args(total_timesteps=64, async_envs=async_envs, **TINY_ARGS),
-                                         monkeypatch, EnvPoolMixin, action_shape=(pool_size,), step_method="send")
+    assert_one_copy_to_the_host_per_step(script, Args(total_timesteps=64, async_envs=async_envs,
+                                                      **TINY_ARGS), monkeypatch, EnvPoolMixin,
+                                         action_shape=(pool_size,), step_method="send")
 
 
 def test_the_progress_line_speaks_within_long_rollouts_too(workdir, capsys):
     """The clock ticks at each pool's recv: a step of the games."""
     from envpool.python.envpool import EnvPoolMixin
 
-    assert_progress_is_printed_within_a_rollout(script, Args(total_timesteps=64, **TINY_ARGS), capsys, EnvPoolMixin,
-                                                step_method="recv")
+    assert_progress_is_printed_within_a_rollout(script, Args(total_timesteps=64, **TINY_ARGS),
+                                                capsys, EnvPoolMixin, step_method="recv")
 
 
 def test_the_logged_losses_are_the_updates_own(workdir, monkeypatch):
     """320 random steps lose lives: reset steps are in the rollouts."""
-    assert_logged_losses_are_the_updates_own(script, Args(total_timesteps=320, **TINY_ARGS), monkeypatch,
-                                             reset_steps_left_out=True)
+    assert_logged_losses_are_the_updates_own(script, Args(total_timesteps=320, **TINY_ARGS),
+                                             monkeypatch, reset_steps_left_out=True)
 
 
 def test_target_kl_ends_the_update_early(workdir, monkeypatch):
-    assert_target_kl_ends_the_update_early(script, Args(total_timesteps=64, **TINY_ARGS), monkeypatch)
+    assert_target_kl_ends_the_update_early(script,
+                                           Args(total_timesteps=64, **TINY_ARGS), monkeypatch)
 
 
 def test_evaluation_plays_the_saved_weights(workdir, monkeypatch):
-    assert_evaluation_plays_the_saved_weights(script, Args(total_timesteps=64, **TINY_ARGS), monkeypatch)
+    assert_evaluation_plays_the_saved_weights(script,
+                                              Args(total_timesteps=64, **TINY_ARGS), monkeypatch)
 
 
 def test_the_reset_steps_are_left_out_of_the_update(workdir, monkeypatch):
-    """The step after a lost life only resets the game (envpool ignores its action): an update trains
-    on every other step of the rollout, and on nothing else."""
+    """The step after a lost life only resets the game (envpool ignores its action): an update
+    trains on every other step of the rollout, and on nothing else."""
     rollouts, minibatches = spy_on_the_update(monkeypatch)
     main(Args(**TINY_ARGS, update_epochs=1, total_timesteps=320))
     assert sum(dones.sum() for dones in rollouts) > 0  # 160 random steps per game lose lives
@@ -287,11 +313,12 @@ def test_a_resumed_run_trains_the_saved_weights(workdir, monkeypatch):
         assert np.array_equal(drawn_from, saved)
 
 
-@pytest.mark.parametrize("norm_adv, num_minibatches", [(True, 2), (False, 4)], ids=["size-2", "size-1"])
+@pytest.mark.parametrize("norm_adv, num_minibatches", [(True, 2), (False, 4)],
+                         ids=["size-2", "size-1"])
 def test_the_smallest_minibatches_train_without_nans(workdir, norm_adv, num_minibatches):
-    """Leaving a lost life's reset step out of a 4-step batch shrinks a minibatch of 2 to 1 (no spread
-    to normalize by) and can leave a minibatch of 1 empty (a mean over nothing): both trained NaN
-    weights or losses before. 400 steps of one random Breakout game lose a few lives."""
+    """Leaving a lost life's reset step out of a 4-step batch shrinks a minibatch of 2 to 1 (no
+    spread to normalize by) and can leave a minibatch of 1 empty (a mean over nothing): both trained
+    NaN weights or losses before. 400 steps of one random Breakout game lose a few lives."""
     result = main(Args(num_envs=1, num_steps=4, num_minibatches=num_minibatches, norm_adv=norm_adv,
                        total_timesteps=400, cuda=False))
     assert all(torch.isfinite(weights).all() for weights in result["agent"].state_dict().values())
@@ -300,20 +327,24 @@ def test_the_smallest_minibatches_train_without_nans(workdir, norm_adv, num_mini
 
 
 def test_an_evaluation_films_the_whole_first_game(workdir):
-    """envpool has no gymnasium wrapper to film with: --capture-video renders the game at each step and writes
-    the video when the game, not a life, is over."""
+    """envpool has no gymnasium wrapper to film with: --capture-video renders the game at each step
+    and writes the video when the game, not a life, is over."""
     torch.manual_seed(0)
-    write_checkpoint(workdir / "untrained.pt", script, Args(), script.Agent(4).state_dict(), run_name="untrained")
-    script.evaluate(*parse_args(script, ["--evaluate", "untrained.pt", "--eval-episodes", "1", "--capture-video",
-                                         "--no-cuda"]))
+    write_checkpoint(workdir / "untrained.pt", script, Args(), script.Agent(4).state_dict(),
+                     run_name="untrained")
+    script.evaluate(*parse_args(script, ["--evaluate", "untrained.pt", "--eval-episodes", "1",
+                                         "--capture-video", "--no-cuda"]))
     videos = list((workdir / "videos" / "untrained-eval").glob("*.mp4"))
-    assert [video.name for video in videos] == ["rl-video-episode-0.mp4"] and videos[0].stat().st_size > 1000
+    assert ([video.name for video in videos] == ["rl-video-episode-0.mp4"]
+            and videos[0].stat().st_size > 1000)
 
 
-@pytest.mark.parametrize("speed_flags, stop_signal", [([], signal.SIGTERM), (["--async-envs"], signal.SIGINT)],
+@pytest.mark.parametrize("speed_flags, stop_signal",
+                         [([], signal.SIGTERM), (["--async-envs"], signal.SIGINT)],
                          ids=["one-pool-SIGTERM", "two-pools-Ctrl-C"])
 @pytest.mark.smoke
-def test_an_interrupted_run_resumes_with_new_games_and_evaluates(tmp_path, speed_flags, stop_signal):
+def test_an_interrupted_run_resumes_with_new_games_and_evaluates(
+        tmp_path, speed_flags, stop_signal):
     """envpool's games cannot be saved: the weights, optimizer, random generators and counters
     resume exactly, and the games start anew. Stopped by Ctrl-C, or by SIGTERM as `kill` and Slurm
     stop it: the checkpoint and the logs up to it are written all the same."""
@@ -333,27 +364,30 @@ def test_an_interrupted_run_resumes_with_new_games_and_evaluates(tmp_path, speed
     steps = [step for step, _ in read_scalars(only_run_dir(tmp_path))["charts/SPS"]]
     assert steps == list(range(32, 161, 32))
 
-    evaluation = run_script("ppo_atari_envpool.py", "--evaluate", str(checkpoint_path), "--eval-episodes", "2",
-                            cwd=tmp_path)
+    evaluation = run_script("ppo_atari_envpool.py", "--evaluate", str(checkpoint_path),
+                            "--eval-episodes", "2", cwd=tmp_path)
     assert_evaluation_output(evaluation.stdout, "Breakout-v5", 2)
 
 
 def test_ids_that_are_not_envpool_atari_games_point_to_the_right_script(capsys, workdir):
-    expect_usage_error(capsys, lambda: main(Args(env_id="BreakoutNoFrameskip-v4")), "ppo_atari_envpool.py",
-                       "Breakout-v5", "ppo/ppo_atari.py")
-    expect_usage_error(capsys, lambda: main(Args(env_id="CartPole-v1")), "ppo_atari_envpool.py", "ppo/ppo.py")
+    expect_usage_error(capsys, lambda: main(Args(env_id="BreakoutNoFrameskip-v4")),
+                       "ppo_atari_envpool.py", "Breakout-v5", "ppo/ppo_atari.py")
+    expect_usage_error(capsys, lambda: main(Args(env_id="CartPole-v1")),
+                       "ppo_atari_envpool.py", "ppo/ppo.py")
     expect_usage_error(capsys, lambda: main(Args(env_id="Pendulum-v1")), "ppo_atari_envpool.py",
                        "ppo/ppo_continuous_action.py")
-    expect_usage_error(capsys, lambda: main(Args(env_id="Breakuot-v5")), "ppo_atari_envpool.py", "unknown env id")
+    expect_usage_error(capsys, lambda: main(Args(env_id="Breakuot-v5")), "ppo_atari_envpool.py",
+                       "unknown env id")
 
 
 def test_a_wrong_env_id_prints_one_line_and_nothing_else(tmp_path):
-    """Where Procgen's extra brought the retired gym package, envpool 1.0 imports it and gym prints a
-    notice about itself: the script keeps it off the user's screen."""
+    """Where Procgen's extra brought the retired gym package, envpool 1.0 imports it and gym prints
+    a notice about itself: the script keeps it off the user's screen."""
     result = run_script("ppo_atari_envpool.py", "--env-id", "Foo-v5", cwd=tmp_path, check=False)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
-        "ppo_atari_envpool.py: error: unknown env id 'Foo-v5': envpool's ids of this kind are named like Breakout-v5"]
+        "ppo_atari_envpool.py: error: unknown env id 'Foo-v5': envpool's ids of this kind are "
+        "named like Breakout-v5"]
 
 
 def test_missing_envpool_names_the_extra(tmp_path):
@@ -385,14 +419,16 @@ def test_the_games_refuse_a_seed_they_were_not_made_with():
     envs.close()
 
 
-# --- Speed options: --async-envs, --compile, --cudagraphs -------------------------------------------
+# --- Speed options: --async-envs, --compile, --cudagraphs
+# -------------------------------------------
 
 
 def test_two_pools_play_the_same_games_as_one():
-    """--async-envs splits the games into two envpools seeded so that environment i gets seed + i, as
-    in one pool: the same actions give the same frames, rewards and episode ends."""
+    """--async-envs splits the games into two envpools seeded so that environment i gets seed + i,
+    as in one pool: the same actions give the same frames, rewards and episode ends."""
     rng = np.random.default_rng(0)
-    one, two = make_envs("Breakout-v5", 4, seed=7), make_envs("Breakout-v5", 4, seed=7, async_envs=True)
+    one, two = (make_envs("Breakout-v5", 4, seed=7),
+                make_envs("Breakout-v5", 4, seed=7, async_envs=True))
     assert len(two.pools) == 2 and two.pool_games == [slice(0, 2), slice(2, 4)]
     (one_obs, one_info), (two_obs, two_info) = one.reset(), two.reset()
     np.testing.assert_array_equal(one_obs, two_obs)
@@ -416,7 +452,8 @@ def test_seeds_past_31_bits_wrap_around():
     """--seed goes up to 2**31 - 1, and a resumed run and an evaluation add an offset to it, but
     envpool takes 32-bit seeds: make_envs wraps them, so seed 2**31 + 5 plays seed 5's games."""
     rng = np.random.default_rng(0)
-    wrapped, plain = make_envs("Breakout-v5", 2, seed=2**31 + 5), make_envs("Breakout-v5", 2, seed=5)
+    wrapped, plain = (make_envs("Breakout-v5", 2, seed=2**31 + 5),
+                      make_envs("Breakout-v5", 2, seed=5))
     np.testing.assert_array_equal(wrapped.reset()[0], plain.reset()[0])
     for _ in range(100):
         action = rng.integers(plain.single_action_space.n, size=2)
@@ -426,14 +463,15 @@ def test_seeds_past_31_bits_wrap_around():
 
 
 def test_compiled_minibatch_loss_has_the_plain_loss_and_gradients():
-    """--compile runs the same computation: on the same minibatch, the compiled loss and the gradients
-    it leads to equal the plain ones up to float rounding."""
+    """--compile runs the same computation: on the same minibatch, the compiled loss and the
+    gradients it leads to equal the plain ones up to float rounding."""
     torch.manual_seed(0)
     batch = (torch.randint(0, 256, (32, 4, 84, 84), dtype=torch.uint8), torch.randint(0, 4, (32,)),
              -torch.rand(32) - 1.0, torch.randn(32), torch.randn(32), torch.randn(32))
     agent = script.Agent(num_actions=4)
     assert_compiled_loss_matches_plain(script.minibatch_loss, agent, *batch, 0.1, Args())
-    action, _, _, value = assert_compiles_whole(agent.get_action_and_value, batch[0])  # the rollout's policy step
+    # the rollout's policy step
+    action, _, _, value = assert_compiles_whole(agent.get_action_and_value, batch[0])
     assert action.shape == (32,) and value.shape == (32, 1)
 
 
@@ -441,14 +479,16 @@ def test_async_envs_and_compile_train_start_each_update_at_ratio_one_and_log_eve
     result = assert_each_update_starts_at_ratio_one(script, lambda: main(Args(
         env_id="Breakout-v5", total_timesteps=256, async_envs=True, compile=True, **TINY_ARGS)))
     assert result["global_step"] == 256
-    assert_logs_every_metric(only_run_dir(workdir), except_for=("charts/episodic_return", "charts/episodic_length"))
+    assert_logs_every_metric(only_run_dir(workdir),
+                             except_for=("charts/episodic_return", "charts/episodic_length"))
 
 
-def test_two_pools_fill_their_own_columns_and_bootstrap_from_their_own_last_frames(workdir, monkeypatch):
-    """--async-envs: pool k plays the games `pool_games[k]`, here columns 2k and 2k + 1 of 4. Each reward
-    a pool returns must land in its own columns at the step it played (what compute_gae receives), and
-    the bootstrap value after the rollout must be computed from each pool's last frames (what the
-    value network receives after the rollout's last recv)."""
+def test_two_pools_fill_their_own_columns_and_bootstrap_from_their_own_last_frames(
+        workdir, monkeypatch):
+    """--async-envs: pool k plays the games `pool_games[k]`, here columns 2k and 2k + 1 of 4. Each
+    reward a pool returns must land in its own columns at the step it played (what compute_gae
+    receives), and the bootstrap value after the rollout must be computed from each pool's last
+    frames (what the value network receives after the rollout's last recv)."""
     received, gae_rewards, bootstrapped = {0: [], 1: []}, [], []
 
     def recording_make_envs(*inputs, **options):
@@ -468,8 +508,10 @@ def test_two_pools_fill_their_own_columns_and_bootstrap_from_their_own_last_fram
     monkeypatch.setattr(script, "compute_gae", recording_gae)
     monkeypatch.setattr(script.Agent, "get_value", recording_get_value)
     num_steps = TINY_ARGS["num_steps"]
-    # Space Invaders: random play scores within a few steps, and the two pools score at different ones.
-    main(Args(env_id="SpaceInvaders-v5", total_timesteps=192, async_envs=True, seed=3, **{**TINY_ARGS, "num_envs": 4}))
+    # Space Invaders: random play scores within a few steps, and the two pools score at different
+    # ones.
+    main(Args(env_id="SpaceInvaders-v5", total_timesteps=192, async_envs=True, seed=3,
+              **{**TINY_ARGS, "num_envs": 4}))
     assert len(gae_rewards) == len(bootstrapped) == 3
     for iteration, (rewards, next_obs) in enumerate(zip(gae_rewards, bootstrapped)):
         rollout = slice(iteration * num_steps, (iteration + 1) * num_steps)
@@ -483,10 +525,11 @@ def test_two_pools_fill_their_own_columns_and_bootstrap_from_their_own_last_fram
 
 
 def test_a_lost_life_cuts_gae_while_the_logged_score_runs_to_game_over(workdir, monkeypatch):
-    """[Atari 4: EpisodicLifeEnv] in envpool's episodic_life: the step after a lost life begins a new
-    training episode (dones = 1 there, so GAE does not flow back across it), although the game, and
-    its logged score, go on. Recorded: the lives envpool reports at each step, and the dones GAE gets."""
-    lives, gae_dones, logged = [], [], []
+    """[Atari 4: EpisodicLifeEnv] in envpool's episodic_life: the step after a lost life begins a
+    new training episode (dones = 1 there, so GAE does not flow back across it), although the game,
+    and its logged score, go on. Recorded: the lives envpool reports at each step, and the dones GAE
+    gets."""
+    lives, gae_dones = [], []
 
     def recording_gae(rewards, values, dones, *rest):
         gae_dones.append(dones.copy())
@@ -505,7 +548,8 @@ def test_a_lost_life_cuts_gae_while_the_logged_score_runs_to_game_over(workdir, 
     before = np.vstack([np.full((1, received.shape[1]), 5), received[:-1]])
     life_lost = (received < before) & ~game_over
     ended = life_lost | game_over
-    dones = np.concatenate(gae_dones)  # (iterations x num_steps, num_envs): step t is after recv t - 1
+    # (iterations x num_steps, num_envs): step t is after recv t - 1
+    dones = np.concatenate(gae_dones)
     np.testing.assert_array_equal(dones[1:].astype(bool), ended[:len(dones) - 1])
     assert life_lost.any() and not game_over[life_lost].any()  # some lives were lost inside games
     # The score the run logged is a game's, not a life's: fewer scores than training episodes.
@@ -513,11 +557,12 @@ def test_a_lost_life_cuts_gae_while_the_logged_score_runs_to_game_over(workdir, 
 
 
 def test_anneal_clip_lowers_the_clipping_coefficient_with_each_iteration(workdir, monkeypatch):
-    assert_anneal_clip_lowers_the_clipping_coefficient(script, Args(total_timesteps=96, **TINY_ARGS), monkeypatch)
+    assert_anneal_clip_lowers_the_clipping_coefficient(
+        script, Args(total_timesteps=96, **TINY_ARGS), monkeypatch)
 
 
 def test_speed_options_refuse_what_cannot_work(capsys, workdir):
-    expect_usage_error(capsys, lambda: main(Args(cudagraphs=True, **TINY_ARGS)), "ppo_atari_envpool.py",
-                       "--cudagraphs needs a CUDA device")
+    expect_usage_error(capsys, lambda: main(Args(cudagraphs=True, **TINY_ARGS)),
+                       "ppo_atari_envpool.py", "--cudagraphs needs a CUDA device")
     expect_usage_error(capsys, lambda: main(Args(async_envs=True, **{**TINY_ARGS, "num_envs": 3})),
                        "ppo_atari_envpool.py", "--num-envs must be even")

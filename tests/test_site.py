@@ -1,6 +1,6 @@
-"""The built documentation site works on its own: every internal link and anchor of every page resolves,
-the code pages that mkdocs_hooks.py generates put each line at its `#L<n>` anchor, and every page has
-a title of its own.
+"""The built documentation site works on its own: every internal link and anchor of every page
+resolves, the code pages that mkdocs_hooks.py generates put each line at its `#L<n>` anchor, and
+every page has a title of its own.
 
 tests/test_docs.py checks the Markdown sources against the repository (a line link lands on the
 marker it names); the tests here check what a reader of the built site gets.
@@ -42,13 +42,15 @@ class PageParser(HTMLParser):
         if tag == "a" and attrs.get("name"):
             self.ids.add(attrs["name"])
         for key in ("href", "src"):
-            if attrs.get(key) is not None and tag in ("a", "link", "script", "img", "iframe", "source"):
+            if attrs.get(key) is not None and tag in ("a", "link", "script", "img",
+                                                      "iframe", "source"):
                 self.links.append(attrs[key])
         if tag == "title":
             self._in.append("title")
         elif tag == "h1" and not self.h1:
             self._in.append("h1")
-        elif tag == "span" and "line" in (attrs.get("class") or "").split() and attrs.get("id", "").startswith("L"):
+        elif (tag == "span" and "line" in (attrs.get("class") or "").split()
+              and attrs.get("id", "").startswith("L")):
             number = int(attrs["id"][1:])
             self.lines[number] = ""
             self._in.append(("line", number))
@@ -72,8 +74,9 @@ class PageParser(HTMLParser):
 
 
 def build_site(config: Path, site: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file", str(config),
-                           "--site-dir", str(site)], cwd=config.parent, capture_output=True, text=True, timeout=HUNG_AFTER)
+    return subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file",
+                           str(config), "--site-dir", str(site)], cwd=config.parent,
+                          capture_output=True, text=True, timeout=HUNG_AFTER)
 
 
 class Site:
@@ -142,19 +145,21 @@ def test_each_line_anchor_of_a_code_page_holds_that_line(site):
             shown = site.pages[page].lines
             assert sorted(shown) == list(range(1, len(lines) + 1)), relative
             wrong = [n for n in shown if shown[n] != lines[n - 1]]
-            assert not wrong, f"{relative}: #L{wrong[0]} shows {shown[wrong[0]]!r}, not {lines[wrong[0] - 1]!r}"
+            assert not wrong, (f"{relative}: #L{wrong[0]} shows {shown[wrong[0]]!r}, not "
+                               f"{lines[wrong[0] - 1]!r}")
             pages += 1
     assert pages >= 9
 
 
 def test_the_site_keeps_every_line_link_of_the_markdown(site):
-    """Each `../ppo/<script>.py#L<n>` of a page becomes a link to `source/ppo/<script>.py/#L<n>` on the
-    built page, so the line anchors tests/test_docs.py checks are the ones a reader follows."""
+    """Each `../ppo/<script>.py#L<n>` of a page becomes a link to `source/ppo/<script>.py/#L<n>` on
+    the built page, so the line anchors tests/test_docs.py checks are the ones a reader follows."""
     root = site.root
     missing = []
     for markdown in sorted((REPO / "docs").rglob("*.md")):
         relative = markdown.relative_to(REPO / "docs").with_suffix("")
-        html = root / relative / "index.html" if relative.name != "index" else root / relative.parent / "index.html"
+        html = (root / relative / "index.html" if relative.name != "index"
+                else root / relative.parent / "index.html")
         built = set()
         for link in site.pages[html].links:
             target, fragment = resolve(root, html, link)
@@ -174,7 +179,8 @@ def test_every_page_has_a_title_of_its_own(site):
         if page.name in ("404.html", "search.html"):
             continue
         titles.setdefault(parsed.title.strip(), []).append(str(page.relative_to(root)))
-        headings.setdefault(parsed.h1.replace("¶", "").strip(), []).append(str(page.relative_to(root)))
+        headings.setdefault(parsed.h1.replace("¶", "").strip(),
+                            []).append(str(page.relative_to(root)))
     shared = {title: pages for title, pages in {**titles, **headings}.items() if len(pages) > 1}
     assert not shared, f"titles shared by several pages: {shared}"
 
@@ -203,7 +209,8 @@ def test_a_link_to_an_unpublished_file_fails_the_strict_build(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     built = (tmp_path / "site" / "index.html").read_text()
     assert 'href="source/ppo/demo.py/#L2"' in built
-    assert '<span class="line" id="L2">' in (tmp_path / "site" / "source" / "ppo" / "demo.py" / "index.html").read_text()
+    assert ('<span class="line" id="L2">'
+            in (tmp_path / "site" / "source" / "ppo" / "demo.py" / "index.html").read_text())
 
     page.write_text("# Demo\n\n[the tests](../tests/test_demo.py)\n")
     result = build_site(tmp_path / "mkdocs.yml", tmp_path / "site")

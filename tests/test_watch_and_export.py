@@ -44,12 +44,14 @@ def shows_a_picture(image: np.ndarray) -> bool:
 def xserver(tmp_path):
     """A virtual X server (Xvfb) for the test, and its DISPLAY."""
     if shutil.which("Xvfb") is None or shutil.which("xwd") is None:
-        pytest.skip("needs Xvfb and xwd (Debian: apt-get install xvfb x11-apps; .ci/run installs them)")
+        pytest.skip("needs Xvfb and xwd (Debian: apt-get install xvfb x11-apps; .ci/run "
+                    "installs them)")
     display = f":{90 + os.getpid() % 500}"
     server = subprocess.Popen(["Xvfb", display, "-screen", "0", "800x700x24", "-nolisten", "tcp"],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 30
-    while subprocess.run(["xwd", "-root", "-silent", "-display", display], capture_output=True).returncode:
+    while subprocess.run(["xwd", "-root", "-silent", "-display", display],
+                         capture_output=True).returncode:
         assert time.monotonic() < deadline and server.poll() is None, "Xvfb did not start"
         time.sleep(0.1)
     yield display
@@ -67,9 +69,9 @@ def on_screen(display: str) -> dict:
 
 
 def watch(script: str, checkpoint: Path, display: str, cwd: Path, *flags: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, str(REPO / "ppo" / f"{script}.py"), "--evaluate", str(checkpoint),
-                             "--watch", *flags], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, env=on_screen(display))
+    return subprocess.Popen([sys.executable, str(REPO / "ppo" / f"{script}.py"), "--evaluate",
+                             str(checkpoint), "--watch", *flags], cwd=cwd, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=on_screen(display))
 
 
 def test_watch_shows_the_agent_playing_in_a_window_then_its_scores(tiny, xserver, tmp_path):
@@ -79,7 +81,8 @@ def test_watch_shows_the_agent_playing_in_a_window_then_its_scores(tiny, xserver
     screen; Procgen's: the 64x64 frames the agent sees)."""
     script, checkpoint = tiny
     name = script.__name__.rpartition(".")[2]
-    playing = watch(name, checkpoint, xserver, tmp_path, "--eval-episodes", "2", "--watch-fps", "10")
+    playing = watch(name, checkpoint, xserver, tmp_path, "--eval-episodes", "2",
+                    "--watch-fps", "10")
     shown, deadline = None, time.monotonic() + HUNG_AFTER
     while playing.poll() is None and time.monotonic() < deadline:
         image = screen(xserver)
@@ -99,11 +102,13 @@ def test_watch_shows_the_agent_playing_in_a_window_then_its_scores(tiny, xserver
 
 
 def test_ctrl_c_closes_the_window_and_ends_with_exit_code_130(xserver, tmp_path):
-    run = subprocess.run([sys.executable, str(REPO / "ppo" / "ppo.py"), "--total-timesteps", "64", "--num-envs",
-                          "2", "--num-steps", "32", "--num-minibatches", "2", "--save-model", "--no-cuda"],
-                         cwd=tmp_path, capture_output=True, text=True, timeout=HUNG_AFTER)
+    run = subprocess.run([sys.executable, str(REPO / "ppo" / "ppo.py"), "--total-timesteps", "64",
+                          "--num-envs", "2", "--num-steps", "32", "--num-minibatches", "2",
+                          "--save-model", "--no-cuda"], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=HUNG_AFTER)
     (checkpoint,) = tmp_path.glob("runs/*/checkpoint.pt")
-    playing = watch("ppo", checkpoint, xserver, tmp_path, "--eval-episodes", "1000", "--watch-fps", "20")
+    playing = watch("ppo", checkpoint, xserver, tmp_path, "--eval-episodes", "1000",
+                    "--watch-fps", "20")
     deadline = time.monotonic() + HUNG_AFTER
     while not shows_a_picture(screen(xserver)):
         assert playing.poll() is None and time.monotonic() < deadline, playing.communicate()[0]
@@ -117,13 +122,15 @@ def test_ctrl_c_closes_the_window_and_ends_with_exit_code_130(xserver, tmp_path)
     assert run.returncode == 0
 
 
-def test_watch_without_a_display_is_refused_in_one_line_and_writes_nothing(tiny, tmp_path, monkeypatch, capsys):
+def test_watch_without_a_display_is_refused_in_one_line_and_writes_nothing(
+        tiny, tmp_path, monkeypatch, capsys):
     script, checkpoint = tiny
     name = script.__name__.rpartition(".")[2]
     monkeypatch.delenv("DISPLAY", raising=False)
     monkeypatch.delenv("WAYLAND_DISPLAY", raising=False)
     monkeypatch.chdir(tmp_path)
-    code, out, err = run_script_here(name, ["--evaluate", str(checkpoint), "--watch", "--no-cuda"], capsys)
+    code, out, err = run_script_here(name, ["--evaluate", str(checkpoint), "--watch", "--no-cuda"],
+                                     capsys)
     assert code == 2 and err.count("\n") == 1, err
     assert err.startswith(f"{name}.py: error: --watch opens a window, and there is no display"), err
     assert "--capture-video" in err and "xvfb-run" in err, err
@@ -134,7 +141,8 @@ def test_watch_without_a_display_is_refused_in_one_line_and_writes_nothing(tiny,
 def test_watch_and_export_without_evaluate_are_refused(flag, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     code, _, err = run_script_here("ppo", [*flag, "--no-cuda"], capsys)
-    assert code == 2 and err.startswith(f"ppo.py: error: {flag[0]} goes with --evaluate CHECKPOINT"), err
+    assert code == 2 and err.startswith(f"ppo.py: error: {flag[0]} goes with --evaluate "
+                                        "CHECKPOINT"), err
     assert list(tmp_path.iterdir()) == []
 
 
@@ -150,18 +158,21 @@ def mean_line(output: str) -> str:
     return line
 
 
-def test_export_writes_a_model_folder_that_evaluate_plays_to_the_same_mean(tiny, tmp_path, monkeypatch, capsys):
-    """--export: the weights, the script, the training command, the versions, the episodes and a model
-    card whose YAML holds the library, the tags and the mean return in the hub's model-index; then
-    `--evaluate DIR`, with the same seed, prints the same mean as the export's evaluation."""
+def test_export_writes_a_model_folder_that_evaluate_plays_to_the_same_mean(
+        tiny, tmp_path, monkeypatch, capsys):
+    """--export: the weights, the script, the training command, the versions, the episodes and a
+    model card whose YAML holds the library, the tags and the mean return in the hub's model-index;
+    then `--evaluate DIR`, with the same seed, prints the same mean as the export's evaluation."""
     script, checkpoint = tiny
     name = script.__name__.rpartition(".")[2]
     monkeypatch.chdir(tmp_path)
-    code, exported, err = run_script_here(name, ["--evaluate", str(checkpoint), "--eval-episodes", "3",
-                                                 "--export", "agent", "--no-cuda"], capsys)
+    code, exported, err = run_script_here(name, ["--evaluate", str(checkpoint),
+                                                 "--eval-episodes", "3", "--export", "agent",
+                                                 "--no-cuda"], capsys)
     assert code == 0, err
     folder = tmp_path / "agent"
-    assert {"model.pt", f"{name}.py", "evaluation.json", "README.md"} <= {path.name for path in folder.iterdir()}
+    assert ({"model.pt", f"{name}.py", "evaluation.json", "README.md"}
+            <= {path.name for path in folder.iterdir()})
     evaluation = json.loads((folder / "evaluation.json").read_text())
     card = (folder / "README.md").read_text()
     metadata = front_matter(card)
@@ -169,7 +180,8 @@ def test_export_writes_a_model_folder_that_evaluate_plays_to_the_same_mean(tiny,
     assert metadata["library_name"] == "ppo-scripts"
     assert {env_id, "reinforcement-learning", "ppo"} <= set(metadata["tags"])
     (result,) = metadata["model-index"][0]["results"]
-    assert result["dataset"]["name"] == env_id and result["task"]["type"] == "reinforcement-learning"
+    assert (result["dataset"]["name"] == env_id
+            and result["task"]["type"] == "reinforcement-learning")
     (metric,) = result["metrics"]
     assert metric["type"] == "mean_reward"
     assert metric["value"] == f"{evaluation['mean_return']:.2f} +/- {evaluation['std_return']:.2f}"
@@ -177,20 +189,23 @@ def test_export_writes_a_model_folder_that_evaluate_plays_to_the_same_mean(tiny,
     assert "--evaluate . --watch" in card and f"python ppo/{name}.py" in card
     assert (folder / f"{name}.py").read_text() == (REPO / "ppo" / f"{name}.py").read_text()
 
-    code, again, err = run_script_here(name, ["--evaluate", "agent", "--eval-episodes", "3", "--no-cuda"], capsys)
+    code, again, err = run_script_here(
+        name, ["--evaluate", "agent", "--eval-episodes", "3", "--no-cuda"], capsys)
     assert code == 0, err
     assert mean_line(again) == mean_line(exported)
     assert f"{evaluation['mean_return']:.2f} +-" in mean_line(again)
 
 
 @pytest.mark.parametrize("tiny", ["ppo"], indirect=True)  # the same in every script
-def test_an_exported_folder_is_refused_by_resume_and_an_existing_one_by_export(tiny, tmp_path, monkeypatch, capsys):
+def test_an_exported_folder_is_refused_by_resume_and_an_existing_one_by_export(
+        tiny, tmp_path, monkeypatch, capsys):
     script, checkpoint = tiny
     name = script.__name__.rpartition(".")[2]
     monkeypatch.chdir(tmp_path)
-    assert run_script_here(name, ["--evaluate", str(checkpoint), "--eval-episodes", "1", "--export", "agent"],
-                           capsys)[0] == 0
+    assert run_script_here(name, ["--evaluate", str(checkpoint), "--eval-episodes", "1",
+                                  "--export", "agent"], capsys)[0] == 0
     code, _, err = run_script_here(name, ["--resume", "agent"], capsys)
     assert code == 2 and "an exported agent, which --evaluate plays" in err, err
-    code, _, err = run_script_here(name, ["--evaluate", str(checkpoint), "--export", "agent"], capsys)
+    code, _, err = run_script_here(name,
+                                   ["--evaluate", str(checkpoint), "--export", "agent"], capsys)
     assert code == 2 and "--export agent: it exists and is not an empty folder" in err, err
