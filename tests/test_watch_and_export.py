@@ -69,9 +69,12 @@ def on_screen(display: str) -> dict:
 
 
 def watch(script: str, checkpoint: Path, display: str, cwd: Path, *flags: str) -> subprocess.Popen:
+    """The script's --watch, its output piped; PYTHONFAULTHANDLER: a SIGABRT prints where each of
+    its threads is (a test's report of a hang)."""
     return subprocess.Popen([sys.executable, str(REPO / "ppo" / f"{script}.py"), "--evaluate",
                              str(checkpoint), "--watch", *flags], cwd=cwd, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env=on_screen(display))
+                            stderr=subprocess.STDOUT, text=True,
+                            env={**on_screen(display), "PYTHONFAULTHANDLER": "1"})
 
 
 def test_watch_shows_the_agent_playing_in_a_window_then_its_scores(tiny, xserver, tmp_path):
@@ -114,7 +117,12 @@ def test_ctrl_c_closes_the_window_and_ends_with_exit_code_130(xserver, tmp_path)
         assert playing.poll() is None and time.monotonic() < deadline, playing.communicate()[0]
         time.sleep(0.2)
     playing.send_signal(signal.SIGINT)
-    output = playing.communicate(timeout=60)[0]  # at once: not after its 1000 episodes
+    try:
+        output = playing.communicate(timeout=60)[0]  # at once: not after its 1000 episodes
+    except subprocess.TimeoutExpired:  # (once, on 2 cores beside two busy processes)
+        playing.send_signal(signal.SIGABRT)
+        pytest.fail("Ctrl-C did not end --watch within 60 s; its output and threads:\n"
+                    + playing.communicate()[0][-4000:])
     assert playing.returncode == 130, output
     assert output.strip().splitlines()[-1] == "stopped at once by Ctrl-C", output
     time.sleep(0.5)
