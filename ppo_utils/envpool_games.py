@@ -1,4 +1,4 @@
-"""envpool's games behind gymnasium's interfaces. Its Atari games as the ale-py scripts see theirs,
+"""envpool's Atari games behind a gymnasium vector env's calls, as the ale-py scripts see theirs,
 for ppo_atari_envpool.py (Games): the game scores and videos that gymnasium's wrappers add to the
 others (no gymnasium wrapper fits an envpool), and the episodes' final observations. An envpool
 ends an *episode* at every lost life and clips its rewards; a *game* is over when info["terminated"]
