@@ -101,7 +101,7 @@ def make_envs(env_id: str, num_envs: int, capture_video: bool = False, video_fol
     SAME_STEP: every step() is a real transition (docs/ppo.md, Episode ends)."""
     spaces.check_gymnasium_id(env_id, filmed=capture_video)
     envs = environments.vector_env([make_env(env_id, i, capture_video, video_folder, video_episodes)
-                                for i in range(num_envs)], env_id, saved_envs)
+                                    for i in range(num_envs)], env_id, saved_envs)
     spaces.check_spaces(envs, env_id, actions=(gym.spaces.Discrete,))
     return envs
 

@@ -132,7 +132,7 @@ def make_envs(env_id: str, num_envs: int, capture_video: bool = False, video_fol
     atari_games.check_atari_id(env_id)
     # [Speed: asynchronous environments] async_envs: each game in a worker process, all at once
     envs = environments.vector_env([make_env(env_id, i, capture_video, video_folder, video_episodes)
-                                for i in range(num_envs)], env_id, saved_envs, async_envs)
+                                    for i in range(num_envs)], env_id, saved_envs, async_envs)
     return envs
 
 

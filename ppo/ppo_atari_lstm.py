@@ -134,7 +134,7 @@ def make_envs(env_id: str, num_envs: int, capture_video: bool = False, video_fol
     atari_games.check_atari_id(env_id)
     # [Speed: asynchronous environments] async_envs: each game in a worker process, all at once
     envs = environments.vector_env([make_env(env_id, i, capture_video, video_folder, video_episodes)
-                                for i in range(num_envs)], env_id, saved_envs, async_envs)
+                                    for i in range(num_envs)], env_id, saved_envs, async_envs)
     return envs
 
 
@@ -362,7 +362,7 @@ def main(args: Args, checkpoint=None) -> dict:
     # The run starts: resumed, it takes back its weights, optimizer, random generators and where
     # its rollout stood; otherwise its environments begin new episodes, on seeds no sitting played.
     Rollout = NamedTuple("Rollout", [("next_obs", np.ndarray), ("next_done", np.ndarray),
-                                         ("next_lstm_state", tuple)])  # the memory before next_obs
+                                     ("next_lstm_state", tuple)])  # the memory before next_obs
     global_step, rollout = run.start(agent, optimizer, num_iterations, Rollout, envs,
                                      batch_size=batch_size, minibatch_size=minibatch_size)
     next_obs, next_done, next_lstm_state = rollout or (

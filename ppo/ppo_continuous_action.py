@@ -108,7 +108,7 @@ def make_envs(env_id: str, num_envs: int, capture_video: bool = False, video_fol
     SAME_STEP: every step() is a real transition (docs/ppo.md, Episode ends)."""
     spaces.check_gymnasium_id(env_id, filmed=capture_video)
     envs = environments.vector_env([make_env(env_id, i, capture_video, video_folder, video_episodes)
-                                for i in range(num_envs)], env_id, saved_envs)
+                                    for i in range(num_envs)], env_id, saved_envs)
     spaces.check_spaces(envs, env_id, actions=(gym.spaces.Box,))
     return envs
 
@@ -334,8 +334,8 @@ def main(args: Args, checkpoint=None) -> dict:
 
     # The run starts: resumed, it takes back its weights, optimizer, random generators and where
     # its rollout stood; otherwise its environments begin new episodes, on seeds no sitting played.
-    Rollout = NamedTuple("Rollout", [("next_obs", np.ndarray),
-        ("next_done", np.ndarray), ("discounted_return", np.ndarray)])
+    Rollout = NamedTuple("Rollout", [("next_obs", np.ndarray), ("next_done", np.ndarray),
+                                     ("discounted_return", np.ndarray)])
     global_step, rollout = run.start(agent, optimizer, num_iterations, Rollout, envs,
                                      statistics={"reward_scaler": reward_scaler.return_rms},
                                      batch_size=batch_size, minibatch_size=minibatch_size)
@@ -435,7 +435,7 @@ def main(args: Args, checkpoint=None) -> dict:
                  for key in minibatch_stats[0]}
         run.end_iteration(iteration, global_step, means, host_values.reshape(-1),
                           returns.reshape(-1), Rollout(next_obs, next_done,
-                                                         reward_scaler.discounted_return))
+                                                       reward_scaler.discounted_return))
 
     envs.close()
     return run.finish(global_step, agent=agent, reward_scaler=reward_scaler)

@@ -195,9 +195,9 @@ def make_envs(env_id: str, num_envs: int, capture_video: bool = False, video_fol
         envpool_ids.check_envpool_id(env_id, None, "Jumanji/Cleaner-v0")
     else:
         spaces.check_gymnasium_id(env_id, hint=envpool_ids.port_hint(env_id, "Jumanji"),
-                                        filmed=capture_video)
+                                  filmed=capture_video)
     envs = environments.vector_env([make_env(env_id, i, capture_video, video_folder, video_episodes)
-                                for i in range(num_envs)], env_id, saved_envs)
+                                    for i in range(num_envs)], env_id, saved_envs)
     spaces.check_spaces(envs, env_id, actions=(gym.spaces.MultiDiscrete,))
     return envs
 
@@ -405,8 +405,8 @@ def main(args: Args, checkpoint=None) -> dict:
 
     # The run starts: resumed, it takes back its weights, optimizer, random generators and where
     # its rollout stood; otherwise its environments begin new episodes, on seeds no sitting played.
-    Rollout = NamedTuple("Rollout", [("next_obs", np.ndarray),
-        ("next_mask", np.ndarray), ("next_done", np.ndarray)])
+    Rollout = NamedTuple("Rollout", [("next_obs", np.ndarray), ("next_mask", np.ndarray),
+                                     ("next_done", np.ndarray)])
     global_step, rollout = run.start(agent, optimizer, num_iterations, Rollout, envs,
                                      batch_size=batch_size, minibatch_size=minibatch_size)
     next_obs, next_mask, next_done = rollout or (None, None, None)

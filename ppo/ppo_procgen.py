@@ -300,9 +300,9 @@ def main(args: Args, checkpoint=None) -> dict:
     # The run starts: resumed, it takes back its weights, optimizer, random generators and reward
     # statistics. Procgen builds its games anew at a reset (on seeds a resumed run has not played);
     # a resumed run then puts back the episodes it left, unless they were being filmed.
-    Rollout = NamedTuple("Rollout", [("next_obs", np.ndarray), ("next_done", np.ndarray),
-        ("discounted_return", np.ndarray), ("games", list), ("episode_return", np.ndarray),
-        ("episode_length", np.ndarray)])
+    Rollout = NamedTuple("Rollout", [
+        ("next_obs", np.ndarray), ("next_done", np.ndarray), ("discounted_return", np.ndarray),
+        ("games", list), ("episode_return", np.ndarray), ("episode_length", np.ndarray)])
     global_step, rollout = run.start(agent, optimizer, num_iterations, Rollout,
                                      statistics={"reward_scaler": reward_scaler.return_rms},
                                      batch_size=batch_size, minibatch_size=minibatch_size)

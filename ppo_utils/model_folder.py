@@ -39,8 +39,8 @@ def training_command(args, checkpoint: Checkpoint) -> str:
         if isinstance(value, bool):
             words.append(flag if value else f"--no-{flag[2:]}")
         else:
-            words += [flag, *(shlex.quote(str(item)) for item in
-                               (value if isinstance(value, list) else [value]))]
+            values = value if isinstance(value, list) else [value]
+            words += [flag, *(shlex.quote(str(item)) for item in values)]
     return " ".join(words)
 
 

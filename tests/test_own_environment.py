@@ -131,7 +131,7 @@ def test_a_module_that_does_not_import_or_register_the_id_is_named(script, user_
 
 REFUSED = [  # (script, env id, what the line must say)
     ("ppo", "space_envs:Spaces-DictWithText-Discrete-v0", ["observes a Text within its Dict",
-                                                          "encode the text as numbers"]),
+                                                           "encode the text as numbers"]),
     ("ppo", "myenvs:MyMultiDiscrete-v0",
      ["MultiDiscrete action space", "ppo/ppo_multidiscrete.py"]),
     ("ppo_continuous_action", "myenvs:MyMultiDiscrete-v0",

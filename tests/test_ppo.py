@@ -305,8 +305,8 @@ def test_a_run_killed_past_its_checkpoint_resumes_to_the_unbroken_runs_log(tmp_p
     (tmp_path / "killed").mkdir()
     killed = subprocess.run([sys.executable, "-c", KILLED_AT_A_STEP, str(REPO / "ppo" / "ppo.py"),
                              *flags], cwd=tmp_path / "killed", capture_output=True, text=True, env={
-                                **os.environ, "KILL_AT_STEP": str(7 * 32 + 5),
-                                "OMP_NUM_THREADS": "1"})
+                                 **os.environ, "KILL_AT_STEP": str(7 * 32 + 5),
+                                 "OMP_NUM_THREADS": "1"})
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     checkpoint_path = only_run_dir(tmp_path / "killed") / "checkpoint.pt"
     saved_at = torch.load(checkpoint_path, weights_only=False)["global_step"]

@@ -241,7 +241,7 @@ def test_interrupted_and_resumed_run_ends_with_the_same_weights(tmp_path):
     run_script("ppo_atari_lstm.py", "--resume", str(checkpoint_path), cwd=interrupted)
     expected, actual = assert_same_final_weights(unbroken, checkpoint_path, 160)
     for expected_state, actual_state in zip(expected["processes"][0]["rollout"]["next_lstm_state"],
-                                              actual["processes"][0]["rollout"]["next_lstm_state"]):
+                                            actual["processes"][0]["rollout"]["next_lstm_state"]):
         assert torch.equal(expected_state, actual_state)
 
     evaluation = run_script("ppo_atari_lstm.py", "--evaluate", str(checkpoint_path),
@@ -267,7 +267,7 @@ def test_an_async_run_interrupted_and_resumed_ends_as_an_unbroken_sync_run(tmp_p
     run_script("ppo_atari_lstm.py", "--resume", str(checkpoint_path), cwd=interrupted)
     expected, actual = assert_same_final_weights(unbroken, checkpoint_path, 160)
     for expected_state, actual_state in zip(expected["processes"][0]["rollout"]["next_lstm_state"],
-                                              actual["processes"][0]["rollout"]["next_lstm_state"]):
+                                            actual["processes"][0]["rollout"]["next_lstm_state"]):
         assert torch.equal(expected_state, actual_state)
 
 

@@ -19,7 +19,7 @@ import numpy as np
 from benchmark.runner import slurm
 from benchmark.common import make_directory
 from benchmark.tuner.runner import (Failed, Pruned, Runner, TakeoverFailed, WorkerStopped,
-                                     die_with_the_worker, plan_run)
+                                    die_with_the_worker, plan_run)
 from benchmark.tuner.study import Heartbeat, Lock, Tuning, claim, fail_stale_trials, retry
 from ppo_utils.exits import STOPPED
 
