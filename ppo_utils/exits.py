@@ -82,6 +82,8 @@ class StopOnInterrupt:
 def exit_codes(program: str):
     """Around a script's command: each ending's one line (`<program>: error: <what to do>`) and
     its exit code."""
+    # Ctrl-C too where the script started with it ignored, as a shell script's background job does
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, stop_at_once)  # until training begins (Run.iterations)
     signal.signal(signal.SIGUSR1, stop_at_once)
     try:

@@ -3,10 +3,14 @@ policy, as training does (not the most likely action), on seeds that training ne
 
 Each script's checkpoint comes from one tiny run of its own (conftest's `tiny`)."""
 
+import signal
+import subprocess
+
 import numpy as np
+import pytest
 import torch
 
-from conftest import parse_args
+from conftest import parse_args, run_script, script_command, script_environment
 
 from ppo_utils import procgen_games  # noqa: E402
 # the scripts' Evaluation, whose play() every evaluate() calls
@@ -121,3 +125,30 @@ def test_an_evaluation_plays_on_seeds_that_training_never_played(tiny, tmp_path,
                                          str(only_run_dir(tmp_path) / "checkpoint.pt"),
                                          "--eval-episodes", "1", "--no-cuda"]))
     assert evaluated and not set(evaluated) & set(training), (sorted(evaluated), sorted(training))
+
+
+def test_ctrl_c_stops_an_evaluation_that_started_with_it_ignored(tmp_path):
+    """A shell script's background job starts with Ctrl-C (SIGINT) ignored, and Python leaves it
+    ignored: the scripts hear it anyway, an evaluation as a training run does (one that did not
+    played on, in a CI run started from such a job). It stops at once: exit code 130."""
+    run_script("ppo.py", "--total-timesteps", "64", "--num-envs", "2", "--num-steps", "32",
+               "--num-minibatches", "2", "--save-model", "--no-cuda", cwd=tmp_path)
+    (checkpoint,) = tmp_path.glob("runs/*/checkpoint.pt")
+    playing = subprocess.Popen(
+        script_command("ppo.py", ["--evaluate", str(checkpoint), "--eval-episodes", "100000"]),
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env=script_environment(), preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    output = []
+    for line in playing.stdout:
+        output.append(line)
+        if line.startswith("episode "):
+            playing.send_signal(signal.SIGINT)
+            break
+    try:
+        output.append(playing.communicate(timeout=60)[0])
+    except subprocess.TimeoutExpired:
+        playing.kill()
+        pytest.fail("Ctrl-C did not stop the evaluation within 60 s:\n"
+                    + "".join(output)[-2000:])
+    assert playing.returncode == 130, "".join(output)[-2000:]
+    assert "".join(output).strip().splitlines()[-1] == "stopped at once by Ctrl-C"
