@@ -129,8 +129,8 @@ def test_an_evaluation_plays_on_seeds_that_training_never_played(tiny, tmp_path,
 
 def test_ctrl_c_stops_an_evaluation_that_started_with_it_ignored(tmp_path):
     """A shell script's background job starts with Ctrl-C (SIGINT) ignored, and Python leaves it
-    ignored: the scripts hear it anyway, an evaluation as a training run does (one that did not
-    played on, in a CI run started from such a job). It stops at once: exit code 130."""
+    ignored: the scripts hear it anyway, an evaluation as a training run does (one played on
+    after it, in a CI run started from such a job). It stops at once: exit code 130."""
     run_script("ppo.py", "--total-timesteps", "64", "--num-envs", "2", "--num-steps", "32",
                "--num-minibatches", "2", "--save-model", "--no-cuda", cwd=tmp_path)
     (checkpoint,) = tmp_path.glob("runs/*/checkpoint.pt")
